@@ -1,0 +1,132 @@
+"""Artifact directories with commit semantics.
+
+Every stage writes its output directory through :func:`staged_output`: files go into a hidden sibling
+directory, ``manifest.json`` (what it is, inputs, config, per-file sha256) is written last, and the
+directory is renamed into place. A directory without a manifest is incomplete, and
+:func:`read_manifest` refuses it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from lmforge import __version__
+from lmforge.errors import ArtifactIncompleteError, InputDataError
+from lmforge.storage import write_bytes
+
+MANIFEST = "manifest.json"
+_CHUNK = 1 << 20
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def describe_files(root: str | Path) -> dict[str, dict[str, Any]]:
+    """``{relative path: {"sha256", "bytes"}}`` for every file under ``root`` except the manifest."""
+    root = Path(root)
+    return {
+        p.relative_to(root).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+
+
+def fingerprint(manifest: Mapping[str, Any]) -> str:
+    """A content fingerprint of an artifact: sha256 over its files' hashes (stable across copies)."""
+    files = manifest.get("files", {})
+    joined = "\n".join(f"{name}:{meta['sha256']}" for name, meta in sorted(files.items()))
+    return hashlib.sha256(joined.encode()).hexdigest()
+
+
+def write_manifest(
+    root: str | Path,
+    kind: str,
+    *,
+    inputs: Mapping[str, Any] | None = None,
+    config: Mapping[str, Any] | None = None,
+    metrics: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Describe every file in ``root`` and write ``manifest.json`` last, atomically."""
+    manifest: dict[str, Any] = {
+        "kind": kind,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "lmforge_version": __version__,
+        "inputs": dict(inputs or {}),
+        "config": dict(config or {}),
+        "metrics": dict(metrics or {}),
+        "files": describe_files(root),
+        **dict(extra or {}),
+    }
+    write_bytes(str(Path(root, MANIFEST)), json.dumps(manifest, indent=2, sort_keys=True).encode())
+    return manifest
+
+
+def read_manifest(root: str | Path, *, verify: bool = False) -> dict[str, Any]:
+    """Load an artifact's manifest; refuse a directory without one. With ``verify``, check every sha256."""
+    path = Path(root, MANIFEST)
+    if not Path(root).is_dir():
+        raise InputDataError(f"artifact directory not found: {root}")
+    if not path.is_file():
+        raise ArtifactIncompleteError(
+            f"{root}: no {MANIFEST}; the artifact is incomplete or not an lmforge output"
+        )
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ArtifactIncompleteError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
+    if verify:
+        for name, meta in manifest.get("files", {}).items():
+            file = Path(root, name)
+            if not file.is_file():
+                raise ArtifactIncompleteError(f"{root}: {name} listed in the manifest is missing")
+            actual = sha256_file(file)
+            if actual != meta["sha256"]:
+                raise ArtifactIncompleteError(
+                    f"{file}: sha256 mismatch, expected {meta['sha256']}, got {actual}"
+                )
+    return manifest
+
+
+def input_record(root: str | Path) -> dict[str, Any]:
+    """What a downstream manifest records about one input artifact: its path, kind and fingerprint."""
+    manifest = read_manifest(root)
+    return {"uri": str(root), "kind": manifest.get("kind"), "fingerprint": fingerprint(manifest)}
+
+
+@contextlib.contextmanager
+def staged_output(final: str | Path) -> Iterator[Path]:
+    """Yield a scratch directory; on success rename it to ``final``, on error delete it.
+
+    ``final`` may already exist as an empty directory (KFP creates some output paths); a non-empty
+    ``final`` is refused so that nothing already written is lost.
+    """
+    final = Path(final)
+    if final.exists() and (final.is_file() or any(final.iterdir())):
+        raise InputDataError(f"output {final} already exists and is not empty; refusing to overwrite it")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    scratch = final.with_name(f".{final.name}.partial-{uuid.uuid4().hex[:8]}")
+    scratch.mkdir()
+    try:
+        yield scratch
+        if final.exists():
+            final.rmdir()
+        os.replace(scratch, final)
+    finally:
+        if scratch.exists():
+            shutil.rmtree(scratch, ignore_errors=True)

@@ -1,0 +1,27 @@
+"""Exceptions that carry a message a user can act on.
+
+Every error raised for bad input names the thing that is wrong (field, file, line) in one line.
+The CLI prints ``LmforgeError`` messages without a traceback.
+"""
+
+from __future__ import annotations
+
+
+class LmforgeError(Exception):
+    """Base class: an error caused by input or environment that the user can fix."""
+
+
+class ConfigError(LmforgeError):
+    """A configuration value, preset or override is invalid."""
+
+
+class InputDataError(LmforgeError):
+    """An input corpus, file or artifact is missing, empty or malformed."""
+
+
+class StorageError(LmforgeError):
+    """Reading or writing a local path or ``s3://`` object failed."""
+
+
+class ArtifactIncompleteError(InputDataError):
+    """An artifact directory or prefix has no (valid) ``manifest.json``, so it is not complete."""

@@ -1,0 +1,235 @@
+"""One small API over local paths and ``s3://bucket/key`` URIs.
+
+S3 goes through boto3. The endpoint comes from ``AWS_ENDPOINT_URL`` (or ``AWS_ENDPOINT_URL_S3``), which
+boto3 reads itself; credentials come from the standard AWS chain. Retries on throttling, 5xx and
+connection errors are botocore's (``standard`` mode), large files go up as multipart uploads
+(boto3's transfer manager).
+
+Writes are never visible half-done: a local file is written to a temporary name and renamed; an S3
+object is created by a single PUT or a completed multipart upload. A *prefix* (directory) counts as
+complete only once its ``manifest.json`` is written, last (see :mod:`lmforge.artifacts`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+from lmforge.errors import StorageError
+
+S3_SCHEME = "s3://"
+
+
+def is_s3(uri: str | os.PathLike[str]) -> bool:
+    """True for ``s3://`` URIs."""
+    return str(uri).startswith(S3_SCHEME)
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    """``s3://bucket/a/b`` → ``("bucket", "a/b")``."""
+    if not is_s3(uri):
+        raise StorageError(f"not an s3:// URI: {uri}")
+    bucket, _, key = uri[len(S3_SCHEME) :].partition("/")
+    if not bucket:
+        raise StorageError(f"s3 URI has no bucket: {uri}")
+    return bucket, key
+
+
+def join(base: str, *parts: str) -> str:
+    """Join path segments onto a local path or an S3 URI."""
+    if is_s3(base):
+        return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
+    return str(Path(base, *parts))
+
+
+@functools.cache
+def s3_client():  # -> botocore client; untyped to keep boto3 stubs optional
+    """A cached boto3 S3 client with botocore's standard retry mode."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(
+        retries={"max_attempts": int(os.environ.get("LMFORGE_S3_MAX_ATTEMPTS", "8")), "mode": "standard"},
+        connect_timeout=10,
+        read_timeout=120,
+        s3={"addressing_style": "path"},
+    )
+    return boto3.client("s3", config=config)
+
+
+def _s3_call(what: str, uri: str, fn, *args, **kwargs):
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return fn(*args, **kwargs)
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "?")
+        raise StorageError(f"{what} {uri}: S3 error {code}: {exc}") from exc
+    except BotoCoreError as exc:
+        raise StorageError(f"{what} {uri}: {exc}") from exc
+
+
+def exists(uri: str) -> bool:
+    """True when ``uri`` names an existing file/object or a non-empty directory/prefix."""
+    if not is_s3(uri):
+        return Path(uri).exists()
+    bucket, key = split_s3(uri)
+    resp = _s3_call(
+        "list", uri, s3_client().list_objects_v2, Bucket=bucket, Prefix=key.rstrip("/"), MaxKeys=1
+    )
+    return resp.get("KeyCount", 0) > 0
+
+
+def is_file(uri: str) -> bool:
+    """True when ``uri`` is an existing file or a single S3 object (not a prefix)."""
+    if not is_s3(uri):
+        return Path(uri).is_file()
+    from botocore.exceptions import ClientError
+
+    bucket, key = split_s3(uri)
+    if not key or key.endswith("/"):
+        return False
+    try:
+        s3_client().head_object(Bucket=bucket, Key=key)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return False
+        raise StorageError(f"head {uri}: {exc}") from exc
+    return True
+
+
+def list_files(uri: str) -> list[str]:
+    """All files below a directory or prefix (recursively), as relative POSIX paths, sorted."""
+    if not is_s3(uri):
+        root = Path(uri)
+        if root.is_file():
+            return [root.name]
+        if not root.is_dir():
+            raise StorageError(f"no such file or directory: {uri}")
+        return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    bucket, key = split_s3(uri)
+    prefix = key.rstrip("/") + "/" if key else ""
+    paginator = s3_client().get_paginator("list_objects_v2")
+    names: list[str] = []
+    for page in _s3_call("list", uri, lambda: list(paginator.paginate(Bucket=bucket, Prefix=prefix))):
+        names.extend(obj["Key"][len(prefix) :] for obj in page.get("Contents", []))
+    return sorted(n for n in names if n)
+
+
+def read_bytes(uri: str) -> bytes:
+    """Whole content of a file or object."""
+    if not is_s3(uri):
+        try:
+            return Path(uri).read_bytes()
+        except OSError as exc:
+            raise StorageError(f"cannot read {uri}: {exc.strerror}") from exc
+    bucket, key = split_s3(uri)
+    resp = _s3_call("get", uri, s3_client().get_object, Bucket=bucket, Key=key)
+    return resp["Body"].read()
+
+
+def open_read(uri: str) -> IO[bytes]:
+    """A binary stream over a file or object (streamed, not loaded whole)."""
+    if not is_s3(uri):
+        try:
+            return open(uri, "rb")
+        except OSError as exc:
+            raise StorageError(f"cannot open {uri}: {exc.strerror}") from exc
+    bucket, key = split_s3(uri)
+    return _s3_call("get", uri, s3_client().get_object, Bucket=bucket, Key=key)["Body"]
+
+
+def write_bytes(uri: str, data: bytes) -> None:
+    """Write a file or object atomically (temp name + rename locally; one PUT on S3)."""
+    if is_s3(uri):
+        bucket, key = split_s3(uri)
+        _s3_call("put", uri, s3_client().put_object, Bucket=bucket, Key=key, Body=data)
+        return
+    path = Path(uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def upload_file(local: str | Path, uri: str) -> None:
+    """Copy one local file to ``uri`` (multipart on S3 above boto3's threshold)."""
+    if is_s3(uri):
+        bucket, key = split_s3(uri)
+        _s3_call("upload", uri, s3_client().upload_file, str(local), bucket, key)
+        return
+    dest = Path(uri)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.copyfile(local, tmp)
+    os.replace(tmp, dest)
+
+
+def download_file(uri: str, local: str | Path) -> Path:
+    """Copy one file or object to a local path; returns that path."""
+    local = Path(local)
+    local.parent.mkdir(parents=True, exist_ok=True)
+    if is_s3(uri):
+        bucket, key = split_s3(uri)
+        tmp = local.with_name(f".{local.name}.tmp")
+        _s3_call("download", uri, s3_client().download_file, bucket, key, str(tmp))
+        os.replace(tmp, local)
+    else:
+        shutil.copyfile(uri, local)
+    return local
+
+
+def copy_tree(src: str, dst: str, *, last: tuple[str, ...] = ("manifest.json",)) -> list[str]:
+    """Copy every file under ``src`` to ``dst`` (local or S3 either side); files named in ``last`` go last.
+
+    Writing the manifest last means a reader that sees it sees a complete copy.
+    Returns the relative paths copied.
+    """
+    names = list_files(src)
+    ordered = [n for n in names if n not in last] + [n for n in names if n in last]
+    with tempfile.TemporaryDirectory(prefix="lmforge-copy-") as scratch:
+        for name in ordered:
+            source = join(src, name)
+            if is_s3(source):
+                source = str(download_file(source, Path(scratch, name)))
+            upload_file(source, join(dst, name))
+    return ordered
+
+
+def localize(uri: str, workdir: str | Path) -> Path:
+    """A local path holding ``uri``'s content: the path itself if local, else a download into ``workdir``."""
+    if not is_s3(uri):
+        if not Path(uri).exists():
+            raise StorageError(f"no such file or directory: {uri}")
+        return Path(uri)
+    bucket, key = split_s3(uri)
+    target = Path(workdir, bucket, key)
+    if is_file(uri):
+        return download_file(uri, target)
+    names = list_files(uri)
+    if not names:
+        raise StorageError(f"no such object or prefix: {uri}")
+    for name in names:
+        download_file(join(uri, name), target / name)
+    return target
+
+
+def iter_lines(uri: str) -> Iterator[bytes]:
+    """Stream the raw lines of a file or object (newline kept)."""
+    stream = open_read(uri)
+    try:
+        yield from stream.iter_lines(keepends=True) if is_s3(uri) else stream
+    finally:
+        stream.close()

@@ -1,0 +1,80 @@
+"""Shared fixtures: small real artifacts built from packaged text, no network, no hub."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lmforge.config import ModelConfig
+from lmforge.data.demo import chatterbot_pairs, shakespeare_documents
+from lmforge.data.shards import ShardWriter
+from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
+from lmforge.model.build import build_model, save_model_dir
+
+TINY_MODEL = ModelConfig(arch="gpt2", n_layer=2, n_head=2, n_embd=32, block_size=64)
+
+
+@pytest.fixture(scope="session")
+def shakespeare_docs() -> list[dict[str, str]]:
+    """The first 60 scenes of the packaged Shakespeare demo corpus."""
+    return list(itertools.islice(shakespeare_documents(), 60))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tmp_path_factory, shakespeare_docs) -> Path:
+    """A 512-token byte-level BPE trained on a few scenes, saved in HF format."""
+    out = tmp_path_factory.mktemp("tokenizer")
+    tok = train_bpe_tokenizer(
+        (d["text"] for d in shakespeare_docs),
+        vocab_size=512,
+        min_frequency=2,
+        eos_token="<|endoftext|>",
+        pad_token="<|pad|>",
+    )
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_shards_dir(tmp_path_factory, tiny_tokenizer_dir, shakespeare_docs) -> Path:
+    """Token shards of the tiny corpus: every 10th scene goes to ``val``."""
+    from lmforge.model.build import load_tokenizer
+
+    tok = load_tokenizer(tiny_tokenizer_dir)
+    out = tmp_path_factory.mktemp("shards")
+    writer = ShardWriter(
+        out,
+        vocab_size=len(tok),
+        eos_id=tok.eos_token_id,
+        tokenizer_sha256=tokenizer_fingerprint(tiny_tokenizer_dir),
+        shard_tokens=20_000,
+    )
+    for i, doc in enumerate(shakespeare_docs):
+        ids = tok(doc["text"])["input_ids"] + [tok.eos_token_id]
+        writer.add_document("val" if i % 10 == 0 else "train", np.array(ids))
+    writer.close()
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tiny_tokenizer_dir) -> Path:
+    """A randomly initialized 2-layer GPT-2 with the tiny tokenizer, in HF layout."""
+    from lmforge.model.build import load_tokenizer
+
+    tok = load_tokenizer(tiny_tokenizer_dir)
+    model = build_model(TINY_MODEL, len(tok), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, seed=0)
+    return save_model_dir(model, tok, tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="session")
+def qa_jsonl(tmp_path_factory) -> Path:
+    """The packaged chatterbot Q&A pairs as a JSONL file."""
+    path = tmp_path_factory.mktemp("qa") / "qa.jsonl"
+    with open(path, "w", encoding="utf-8") as fh:
+        for pair in chatterbot_pairs():
+            fh.write(json.dumps(pair) + "\n")
+    return path
