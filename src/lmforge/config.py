@@ -38,6 +38,12 @@ class CleanConfig(StrictModel):
     exact_dedup: bool = Field(True, description="Drop exact duplicates of normalized text (keep the first).")
     shard_docs: int = Field(50_000, gt=0, description="Documents per output Parquet shard.")
     quarantine_samples: int = Field(100, ge=0, description="Rejected documents kept per rule for review.")
+    max_bad_records: int = Field(
+        0,
+        ge=0,
+        description="Malformed records (bad JSON, missing text) tolerated and counted; one more fails the "
+        "stage with an error naming file and line.",
+    )
 
 
 class TokenizeConfig(StrictModel):
