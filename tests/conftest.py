@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,8 @@ from lmforge.data.demo import chatterbot_pairs, shakespeare_documents
 from lmforge.data.shards import ShardWriter
 from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
 from lmforge.model.build import build_model, save_model_dir
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/s3server.py
 
 TINY_MODEL = ModelConfig(arch="gpt2", n_layer=2, n_head=2, n_embd=32, block_size=64)
 
@@ -78,3 +81,30 @@ def qa_jsonl(tmp_path_factory) -> Path:
         for pair in chatterbot_pairs():
             fh.write(json.dumps(pair) + "\n")
     return path
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real SeaweedFS S3 server on loopback for the whole session."""
+    from s3server import SeaweedS3
+
+    server = SeaweedS3(tmp_path_factory.mktemp("seaweedfs"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    """Point lmforge.storage (boto3) at the test server; yields a fresh bucket name."""
+    import uuid
+
+    from lmforge import storage
+
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    storage.s3_client.cache_clear()
+    bucket = f"t-{uuid.uuid4().hex[:12]}"
+    storage.s3_client().create_bucket(Bucket=bucket)
+    yield bucket
+    storage.s3_client.cache_clear()

@@ -1,0 +1,1 @@
+"""Pipelines built from the lmforge components; compiled YAML lives in ``pipelines/compiled/``."""

@@ -1,0 +1,44 @@
+"""Compile every pipeline and every component to YAML (what ``lmforge compile`` runs).
+
+Components go to ``components/<stage>/component.yaml`` (for reuse with
+``kfp.components.load_component_from_file``); pipelines go to ``pipelines/compiled/<name>.yaml``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from kfp import compiler
+
+from components.images import RUNTIME_OF_COMPONENT
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PIPELINES: dict[str, str] = {"lmforge_pipeline": "pipelines.lmforge_pipeline:lmforge_pipeline"}
+
+
+def component_function(stage: str):
+    """The ``@dsl.component`` object of ``stage``."""
+    return getattr(importlib.import_module(f"components.{stage}.component"), stage)
+
+
+def pipeline_function(name: str):
+    """The ``@dsl.pipeline`` object registered as ``name``."""
+    module, _, attr = PIPELINES[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def compile_all(root: Path = REPO_ROOT) -> list[Path]:
+    """Compile all components and pipelines under ``root``; returns the files written."""
+    written: list[Path] = []
+    for stage in RUNTIME_OF_COMPONENT:
+        target = root / "components" / stage / "component.yaml"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        compiler.Compiler().compile(component_function(stage), str(target))
+        written.append(target)
+    for name in PIPELINES:
+        target = root / "pipelines" / "compiled" / f"{name}.yaml"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        compiler.Compiler().compile(pipeline_function(name), str(target))
+        written.append(target)
+    return written

@@ -1,0 +1,143 @@
+"""The lmforge DAG: raw text → cleaned corpus → tokens → pretrain → LoRA → distill → ONNX → INT8
+→ TensorRT → evaluate → (gate) promote.
+
+Only wiring lives here: data passing, GPU placement for the GPU stages, retries, caching and display
+names. Every stage's behaviour comes from its component and the ``lmforge`` library.
+"""
+
+from kfp import dsl, kubernetes
+
+from components.build_tensorrt.component import build_tensorrt
+from components.clean.component import clean
+from components.distill.component import distill
+from components.evaluate.component import evaluate
+from components.export_onnx.component import export_onnx
+from components.finetune_lora.component import finetune_lora
+from components.pretrain.component import pretrain
+from components.promote.component import promote
+from components.quantize_int8.component import quantize_int8
+from components.tokenize.component import tokenize
+
+PIPELINE_NAME = "lmforge"
+GPU_ACCELERATOR = "nvidia.com/gpu"
+GPU_POOL_LABEL = ("lmforge.io/pool", "gpu")
+GPU_TAINT_KEY = "nvidia.com/gpu"
+
+
+def _on_gpu_pool(task: dsl.PipelineTask, gpus: int = 1) -> dsl.PipelineTask:
+    """Request GPUs and pin the task to the GPU node pool (selector + taint toleration)."""
+    task.set_accelerator_type(GPU_ACCELERATOR).set_accelerator_limit(gpus)
+    kubernetes.add_node_selector(task, label_key=GPU_POOL_LABEL[0], label_value=GPU_POOL_LABEL[1])
+    kubernetes.add_toleration(task, key=GPU_TAINT_KEY, operator="Exists", effect="NoSchedule")
+    return task
+
+
+@dsl.pipeline(name=PIPELINE_NAME)
+def lmforge_pipeline(
+    corpus_uri: str = "demo://shakespeare",
+    qa_uri: str = "demo://chatterbot",
+    preset: str = "tiny-cpu",
+    release_root: str = "s3://lmforge/releases",
+    release_version: str = "",
+    clean_overrides: str = "{}",
+    tokenize_overrides: str = "{}",
+    pretrain_overrides: str = "{}",
+    finetune_lora_overrides: str = "{}",
+    distill_overrides: str = "{}",
+    export_onnx_overrides: str = "{}",
+    quantize_int8_overrides: str = "{}",
+    build_tensorrt_overrides: str = "{}",
+    evaluate_overrides: str = "{}",
+    promote_overrides: str = "{}",
+):
+    """Raw text to a cleaned corpus, pretrained, LoRA-tuned and distilled model, ONNX/INT8/TensorRT, evaluated and gated.
+
+    Args:
+        corpus_uri: Raw corpus: local path, glob, s3:// URI, or demo://shakespeare (packaged demo text).
+        qa_uri: Fine-tuning Q&A JSONL (prompt/response per line): local, s3://, or demo://chatterbot.
+        preset: Config preset every stage starts from: tiny-cpu (laptop demo) or gpt2-124m (one GPU node).
+        release_root: Model registry root (local path or s3://bucket/prefix); releases land in models/<name>/<version>/.
+        release_version: Release version; empty picks a UTC timestamp. An existing version is never overwritten.
+        clean_overrides: JSON object of clean settings overriding the preset, e.g. {"min_words": 5}.
+        tokenize_overrides: JSON object of tokenizer and shard settings, e.g. {"vocab_size": 8192}.
+        pretrain_overrides: JSON object of pretraining settings, e.g. {"train.max_steps": 500}.
+        finetune_lora_overrides: JSON object of LoRA settings, e.g. {"r": 16, "train.max_steps": 100}.
+        distill_overrides: JSON object of distillation settings, e.g. {"temperature": 4.0}.
+        export_onnx_overrides: JSON object of ONNX export settings, e.g. {"opset": 18}.
+        quantize_int8_overrides: JSON object of INT8 settings, e.g. {"calibrate_method": "entropy"}.
+        build_tensorrt_overrides: JSON object of TensorRT build settings, e.g. {"max_seq": 2048}.
+        evaluate_overrides: JSON object of evaluation and gate settings, e.g. {"gate.max_student_perplexity": 50.0}.
+        promote_overrides: JSON object of release settings, e.g. {"model_name": "support-bot"}.
+    """
+    cleaned = clean(corpus_uri=corpus_uri, preset=preset, overrides=clean_overrides)
+    cleaned.set_display_name("1 clean corpus")
+
+    tokens = tokenize(cleaned=cleaned.outputs["cleaned"], preset=preset, overrides=tokenize_overrides)
+    tokens.set_display_name("2 tokenize + pack shards")
+
+    base = pretrain(
+        shards=tokens.outputs["shards"],
+        tokenizer=tokens.outputs["tokenizer"],
+        preset=preset,
+        overrides=pretrain_overrides,
+    )
+    _on_gpu_pool(base).set_display_name("3 pretrain").set_retry(num_retries=2, backoff_duration="60s")
+
+    tuned = finetune_lora(
+        base_model=base.outputs["model"], qa_uri=qa_uri, preset=preset, overrides=finetune_lora_overrides
+    )
+    _on_gpu_pool(tuned).set_display_name("4 LoRA fine-tune").set_retry(num_retries=2, backoff_duration="60s")
+
+    student = distill(
+        teacher=tuned.outputs["merged_model"],
+        shards=tokens.outputs["shards"],
+        preset=preset,
+        overrides=distill_overrides,
+    )
+    _on_gpu_pool(student).set_display_name("5 distill").set_retry(num_retries=2, backoff_duration="60s")
+
+    exported = export_onnx(model=student.outputs["student"], preset=preset, overrides=export_onnx_overrides)
+    exported.set_display_name("6 export ONNX")
+
+    quantized = quantize_int8(
+        onnx_model=exported.outputs["onnx_model"],
+        shards=tokens.outputs["shards"],
+        preset=preset,
+        overrides=quantize_int8_overrides,
+    )
+    quantized.set_display_name("7 quantize INT8")
+
+    engine = build_tensorrt(
+        int8_qdq=quantized.outputs["int8_qdq"], preset=preset, overrides=build_tensorrt_overrides
+    )
+    _on_gpu_pool(engine).set_display_name("8 build TensorRT engine")
+
+    evaluated = evaluate(
+        shards=tokens.outputs["shards"],
+        teacher=tuned.outputs["merged_model"],
+        student=student.outputs["student"],
+        onnx_fp32=exported.outputs["onnx_model"],
+        int8_dynamic=quantized.outputs["int8_dynamic"],
+        int8_qdq=quantized.outputs["int8_qdq"],
+        engine=engine.outputs["engine"],
+        preset=preset,
+        overrides=evaluate_overrides,
+    )
+    evaluated.set_display_name("9 evaluate + gate")
+
+    # kfp.local resolves a condition on a task's single return value ("Output") but not on a named
+    # output, so evaluate returns the gate decision as its only parameter output.
+    with dsl.If(evaluated.outputs["Output"] == True, name="gate-passed"):  # noqa: E712 - KFP condition
+        released = promote(
+            student=student.outputs["student"],
+            onnx_fp32=exported.outputs["onnx_model"],
+            int8_dynamic=quantized.outputs["int8_dynamic"],
+            int8_qdq=quantized.outputs["int8_qdq"],
+            engine=engine.outputs["engine"],
+            evaluation=evaluated.outputs["evaluation"],
+            release_root=release_root,
+            version=release_version,
+            preset=preset,
+            overrides=promote_overrides,
+        )
+        released.set_display_name("10 promote release").set_caching_options(False)

@@ -1,0 +1,51 @@
+"""Run the compiled lmforge DAG on this machine with ``kfp.local`` (what ``lmforge run`` does)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kfp import local
+from kfp.components import load_component_from_file
+
+COMPILED_PIPELINE = Path(__file__).resolve().parent / "compiled" / "lmforge_pipeline.yaml"
+
+
+@dataclass(frozen=True)
+class LocalRun:
+    """Where a local run left its outputs."""
+
+    run_dir: Path
+    seconds: float
+
+    def output(self, task: str, name: str) -> Path:
+        """Path of output artifact ``name`` of ``task`` (e.g. ``evaluate``, ``evaluation``)."""
+        return self.run_dir / task / name
+
+    @property
+    def promoted(self) -> bool:
+        """Whether the ``promote`` task ran (the gate passed)."""
+        return (self.run_dir / "promote").is_dir()
+
+
+def run_pipeline_locally(
+    params: dict[str, Any], pipeline_root: Path, pipeline_yaml: Path = COMPILED_PIPELINE
+) -> LocalRun:
+    """Run the compiled pipeline with ``SubprocessRunner(use_venv=False)``; raise if any task fails."""
+    pipeline_root = Path(pipeline_root).resolve()
+    pipeline_root.mkdir(parents=True, exist_ok=True)
+    before = {p.name for p in pipeline_root.iterdir()}
+    local.init(
+        runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root), raise_on_error=True
+    )
+    start = time.perf_counter()
+    load_component_from_file(str(pipeline_yaml))(**params)
+    seconds = time.perf_counter() - start
+    new = sorted(p for p in pipeline_root.iterdir() if p.name not in before and p.is_dir())
+    if len(new) != 1:
+        raise RuntimeError(
+            f"expected one new run directory under {pipeline_root}, found {[p.name for p in new]}"
+        )
+    return LocalRun(new[0], seconds)

@@ -1,0 +1,192 @@
+"""The ``lmforge`` command line.
+
+``run`` executes the whole DAG locally with ``kfp.local`` (the demo corpus by default), ``compile``
+writes every component and pipeline YAML, ``stage`` runs one stage without KFP, ``presets`` and
+``config`` show what a run would use. The KFP-dependent commands import the ``pipelines`` package
+lazily, so the library itself stays free of ``kfp``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+from lmforge.config import STAGES, list_presets, parse_overrides, resolve_config, resolve_stage_config
+from lmforge.errors import LmforgeError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="lmforge: raw text to a deployable LM.")
+console = Console(stderr=True)
+
+PresetOpt = Annotated[str, typer.Option("--preset", "-p", help="Config preset (see `lmforge presets`).")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        "-s",
+        help="Override STAGE.FIELD=VALUE (VALUE parsed as JSON), e.g. pretrain.train.max_steps=50.",
+    ),
+]
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(name)s: %(message)s",
+        handlers=[RichHandler(console=console, show_path=False)],
+        force=True,
+    )
+
+
+def _parse_assignments(items: list[str] | None, what: str) -> dict[str, Any]:
+    """``["a.b=1", "c=x"]`` → ``{"a.b": 1, "c": "x"}``; values are JSON when they parse, else strings."""
+    parsed: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise LmforgeError(f"{what} {item!r}: expected KEY=VALUE")
+        try:
+            parsed[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            parsed[key] = raw
+    return parsed
+
+
+def _overrides_by_stage(assignments: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Split ``{"pretrain.train.lr": 1e-3}`` into ``{"pretrain": {"train.lr": 1e-3}}``."""
+    by_stage: dict[str, dict[str, Any]] = {}
+    for key, value in assignments.items():
+        stage, _, field = key.partition(".")
+        if stage not in STAGES or not field:
+            raise LmforgeError(
+                f"override {key!r}: expected STAGE.FIELD with STAGE one of {', '.join(STAGES)}"
+            )
+        by_stage.setdefault(stage, {})[field] = value
+    return by_stage
+
+
+def _fail(exc: LmforgeError) -> None:
+    console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code=2)
+
+
+@app.command()
+def run(
+    preset: PresetOpt = "tiny-cpu",
+    corpus: Annotated[
+        str, typer.Option(help="Raw corpus URI (local, s3://, demo://).")
+    ] = "demo://shakespeare",
+    qa: Annotated[
+        str, typer.Option(help="Q&A JSONL URI for LoRA (local, s3://, demo://).")
+    ] = "demo://chatterbot",
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where runs and the registry go.")] = Path(
+        "lmforge-out"
+    ),
+    release_root: Annotated[str, typer.Option(help="Registry root; default <output>/registry.")] = "",
+    version: Annotated[str, typer.Option(help="Release version; default a UTC timestamp.")] = "",
+    set_: SetOpt = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run the whole DAG locally (kfp.local, one subprocess per stage) and print the summary."""
+    _setup_logging(verbose)
+    try:
+        by_stage = _overrides_by_stage(_parse_assignments(set_, "--set"))
+        resolve_config(preset, {f"{s}.{k}": v for s, fields in by_stage.items() for k, v in fields.items()})
+        from pipelines.local_run import run_pipeline_locally
+
+        params: dict[str, Any] = {
+            "corpus_uri": corpus,
+            "qa_uri": qa,
+            "preset": preset,
+            "release_root": release_root or str((output / "registry").resolve()),
+            "release_version": version,
+            **{f"{stage}_overrides": json.dumps(fields) for stage, fields in by_stage.items()},
+        }
+        local_run = run_pipeline_locally(params, output / "runs")
+    except LmforgeError as exc:
+        _fail(exc)
+    _print_summary(local_run)
+
+
+def _print_summary(local_run: Any) -> None:
+    evaluation = local_run.output("evaluate", "evaluation")
+    results = json.loads((evaluation / "results.json").read_text(encoding="utf-8"))
+    table = Table(title=f"lmforge run — {local_run.seconds:.0f} s", show_lines=False)
+    for column in ("model", "perplexity", "size MB", "p50 ms", "p99 ms"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for name, row in results["models"].items():
+        table.add_row(
+            name,
+            *(_fmt(row.get(key)) for key in ("perplexity", "size_mb", "latency_p50_ms", "latency_p99_ms")),
+        )
+    out = Console()
+    out.print(table)
+    verdict = "[green]passed[/]" if results["passed"] else "[red]failed[/]"
+    out.print(f"gate: {verdict}; promoted: {'yes' if local_run.promoted else 'no'}")
+    out.print(f"report: {evaluation / 'report.html'}")
+    out.print(f"run directory: {local_run.run_dir}")
+
+
+def _fmt(value: Any) -> str:
+    return "—" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+@app.command("compile")
+def compile_(
+    root: Annotated[
+        Path | None, typer.Option(help="Repository root to write into (default: this checkout).")
+    ] = None,
+) -> None:
+    """Compile every component (components/*/component.yaml) and pipeline (pipelines/compiled/*.yaml)."""
+    from pipelines.compile import REPO_ROOT, compile_all
+
+    for path in compile_all(root or REPO_ROOT):
+        typer.echo(str(path))
+
+
+@app.command()
+def stage(
+    name: Annotated[str, typer.Argument(help=f"Stage: {', '.join(STAGES)}.")],
+    io: Annotated[
+        list[str] | None,
+        typer.Option("--io", help="NAME=PATH for each input, output and parameter of the stage."),
+    ] = None,
+    preset: PresetOpt = "tiny-cpu",
+    set_: SetOpt = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run one stage without KFP, e.g. `lmforge stage clean --io corpus_uri=raw.jsonl --io cleaned=out/`."""
+    from lmforge.stages import run_stage
+
+    _setup_logging(verbose)
+    try:
+        paths = {k: str(v) for k, v in _parse_assignments(io, "--io").items()}
+        cfg = resolve_stage_config(name, preset, parse_overrides(_parse_assignments(set_, "--set")))
+        result = run_stage(name, cfg, paths)
+    except LmforgeError as exc:
+        _fail(exc)
+    typer.echo(json.dumps({"metrics": result.metrics, "summary": result.summary}, indent=2, default=str))
+
+
+@app.command()
+def presets() -> None:
+    """List the presets shipped with the package."""
+    for name in list_presets():
+        typer.echo(name)
+
+
+@app.command()
+def config(preset: PresetOpt = "tiny-cpu", set_: SetOpt = None) -> None:
+    """Print the fully resolved configuration (preset + overrides) as YAML."""
+    try:
+        resolved = resolve_config(preset, _parse_assignments(set_, "--set"))
+    except LmforgeError as exc:
+        _fail(exc)
+    typer.echo(yaml.safe_dump(resolved.model_dump(), sort_keys=False))

@@ -1,0 +1,60 @@
+"""Glue between stage results and KFP output artifacts, without importing ``kfp``.
+
+Components pass their ``Output[Metrics]`` / ``Output[HTML]`` / ``Output[Markdown]`` objects here; only
+their ``path`` attribute and ``log_metric`` method are used, so this module stays KFP-free and testable.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Protocol
+
+from lmforge.results import StageResult
+
+log = logging.getLogger("lmforge.component")
+
+
+class MetricsSink(Protocol):
+    """What KFP's ``Metrics`` artifact offers."""
+
+    def log_metric(self, metric: str, value: float) -> None: ...
+
+
+class FileArtifact(Protocol):
+    """Any KFP artifact: a ``path`` to write."""
+
+    path: str
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    """Plain timestamped logs on stderr for a component's container."""
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+
+
+def publish(
+    result: StageResult,
+    *,
+    metrics: MetricsSink | None = None,
+    html: FileArtifact | None = None,
+    markdown: FileArtifact | None = None,
+    markdown_text: str | None = None,
+) -> None:
+    """Log finite scalar metrics and write the stage's HTML/Markdown reports to KFP outputs."""
+    if metrics is not None:
+        for name, value in sorted(result.metrics.items()):
+            if isinstance(value, bool | int | float) and math.isfinite(float(value)):
+                metrics.log_metric(name, float(value))
+            else:
+                log.warning("metric %s=%r is not a finite number; not logged", name, value)
+    if html is not None:
+        _write(html, result.html or "<!DOCTYPE html><html><body><p>No report.</p></body></html>")
+    if markdown is not None:
+        _write(markdown, markdown_text or "")
+
+
+def _write(artifact: FileArtifact, text: str) -> None:
+    path = Path(artifact.path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
