@@ -50,7 +50,7 @@ def lmforge_pipeline(
     evaluate_overrides: str = "{}",
     promote_overrides: str = "{}",
 ):
-    """Raw text to a cleaned corpus, pretrained, LoRA-tuned and distilled model, ONNX/INT8/TensorRT, evaluated and gated.
+    """Raw text to a cleaned corpus, pretrained, LoRA-tuned, distilled, INT8 and TensorRT model, evaluated and gated.
 
     Args:
         corpus_uri: Raw corpus: local path, glob, s3:// URI, or demo://shakespeare (packaged demo text).
