@@ -1,0 +1,102 @@
+"""Compiled YAML is current, reusable, and places GPU stages (and only those) on the GPU pool."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from kfp import compiler, dsl
+from kfp.components import load_component_from_file
+
+from components.images import RUNTIME_OF_COMPONENT
+from pipelines.compile import REPO_ROOT, compile_all
+
+GPU_STAGES = {"pretrain", "finetune_lora", "distill", "build_tensorrt"}
+COMPONENT_YAMLS = sorted((REPO_ROOT / "components").glob("*/component.yaml"))
+
+
+@dsl.component(base_image="python:3.11")
+def make_dir(out: dsl.Output[dsl.Artifact]):
+    """A stand-in upstream step of a platform team's own pipeline."""
+    import os
+
+    os.makedirs(out.path, exist_ok=True)
+
+
+@pytest.fixture(scope="module")
+def fresh_compile(tmp_path_factory, monkeypatch_module) -> Path:
+    root = tmp_path_factory.mktemp("compiled")
+    compile_all(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("LMFORGE_IMAGE_REGISTRY", raising=False)
+        yield mp
+
+
+def test_committed_yaml_matches_a_fresh_compile(fresh_compile):
+    fresh = sorted(p.relative_to(fresh_compile) for p in fresh_compile.rglob("*.yaml"))
+    assert len(fresh) == len(RUNTIME_OF_COMPONENT) + 1
+    stale = [
+        str(rel)
+        for rel in fresh
+        if not (REPO_ROOT / rel).is_file() or (REPO_ROOT / rel).read_text() != (fresh_compile / rel).read_text()
+    ]
+    assert not stale, f"compiled YAML is stale, run `lmforge compile` and commit: {stale}"
+
+
+def test_every_stage_has_a_component_yaml():
+    assert {p.parent.name for p in COMPONENT_YAMLS} == set(RUNTIME_OF_COMPONENT)
+
+
+@pytest.mark.parametrize("path", COMPONENT_YAMLS, ids=lambda p: p.parent.name)
+def test_component_yaml_loads_and_composes_into_a_new_pipeline(path, tmp_path):
+    component = load_component_from_file(str(path))
+    required = {
+        name: spec
+        for name, spec in component.component_spec.inputs.items()
+        if spec.default is None and not spec.optional
+    }
+
+    @dsl.pipeline(name=f"reuse-{path.parent.name.replace('_', '-')}")
+    def reuse():
+        producer = make_dir()
+        kwargs = {}
+        for name, spec in required.items():
+            if spec.type in ("String", "STRING"):
+                kwargs[name] = "demo://shakespeare"
+            else:
+                kwargs[name] = producer.outputs["out"]
+        component(**kwargs)
+
+    out = tmp_path / "reuse.yaml"
+    compiler.Compiler().compile(reuse, str(out))
+    spec = yaml.safe_load(out.read_text())
+    assert f"comp-{path.parent.name.replace('_', '-')}" in spec["components"]
+
+
+def test_gpu_settings_only_on_gpu_stages():
+    docs = list(yaml.safe_load_all((REPO_ROOT / "pipelines/compiled/lmforge_pipeline.yaml").read_text()))
+    pipeline, platform = docs[0], docs[1]
+    executors = pipeline["deploymentSpec"]["executors"]
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    for stage in RUNTIME_OF_COMPONENT:
+        executor = f"exec-{stage.replace('_', '-')}"
+        resources = executors[executor]["container"].get("resources", {})
+        if stage in GPU_STAGES:
+            assert resources["accelerator"]["resourceCount"] == "1", stage
+            assert k8s[executor]["nodeSelector"]["labels"] == {"lmforge.io/pool": "gpu"}
+            assert k8s[executor]["tolerations"][0]["key"] == "nvidia.com/gpu"
+        else:
+            assert "accelerator" not in resources, stage
+            assert executor not in k8s, stage
+
+
+def test_every_pipeline_parameter_is_documented():
+    spec = yaml.safe_load_all((REPO_ROOT / "pipelines/compiled/lmforge_pipeline.yaml").read_text())
+    params = next(spec)["root"]["inputDefinitions"]["parameters"]
+    undocumented = [name for name, p in params.items() if not p.get("description")]
+    assert not undocumented
+    assert params["preset"]["defaultValue"] == "tiny-cpu"
