@@ -1,0 +1,133 @@
+"""End to end: the compiled DAG runs under kfp.local and leaves every artifact a user expects."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from lmforge.artifacts import read_manifest
+
+pytestmark = pytest.mark.slow
+
+SMALL = {
+    "tokenize_overrides": {"vocab_size": 512},
+    "pretrain_overrides": {
+        "model.n_layer": 2,
+        "model.n_embd": 64,
+        "model.block_size": 64,
+        "train.max_steps": 30,
+        "train.warmup_steps": 5,
+        "train.seq_len": 64,
+        "train.batch_size": 8,
+        "train.eval_interval": 15,
+    },
+    "finetune_lora_overrides": {"train.max_steps": 10, "train.warmup_steps": 2, "train.seq_len": 64},
+    "distill_overrides": {"train.max_steps": 15, "train.warmup_steps": 2, "train.seq_len": 64, "train.batch_size": 8},
+    "quantize_int8_overrides": {"calibration_sequences": 8, "calibration_seq_len": 32},
+    "evaluate_overrides": {"context": 64, "max_eval_tokens": 2048, "latency_runs": 3},
+}
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory, shakespeare_docs) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "scenes.jsonl"
+    with open(path, "w", encoding="utf-8") as fh:
+        for doc in shakespeare_docs[:40]:
+            fh.write(json.dumps(doc) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory, small_corpus):
+    from pipelines.local_run import run_pipeline_locally
+
+    out = tmp_path_factory.mktemp("e2e")
+    params = {
+        "corpus_uri": str(small_corpus),
+        "qa_uri": "demo://chatterbot",
+        "release_root": str(out / "registry"),
+        "release_version": "v-test",
+        **{k: json.dumps(v) for k, v in SMALL.items()},
+    }
+    return run_pipeline_locally(params, out / "runs"), out
+
+
+ARTIFACTS = [
+    ("clean", "cleaned", "cleaned-corpus"),
+    ("tokenize", "tokenizer", "tokenizer"),
+    ("tokenize", "shards", "token-shards"),
+    ("pretrain", "model", "model"),
+    ("finetune-lora", "adapter", None),
+    ("finetune-lora", "merged_model", "model"),
+    ("distill", "student", "model"),
+    ("export-onnx", "onnx_model", "onnx-model"),
+    ("quantize-int8", "int8_dynamic", "onnx-model"),
+    ("quantize-int8", "int8_qdq", "onnx-model"),
+    ("build-tensorrt", "engine", "tensorrt-engine"),
+    ("evaluate", "evaluation", "evaluation"),
+]
+
+
+@pytest.mark.parametrize(("task", "name", "kind"), ARTIFACTS, ids=lambda x: str(x))
+def test_every_stage_leaves_a_complete_artifact(local_run, task, name, kind):
+    run, _ = local_run
+    manifest = read_manifest(run.output(task, name), verify=True)
+    if kind:
+        assert manifest["kind"] == kind
+
+
+def test_report_and_gate_and_release(local_run):
+    run, out = local_run
+    evaluation = run.output("evaluate", "evaluation")
+    html = (evaluation / "report.html").read_text(encoding="utf-8")
+    assert "<img" in html and "perplexity" in html.lower()
+    results = json.loads((evaluation / "results.json").read_text())
+    for model in ("teacher", "student", "onnx_fp32", "int8_dynamic"):
+        assert np.isfinite(results["models"][model]["perplexity"]), model
+    assert results["passed"] is True
+    assert run.promoted
+    release = out / "registry" / "models" / "lmforge-demo" / "v-test"
+    manifest = read_manifest(release)
+    assert manifest["version"] == "v-test"
+    status = json.loads((run.output("build-tensorrt", "engine") / "status.json").read_text())
+    assert status["status"] == "skipped" and status["reason"]
+
+
+@pytest.mark.parametrize(
+    ("task", "name"), [("pretrain", "model"), ("finetune-lora", "merged_model"), ("distill", "student")]
+)
+def test_models_load_with_transformers_and_generate(local_run, task, name):
+    run, _ = local_run
+    path = run.output(task, name)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    ids = tok("ROMEO: ", return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**ids, max_new_tokens=8, do_sample=False, pad_token_id=tok.pad_token_id)
+    assert out.shape[1] > ids["input_ids"].shape[1]
+
+
+def test_adapter_loads_with_peft(local_run):
+    from peft import PeftModel
+
+    run, _ = local_run
+    base = AutoModelForCausalLM.from_pretrained(run.output("pretrain", "model"))
+    tuned = PeftModel.from_pretrained(base, run.output("finetune-lora", "adapter"))
+    assert any("lora_" in name for name, _ in tuned.named_parameters())
+
+
+@pytest.mark.parametrize(
+    ("task", "name"), [("export-onnx", "onnx_model"), ("quantize-int8", "int8_dynamic"), ("quantize-int8", "int8_qdq")]
+)
+def test_onnx_models_load_in_onnxruntime(local_run, task, name):
+    run, _ = local_run
+    session = ort.InferenceSession(str(run.output(task, name) / "model.onnx"), providers=["CPUExecutionProvider"])
+    ids = np.array([[1, 2, 3, 4]], dtype=np.int64)
+    (logits,) = session.run(["logits"], {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+    assert logits.shape[:2] == (1, 4) and np.isfinite(logits).all()
