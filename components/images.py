@@ -26,6 +26,13 @@ RUNTIME_OF_COMPONENT: dict[str, str] = {
     "promote": "cpu",
 }
 
+GPU_RUNTIMES = frozenset({"train", "tensorrt"})
+
+
+def runs_on_gpu(component: str) -> bool:
+    """Whether ``component`` belongs on the GPU node pool (its runtime is a CUDA image)."""
+    return RUNTIME_OF_COMPONENT[component] in GPU_RUNTIMES
+
 
 def image_for(component: str) -> str:
     """Fully qualified image reference for ``component``."""

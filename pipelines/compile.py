@@ -1,7 +1,8 @@
 """Compile every pipeline and every component to YAML (what ``lmforge compile`` runs).
 
 Components go to ``components/<stage>/component.yaml`` (for reuse with
-``kfp.components.load_component_from_file``); pipelines go to ``pipelines/compiled/<name>.yaml``.
+``kfp.components.load_component_from_file``) with a generated ``README.md`` beside it; pipelines go to
+``pipelines/compiled/<name>.yaml``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 from kfp import compiler
 
 from components.images import RUNTIME_OF_COMPONENT
+from pipelines.component_docs import render_component_readme, render_index
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PIPELINES: dict[str, str] = {"lmforge_pipeline": "pipelines.lmforge_pipeline:lmforge_pipeline"}
@@ -29,13 +31,17 @@ def pipeline_function(name: str):
 
 
 def compile_all(root: Path = REPO_ROOT) -> list[Path]:
-    """Compile all components and pipelines under ``root``; returns the files written."""
+    """Compile all components (YAML + generated README) and pipelines under ``root``; returns the files written."""
     written: list[Path] = []
-    for stage in RUNTIME_OF_COMPONENT:
-        target = root / "components" / stage / "component.yaml"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        compiler.Compiler().compile(component_function(stage), str(target))
-        written.append(target)
+    components = {stage: component_function(stage) for stage in RUNTIME_OF_COMPONENT}
+    for stage, component in components.items():
+        folder = root / "components" / stage
+        folder.mkdir(parents=True, exist_ok=True)
+        compiler.Compiler().compile(component, str(folder / "component.yaml"))
+        (folder / "README.md").write_text(render_component_readme(stage, component), encoding="utf-8")
+        written += [folder / "component.yaml", folder / "README.md"]
+    (root / "components" / "README.md").write_text(render_index(components), encoding="utf-8")
+    written.append(root / "components" / "README.md")
     for name in PIPELINES:
         target = root / "pipelines" / "compiled" / f"{name}.yaml"
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -107,9 +107,7 @@ def lmforge_pipeline(
     )
     quantized.set_display_name("7 quantize INT8")
 
-    engine = build_tensorrt(
-        int8_qdq=quantized.outputs["int8_qdq"], preset=preset, overrides=build_tensorrt_overrides
-    )
+    engine = build_tensorrt(int8_qdq=quantized.outputs["int8_qdq"], preset=preset, overrides=build_tensorrt_overrides)
     _on_gpu_pool(engine).set_display_name("8 build TensorRT engine")
 
     evaluated = evaluate(

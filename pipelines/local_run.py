@@ -37,15 +37,11 @@ def run_pipeline_locally(
     pipeline_root = Path(pipeline_root).resolve()
     pipeline_root.mkdir(parents=True, exist_ok=True)
     before = {p.name for p in pipeline_root.iterdir()}
-    local.init(
-        runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root), raise_on_error=True
-    )
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root), raise_on_error=True)
     start = time.perf_counter()
     load_component_from_file(str(pipeline_yaml))(**params)
     seconds = time.perf_counter() - start
     new = sorted(p for p in pipeline_root.iterdir() if p.name not in before and p.is_dir())
     if len(new) != 1:
-        raise RuntimeError(
-            f"expected one new run directory under {pipeline_root}, found {[p.name for p in new]}"
-        )
+        raise RuntimeError(f"expected one new run directory under {pipeline_root}, found {[p.name for p in new]}")
     return LocalRun(new[0], seconds)

@@ -36,15 +36,15 @@ def monkeypatch_module():
         yield mp
 
 
-def test_committed_yaml_matches_a_fresh_compile(fresh_compile):
-    fresh = sorted(p.relative_to(fresh_compile) for p in fresh_compile.rglob("*.yaml"))
-    assert len(fresh) == len(RUNTIME_OF_COMPONENT) + 1
+def test_committed_yaml_and_readmes_match_a_fresh_compile(fresh_compile):
+    fresh = sorted(p.relative_to(fresh_compile) for p in fresh_compile.rglob("*") if p.is_file())
+    assert len(fresh) == 2 * len(RUNTIME_OF_COMPONENT) + 2  # YAML + README per component, index, pipeline
     stale = [
         str(rel)
         for rel in fresh
         if not (REPO_ROOT / rel).is_file() or (REPO_ROOT / rel).read_text() != (fresh_compile / rel).read_text()
     ]
-    assert not stale, f"compiled YAML is stale, run `lmforge compile` and commit: {stale}"
+    assert not stale, f"compiled YAML or component README is stale, run `lmforge compile` and commit: {stale}"
 
 
 def test_every_stage_has_a_component_yaml():
