@@ -141,7 +141,7 @@ class SeaweedS3:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, 15)
         try:
-            self.process.wait(timeout=15)
+            self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, 9)
             self.process.wait(timeout=15)

@@ -1,0 +1,228 @@
+"""Stream documents from a raw corpus URI.
+
+A corpus URI is a local file, a local directory (every supported file below it, sorted), a glob
+(``data/*.jsonl.gz``; matches sorted), an ``s3://`` object or prefix (downloaded into a temporary
+directory first), or a ``demo://`` corpus. Formats by extension:
+
+* ``.jsonl``, ``.jsonl.gz``, ``.json``: one JSON object per line; the text is in ``text_field``.
+* ``.parquet``: one document per row; the text is in the ``text_field`` column.
+* ``.txt``: the whole file is one document.
+
+Every document carries ``source`` (``file:line``, ``file:row`` for Parquet, ``file`` for text files)
+and ``id`` (the record's ``id`` when present, else a stable hash of ``source``). Malformed records are
+counted; one more than ``max_bad_records`` raises :class:`InputDataError` naming ``file:line``.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import json
+import logging
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lmforge import storage
+from lmforge.data.demo import is_demo, materialize
+from lmforge.errors import InputDataError
+
+log = logging.getLogger("lmforge.corpus")
+
+JSON_LINES_SUFFIXES = (".jsonl.gz", ".jsonl", ".json")
+SUFFIXES = (*JSON_LINES_SUFFIXES, ".parquet", ".txt")
+BAD_SAMPLES_KEPT = 1000
+_GLOB_CHARS = frozenset("*?[")
+_PARQUET_BATCH = 1024
+
+
+@dataclass(frozen=True)
+class Document:
+    """One raw document and where it came from."""
+
+    id: str
+    text: str
+    source: str
+
+
+@dataclass(frozen=True)
+class BadRecord:
+    """A record that could not be read as a document."""
+
+    source: str
+    problem: str
+
+
+def stable_id(source: str) -> str:
+    """A short, stable id derived from a document's ``source``."""
+    return hashlib.sha1(source.encode("utf-8")).hexdigest()[:16]
+
+
+def format_of(path: str | Path) -> str | None:
+    """The supported suffix ``path`` ends with (``.jsonl.gz``, ``.txt``, ...), or ``None``."""
+    name = str(path).lower()
+    return next((s for s in SUFFIXES if name.endswith(s)), None)
+
+
+class CorpusReader:
+    """Iterate the documents of a corpus URI, counting malformed records.
+
+    Iterating streams file by file and line by line; only one ``.txt`` document or one Parquet batch
+    is held at a time. ``bad_records`` counts every malformed record seen so far and ``bad_samples``
+    keeps the first :data:`BAD_SAMPLES_KEPT` of them.
+    """
+
+    def __init__(self, uri: str | Path, *, text_field: str = "text", max_bad_records: int = 0) -> None:
+        self.uri = str(uri)
+        self.text_field = text_field
+        self.max_bad_records = max_bad_records
+        self.bad_records = 0
+        self.bad_samples: list[BadRecord] = []
+        self.files: list[str] = []
+
+    def __iter__(self) -> Iterator[Document]:
+        with tempfile.TemporaryDirectory(prefix="lmforge-corpus-") as workdir:
+            for path, name in self._resolve(Path(workdir)):
+                self.files.append(name)
+                log.debug("reading %s", name)
+                yield from self._read_file(path, name)
+
+    def _resolve(self, workdir: Path) -> list[tuple[Path, str]]:
+        """``(local path, display name)`` of every corpus file, in reading order."""
+        uri = self.uri
+        if is_demo(uri):
+            return self._check_files([(materialize(uri, workdir), uri)], explicit=True)
+        if storage.is_s3(uri):
+            if not storage.exists(uri):
+                raise InputDataError(f"corpus not found: {uri}")
+            local = storage.localize(uri, workdir)
+            base = uri.rstrip("/")
+            if local.is_file():
+                return self._check_files([(local, uri)], explicit=True)
+            files = [(p, f"{base}/{p.relative_to(local).as_posix()}") for p in _files_below(local)]
+            return self._check_files(files, explicit=False)
+        path = Path(uri)
+        if path.is_file():
+            return self._check_files([(path, uri)], explicit=True)
+        if path.is_dir():
+            return self._check_files([(p, str(p)) for p in _files_below(path)], explicit=False)
+        if _GLOB_CHARS & set(uri):
+            matches = sorted(glob.glob(uri, recursive=True))
+            files = [(Path(m), m) for m in matches if Path(m).is_file()]
+            if not files:
+                raise InputDataError(f"corpus not found: {uri} (the pattern matches no files)")
+            return self._check_files(files, explicit=False)
+        raise InputDataError(f"corpus not found: {uri}")
+
+    def _check_files(self, files: list[tuple[Path, str]], *, explicit: bool) -> list[tuple[Path, str]]:
+        """Keep supported formats; an explicitly named file of another format is an error."""
+        supported = [(p, n) for p, n in files if format_of(p)]
+        if explicit and not supported:
+            raise InputDataError(f"corpus {self.uri}: unsupported file type; expected one of {', '.join(SUFFIXES)}")
+        for path, name in files:
+            if not format_of(path):
+                log.warning("skipping %s: not one of %s", name, ", ".join(SUFFIXES))
+        if not supported:
+            raise InputDataError(f"corpus {self.uri}: no {', '.join(SUFFIXES)} files found")
+        return supported
+
+    def _bad(self, source: str, problem: str) -> None:
+        self.bad_records += 1
+        if len(self.bad_samples) < BAD_SAMPLES_KEPT:
+            self.bad_samples.append(BadRecord(source, problem))
+        if self.bad_records > self.max_bad_records:
+            raise InputDataError(
+                f"{source}: {problem} (bad record {self.bad_records} exceeds max_bad_records={self.max_bad_records})"
+            )
+        log.warning("%s: %s (skipped; bad record %d)", source, problem, self.bad_records)
+
+    def _read_file(self, path: Path, name: str) -> Iterator[Document]:
+        suffix = format_of(path)
+        if suffix in JSON_LINES_SUFFIXES:
+            yield from self._read_json_lines(path, name, compressed=suffix == ".jsonl.gz")
+        elif suffix == ".parquet":
+            yield from self._read_parquet(path, name)
+        else:
+            yield from self._read_text(path, name)
+
+    def _read_json_lines(self, path: Path, name: str, *, compressed: bool) -> Iterator[Document]:
+        opener = gzip.open if compressed else open
+        with opener(path, "rb") as fh:
+            lineno = 0
+            while True:
+                try:
+                    raw = fh.readline()
+                except (OSError, EOFError) as exc:  # truncated or corrupt gzip stream
+                    raise InputDataError(f"{name}:{lineno + 1}: cannot decompress ({exc})") from exc
+                if not raw:
+                    break
+                lineno += 1
+                source = f"{name}:{lineno}"
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    self._bad(source, f"invalid UTF-8 at byte {exc.start}")
+                    continue
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    self._bad(source, f"not valid JSON ({exc.msg} at char {exc.pos})")
+                    continue
+                if (doc := self._document(record, source)) is not None:
+                    yield doc
+
+    def _read_parquet(self, path: Path, name: str) -> Iterator[Document]:
+        import pyarrow.parquet as pq
+
+        parquet = pq.ParquetFile(path)
+        if self.text_field not in parquet.schema_arrow.names:
+            raise InputDataError(f"{name}: no column {self.text_field!r} (columns: {parquet.schema_arrow.names})")
+        columns = [c for c in (self.text_field, "id") if c in parquet.schema_arrow.names]
+        row = 0
+        for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH, columns=columns):
+            for record in batch.to_pylist():
+                row += 1
+                if (doc := self._document(record, f"{name}:{row}")) is not None:
+                    yield doc
+
+    def _read_text(self, path: Path, name: str) -> Iterator[Document]:
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            self._bad(name, f"invalid UTF-8 at byte {exc.start}")
+            return
+        yield Document(id=stable_id(name), text=text, source=name)
+
+    def _document(self, record: Any, source: str) -> Document | None:
+        """The document in one parsed record, or ``None`` after counting it as bad."""
+        if not isinstance(record, dict):
+            self._bad(source, f"expected a JSON object, got {type(record).__name__}")
+            return None
+        text = record.get(self.text_field)
+        if text is None:
+            self._bad(source, f"field {self.text_field!r} missing")
+            return None
+        if not isinstance(text, str):
+            self._bad(source, f"field {self.text_field!r} is not a string (got {type(text).__name__})")
+            return None
+        raw_id = record.get("id")
+        has_id = isinstance(raw_id, str | int) and not isinstance(raw_id, bool) and str(raw_id) != ""
+        doc_id = str(raw_id) if has_id else stable_id(source)
+        return Document(id=doc_id, text=text, source=source)
+
+
+def _files_below(root: Path) -> list[Path]:
+    """Every non-hidden file under ``root``, sorted by relative path."""
+    files = (p for p in root.rglob("*") if p.is_file())
+    visible = (p for p in files if not any(part.startswith(".") for part in p.relative_to(root).parts))
+    return sorted(visible, key=lambda p: p.relative_to(root).as_posix())
+
+
+def iter_documents(uri: str | Path, *, text_field: str = "text", max_bad_records: int = 0) -> Iterator[Document]:
+    """Stream the documents of ``uri`` (see :class:`CorpusReader`)."""
+    yield from CorpusReader(uri, text_field=text_field, max_bad_records=max_bad_records)

@@ -1,0 +1,177 @@
+"""The ``tokenize`` stage: train a byte-level BPE on cleaned documents and pack them into token shards.
+
+Two streaming passes over the cleaned corpus: the first trains the tokenizer and plans the split, the
+second encodes documents in batches, appends EOS to each and writes ``train``/``val`` shards. A document
+goes to ``val`` when the hash of its id falls below ``val_fraction``; with two or more documents each
+split is guaranteed at least one (see :class:`SplitPlan`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Iterator
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from lmforge import report_html
+from lmforge.artifacts import input_record, staged_output, write_manifest
+from lmforge.config import TokenizeConfig
+from lmforge.data.clean import read_cleaned
+from lmforge.data.shards import INDEX, ShardWriter
+from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
+from lmforge.errors import InputDataError
+from lmforge.results import StageResult
+
+log = logging.getLogger("lmforge.tokenize")
+
+TOKENIZER_KIND = "tokenizer"
+SHARDS_KIND = "token-shards"
+ENCODE_BATCH_DOCS = 256
+
+
+def split_bucket(doc_id: str) -> float:
+    """A document's position in [0, 1), uniform over ids and stable across runs and machines."""
+    return int.from_bytes(hashlib.sha256(doc_id.encode("utf-8")).digest()[:8], "big") / 2**64
+
+
+class SplitPlan:
+    """Assign documents (identified by stream position and id) to ``train`` or ``val``.
+
+    :meth:`observe` every document once, in stream order, then call :meth:`split` for each. When the
+    hash split leaves ``val`` empty, the document with the smallest bucket moves to ``val``; when it
+    leaves ``train`` empty, the one with the largest bucket moves to ``train``. Memory is constant.
+    """
+
+    def __init__(self, val_fraction: float) -> None:
+        self.val_fraction = val_fraction
+        self.documents = 0
+        self.val = 0
+        self._lowest = (2.0, -1)  # (bucket, position) of the document most likely to be val
+        self._highest = (-1.0, -1)
+
+    def observe(self, position: int, doc_id: str) -> None:
+        bucket = split_bucket(doc_id)
+        self.documents += 1
+        self.val += bucket < self.val_fraction
+        self._lowest = min(self._lowest, (bucket, position))
+        self._highest = max(self._highest, (bucket, position))
+
+    def split(self, position: int, doc_id: str) -> str:
+        if self.documents >= 2:
+            if self.val == 0 and position == self._lowest[1]:
+                return "val"
+            if self.val == self.documents and position == self._highest[1]:
+                return "train"
+        return "val" if split_bucket(doc_id) < self.val_fraction else "train"
+
+
+def run(cfg: TokenizeConfig, cleaned_dir: str | Path, tokenizer_dir: str | Path, shards_dir: str | Path) -> StageResult:
+    """Train a tokenizer on ``cleaned_dir`` into ``tokenizer_dir`` and write token shards to ``shards_dir``.
+
+    Both outputs are committed together at the end; on any error neither is left behind.
+    """
+    cleaned = input_record(cleaned_dir)
+    plan = SplitPlan(cfg.val_fraction)
+
+    def training_texts() -> Iterator[str]:
+        for position, row in enumerate(read_cleaned(cleaned_dir, verify=True)):
+            plan.observe(position, row["id"])
+            yield row["text"]
+
+    with staged_output(tokenizer_dir) as tok_stage, staged_output(shards_dir) as shard_stage:
+        start = time.perf_counter()
+        tokenizer = train_bpe_tokenizer(
+            training_texts(),
+            vocab_size=cfg.vocab_size,
+            min_frequency=cfg.min_frequency,
+            eos_token=cfg.eos_token,
+            pad_token=cfg.pad_token,
+        )
+        if plan.documents == 0:
+            raise InputDataError(f"{cleaned_dir}: the cleaned corpus has no documents")
+        tokenizer.save_pretrained(tok_stage)
+        fingerprint = tokenizer_fingerprint(tok_stage)
+        vocab_size = len(tokenizer)
+        eos_id = tokenizer.convert_tokens_to_ids(cfg.eos_token)
+        log.info(
+            "trained a %d-token BPE on %d documents in %.1fs",
+            vocab_size,
+            plan.documents,
+            time.perf_counter() - start,
+        )
+        write_manifest(
+            tok_stage,
+            TOKENIZER_KIND,
+            inputs={"cleaned": cleaned},
+            config=cfg.model_dump(),
+            metrics={"vocab_size": vocab_size},
+            extra={"tokenizer_sha256": fingerprint},
+        )
+
+        start = time.perf_counter()
+        writer = ShardWriter(
+            shard_stage,
+            vocab_size=vocab_size,
+            eos_id=eos_id,
+            tokenizer_sha256=fingerprint,
+            shard_tokens=cfg.shard_tokens,
+        )
+        rows = enumerate(read_cleaned(cleaned_dir, verify=False))
+        with tqdm(total=plan.documents, desc="tokenize", unit="doc", disable=None) as progress:
+            while batch := list(islice(rows, ENCODE_BATCH_DOCS)):
+                encoded = tokenizer([row["text"] for _, row in batch])["input_ids"]
+                for (position, row), ids in zip(batch, encoded, strict=True):
+                    ids.append(eos_id)
+                    writer.add_document(plan.split(position, row["id"]), np.asarray(ids, dtype=np.int64))
+                progress.update(len(batch))
+        index = writer.close()
+        elapsed = time.perf_counter() - start
+
+        splits = index["splits"]
+        if splits["val"]["documents"] == 0:
+            log.warning("only %d document: the val split is empty", plan.documents)
+        total_tokens = splits["train"]["tokens"] + splits["val"]["tokens"]
+        metrics: dict[str, float] = {
+            "vocab_size": vocab_size,
+            "documents": plan.documents,
+            "train_documents": splits["train"]["documents"],
+            "val_documents": splits["val"]["documents"],
+            "train_tokens": splits["train"]["tokens"],
+            "val_tokens": splits["val"]["tokens"],
+            "shards": len(index["shards"]),
+            "tokens_per_sec": total_tokens / max(elapsed, 1e-9),
+        }
+        write_manifest(
+            shard_stage,
+            SHARDS_KIND,
+            inputs={"cleaned": cleaned},
+            config=cfg.model_dump(),
+            metrics=metrics,
+            extra={"tokenizer_sha256": fingerprint, "index": INDEX},
+        )
+
+    log.info(
+        "tokenized %d documents: %d train / %d val tokens in %d shards, %.0f tokens/s",
+        plan.documents,
+        metrics["train_tokens"],
+        metrics["val_tokens"],
+        metrics["shards"],
+        metrics["tokens_per_sec"],
+    )
+    html = report_html.page(
+        "lmforge tokenize",
+        [("Metrics", report_html.table(["metric", "value"], list(metrics.items())))],
+        subtitle=f"input: {cleaned_dir}",
+    )
+    summary = {
+        "tokenizer_dir": str(tokenizer_dir),
+        "shards_dir": str(shards_dir),
+        "tokenizer_sha256": fingerprint,
+        "shards": [s["name"] for s in index["shards"]],
+    }
+    return StageResult(metrics=metrics, html=html, summary=summary)

@@ -1,0 +1,315 @@
+"""The corpus reader and the ``clean`` stage: rules, formats, errors and the output directory."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from lmforge.artifacts import read_manifest
+from lmforge.config import CleanConfig
+from lmforge.data import clean
+from lmforge.data.clean import ExactDedup, MinChars, MinWords, Normalize, read_cleaned
+from lmforge.data.corpus import iter_documents, stable_id
+from lmforge.errors import ArtifactIncompleteError, InputDataError
+from lmforge.results import StageResult
+
+# Rules off by default so each test turns on only what it checks.
+LOOSE = {"min_chars": 0, "min_words": 0}
+
+
+def write_jsonl(path: Path, records: list) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def docs(*texts: str) -> list[dict[str, str]]:
+    return [{"text": t} for t in texts]
+
+
+def run_clean(tmp_path: Path, corpus: Path | str, **cfg) -> tuple[StageResult, Path]:
+    out = tmp_path / "cleaned"
+    return clean.run(CleanConfig(**cfg), str(corpus), out), out
+
+
+# --- rules as units -------------------------------------------------------------------------------
+
+
+def test_nfc_composes_a_decomposed_e_acute():
+    assert Normalize("NFC")("caf" + "e\u0301") == "caf\u00e9"
+
+
+def test_nfkc_folds_compatibility_characters():
+    assert Normalize("NFKC")("\ufb01ne \u2460") == "fine 1"
+
+
+def test_normalize_collapses_spaces_strips_controls_and_keeps_newlines():
+    normalize = Normalize("NFC")
+    assert normalize("\ufeff  a \t\t b\x00c\r\nd  \n\n  e\x07 ") == "a bc\nd\n\ne"
+    assert normalize("already clean") == "already clean"
+    assert normalize.changed == 1
+
+
+def test_min_chars_and_min_words_count_what_they_reject():
+    min_chars, min_words = MinChars(5), MinWords(3)
+    assert min_chars("abcd") == "4 chars < 5"
+    assert min_chars("abcde") is None
+    assert min_words("two words") == "2 words < 3"
+    assert min_words("now three words") is None
+    assert (min_chars.removed, min_words.removed) == (1, 1)
+
+
+def test_exact_dedup_ignores_case_and_whitespace_and_keeps_the_first():
+    dedup = ExactDedup()
+    assert dedup("Hello  World\nagain") is None
+    assert dedup("hello world again") is not None
+    assert dedup("HELLO\tWORLD  AGAIN") is not None
+    assert dedup("hello world, again") is None
+    assert dedup.removed == 2
+
+
+def test_exact_dedup_disabled_keeps_duplicates():
+    dedup = ExactDedup(enabled=False)
+    assert dedup("same") is None and dedup("same") is None
+    assert dedup.removed == 0
+
+
+# --- the stage on hand-made corpora ---------------------------------------------------------------
+
+
+def test_stage_counts_each_rule_and_keeps_the_first_duplicate(tmp_path):
+    corpus = write_jsonl(
+        tmp_path / "c.jsonl",
+        docs(
+            "The quick brown fox jumps.",  # kept
+            "the QUICK brown   fox jumps.",  # duplicate
+            "The quick brown fox\tjumps.",  # duplicate
+            "tiny",  # min_chars
+            "onewordbutlongenoughtopass",  # min_words
+            " \t\x00 ",  # empty after normalization
+            "Another sentence, long enough.",  # kept
+        ),
+    )
+    result, out = run_clean(tmp_path, corpus, min_chars=10, min_words=2)
+    m = result.metrics
+    assert (m["docs_in"], m["docs_out"]) == (7, 2)
+    assert (m["removed_empty"], m["removed_min_chars"], m["removed_min_words"]) == (1, 1, 1)
+    assert m["removed_exact_dedup"] == 2
+    assert m["duplicate_rate"] == pytest.approx(2 / 7)
+    assert m["bad_records"] == 0 and m["docs_per_sec"] > 0
+    assert m["bytes_out"] == len(b"The quick brown fox jumps.") + len(b"Another sentence, long enough.")
+    rows = list(read_cleaned(out))
+    assert [r["text"] for r in rows] == ["The quick brown fox jumps.", "Another sentence, long enough."]
+    assert [r["source"] for r in rows] == [f"{corpus}:1", f"{corpus}:7"]
+
+
+def test_output_directory_has_shards_quarantine_stats_report_and_manifest(tmp_path):
+    texts = [f"document number {i} has words" for i in range(5)] + ["x", "document number 0 has words"]
+    corpus = write_jsonl(tmp_path / "c.jsonl", docs(*texts))
+    result, out = run_clean(tmp_path, corpus, min_chars=5, min_words=0, shard_docs=2)
+
+    assert sorted(p.name for p in out.iterdir()) == [
+        "manifest.json",
+        "part-00000.parquet",
+        "part-00001.parquet",
+        "part-00002.parquet",
+        "quarantine.jsonl",
+        "report.html",
+        "stats.json",
+    ]
+    table = pq.read_table(out / "part-00000.parquet")
+    assert table.column_names == ["id", "text", "source", "lang"]
+    assert table.column("lang").to_pylist() == ["und", "und"]
+    assert [pq.read_metadata(out / f"part-0000{i}.parquet").num_rows for i in range(3)] == [2, 2, 1]
+
+    quarantine = [json.loads(line) for line in (out / "quarantine.jsonl").read_text().splitlines()]
+    assert [(q["rule"], q["source"]) for q in quarantine] == [
+        ("min_chars", f"{corpus}:6"),
+        ("exact_dedup", f"{corpus}:7"),
+    ]
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["removed"] == {"empty": 0, "min_chars": 1, "min_words": 0, "exact_dedup": 1}
+
+    manifest = read_manifest(out, verify=True)
+    assert manifest["kind"] == "cleaned-corpus"
+    assert manifest["inputs"] == {"corpus": str(corpus)}
+    assert manifest["config"]["shard_docs"] == 2
+    assert manifest["metrics"]["docs_out"] == 5
+    assert result.html is not None and result.html.startswith("<!DOCTYPE html>")
+    assert "data:image/png;base64" in result.html
+    assert result.html == (out / "report.html").read_text()
+
+
+def test_quarantine_keeps_at_most_the_configured_samples_per_rule(tmp_path):
+    corpus = write_jsonl(tmp_path / "c.jsonl", docs("keep this one", *["no"] * 5, *["same text here"] * 4))
+    _, out = run_clean(tmp_path, corpus, min_chars=3, min_words=0, quarantine_samples=2)
+    rules = [json.loads(line)["rule"] for line in (out / "quarantine.jsonl").read_text().splitlines()]
+    assert rules == ["min_chars", "min_chars", "exact_dedup", "exact_dedup"]
+
+
+def test_ids_come_from_the_record_or_a_stable_hash_of_the_source(tmp_path):
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"id": "doc-a", "text": "first doc"}, {"text": "second doc"}])
+    _, out = run_clean(tmp_path, corpus, **LOOSE)
+    assert [r["id"] for r in read_cleaned(out)] == ["doc-a", stable_id(f"{corpus}:2")]
+
+
+def test_text_field_is_configurable(tmp_path):
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"body": "text lives in body"}])
+    _, out = run_clean(tmp_path, corpus, text_field="body", **LOOSE)
+    assert [r["text"] for r in read_cleaned(out)] == ["text lives in body"]
+
+
+def test_demo_shakespeare_cleans_end_to_end(tmp_path):
+    result, out = run_clean(tmp_path, "demo://shakespeare")
+    m = result.metrics
+    assert m["docs_in"] > 700 and m["docs_out"] == m["docs_in"] - m["removed_exact_dedup"] - (
+        m["removed_empty"] + m["removed_min_chars"] + m["removed_min_words"]
+    )
+    first = next(read_cleaned(out))
+    assert first["source"] == "demo://shakespeare:1" and len(first["id"]) == 16
+    assert read_manifest(out)["inputs"] == {"corpus": "demo://shakespeare"}
+
+
+# --- input formats ------------------------------------------------------------------------------------
+
+
+def test_jsonl_gz_directory_and_glob_inputs_read_the_same_documents(tmp_path):
+    src = tmp_path / "src"
+    write_jsonl(src / "a.jsonl", docs("alpha one", "alpha two"))
+    with gzip.open(src / "b.jsonl.gz", "wt", encoding="utf-8") as fh:
+        fh.write(json.dumps({"text": "beta one"}) + "\n")
+    (src / "sub").mkdir()
+    (src / "sub" / "c.txt").write_text("gamma as a whole file\nwith two lines\n", encoding="utf-8")
+    (src / "notes.md").write_text("skipped: not a corpus format", encoding="utf-8")
+    (src / ".hidden.jsonl").write_text("not json, but hidden\n", encoding="utf-8")
+
+    by_dir = [d.text for d in iter_documents(src)]
+    assert by_dir == ["alpha one", "alpha two", "beta one", "gamma as a whole file\nwith two lines\n"]
+    assert [d.text for d in iter_documents(src / "b.jsonl.gz")] == ["beta one"]
+    assert [d.text for d in iter_documents(f"{src}/*.jsonl*")] == by_dir[:3]
+    assert [d.source for d in iter_documents(f"{src}/**/*.txt")] == [f"{src}/sub/c.txt"]
+
+    result, _ = run_clean(tmp_path, src, **LOOSE)
+    assert result.metrics["docs_out"] == 4
+
+
+def test_parquet_input_is_read_row_by_row(tmp_path):
+    _, first = run_clean(tmp_path, write_jsonl(tmp_path / "c.jsonl", docs("one doc", "two doc")), **LOOSE)
+    shard = first / "part-00000.parquet"
+    assert [(d.text, d.source) for d in iter_documents(shard)] == [
+        ("one doc", f"{shard}:1"),
+        ("two doc", f"{shard}:2"),
+    ]
+
+
+# --- errors: one line naming file and line, nothing left behind ------------------------------------
+
+
+def test_missing_path_raises_and_leaves_no_output(tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    with pytest.raises(InputDataError, match=f"^corpus not found: {missing}$"):
+        run_clean(tmp_path, missing)
+    assert not (tmp_path / "cleaned").exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"", "no documents"),
+        (b"\n  \n", "no documents"),
+        (b'{"text": "a"}\n{"text": "b"}\n', "all 2 documents were removed by cleaning (min_chars: 2)"),
+    ],
+    ids=["empty-file", "blank-lines", "nothing-survives"],
+)
+def test_empty_corpus_raises_and_leaves_no_output(tmp_path, content, problem):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_bytes(content)
+    with pytest.raises(InputDataError) as info:
+        run_clean(tmp_path, corpus)
+    assert str(info.value).startswith(f"corpus {corpus}: ")
+    assert problem in str(info.value) and "\n" not in str(info.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
+
+
+@pytest.mark.parametrize(
+    ("bad_line", "problem"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "expected a JSON object, got list"),
+        (b'{"other": "x"}', "field 'text' missing"),
+        (b'{"text": 42}', "field 'text' is not a string (got int)"),
+        (b'{"text": "caf\xe9"}', "invalid UTF-8 at byte 13"),
+    ],
+    ids=["non-json", "non-object", "missing-text", "non-string-text", "invalid-utf8"],
+)
+def test_bad_record_raises_naming_file_and_line(tmp_path, bad_line, problem):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_bytes(b'{"text": "fine document here"}\n' + bad_line + b"\n")
+    with pytest.raises(InputDataError) as info:
+        run_clean(tmp_path, corpus)
+    message = str(info.value)
+    assert message.startswith(f"{corpus}:2: {problem}")
+    assert "max_bad_records=0" in message and "\n" not in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
+
+
+def test_max_bad_records_tolerates_counts_and_quarantines_them(tmp_path):
+    bad = ["{oops", "[]", '{"x": 1}', '{"text": null}', '{"text": 3}']
+    corpus = write_jsonl(tmp_path / "c.jsonl", [*bad, {"text": "the one good document"}])
+    result, out = run_clean(tmp_path, corpus, max_bad_records=5, **LOOSE)
+    assert result.metrics["bad_records"] == 5 and result.metrics["docs_out"] == 1
+    quarantine = [json.loads(line) for line in (out / "quarantine.jsonl").read_text().splitlines()]
+    assert [q["source"] for q in quarantine if q["rule"] == "bad_record"] == [f"{corpus}:{i}" for i in range(1, 6)]
+
+    write_jsonl(corpus, [*bad, "{again"])
+    with pytest.raises(InputDataError, match=r":6: not valid JSON .*bad record 6 exceeds max_bad_records=5"):
+        run_clean(tmp_path / "second", corpus, max_bad_records=5, **LOOSE)
+
+
+def test_unsupported_file_type_is_refused(tmp_path):
+    corpus = tmp_path / "c.csv"
+    corpus.write_text("text\nhello\n")
+    with pytest.raises(InputDataError, match="unsupported file type"):
+        list(iter_documents(corpus))
+
+
+def test_existing_output_is_not_overwritten(tmp_path):
+    corpus = write_jsonl(tmp_path / "c.jsonl", docs("some document text"))
+    (tmp_path / "cleaned").mkdir()
+    (tmp_path / "cleaned" / "keep.txt").write_text("precious")
+    with pytest.raises(InputDataError, match="already exists and is not empty"):
+        run_clean(tmp_path, corpus, **LOOSE)
+    assert (tmp_path / "cleaned" / "keep.txt").read_text() == "precious"
+
+
+def test_read_cleaned_refuses_a_tampered_shard(tmp_path):
+    _, out = run_clean(tmp_path, write_jsonl(tmp_path / "c.jsonl", docs("a document")), **LOOSE)
+    shard = out / "part-00000.parquet"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ArtifactIncompleteError, match="part-00000.parquet: sha256 mismatch"):
+        list(read_cleaned(out))
+
+
+@pytest.mark.s3
+def test_s3_object_and_prefix_are_read_and_sources_name_the_s3_keys(s3_env, tmp_path):
+    from lmforge import storage
+
+    base = f"s3://{s3_env}/raw"
+    storage.write_bytes(f"{base}/a.jsonl", b'{"text": "alpha document"}\n')
+    storage.write_bytes(f"{base}/sub/b.jsonl", b'{"text": "beta document"}\n')
+    assert [(d.text, d.source) for d in iter_documents(base)] == [
+        ("alpha document", f"{base}/a.jsonl:1"),
+        ("beta document", f"{base}/sub/b.jsonl:1"),
+    ]
+    assert [d.text for d in iter_documents(f"{base}/sub/b.jsonl")] == ["beta document"]
+    with pytest.raises(InputDataError, match=f"^corpus not found: s3://{s3_env}/missing$"):
+        run_clean(tmp_path, f"s3://{s3_env}/missing")
+    assert list(tmp_path.iterdir()) == []
