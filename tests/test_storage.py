@@ -101,3 +101,10 @@ def test_s3_copy_tree_writes_manifest_last_and_multipart_large_files(s3_env, tmp
 def test_s3_missing_object_is_a_clear_error(s3_env):
     with pytest.raises(StorageError, match=r"s3://.*/nope\.jsonl"):
         storage.read_bytes(f"s3://{s3_env}/nope.jsonl")
+
+
+@pytest.mark.s3
+def test_s3_exists_does_not_match_a_longer_sibling_prefix(s3_env):
+    storage.write_bytes(f"s3://{s3_env}/models/v10/manifest.json", b"{}")
+    assert storage.exists(f"s3://{s3_env}/models/v10")
+    assert not storage.exists(f"s3://{s3_env}/models/v1")

@@ -25,3 +25,7 @@ class StorageError(LmforgeError):
 
 class ArtifactIncompleteError(InputDataError):
     """An artifact directory or prefix has no (valid) ``manifest.json``, so it is not complete."""
+
+
+class ReleaseExistsError(StorageError):
+    """The release version already exists (completely or partly); releases are never overwritten."""

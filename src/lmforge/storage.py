@@ -78,10 +78,11 @@ def exists(uri: str) -> bool:
     """True when ``uri`` names an existing file/object or a non-empty directory/prefix."""
     if not is_s3(uri):
         return Path(uri).exists()
+    if is_file(uri):
+        return True
     bucket, key = split_s3(uri)
-    resp = _s3_call(
-        "list", uri, s3_client().list_objects_v2, Bucket=bucket, Prefix=key.rstrip("/"), MaxKeys=1
-    )
+    prefix = key.rstrip("/") + "/" if key.strip("/") else ""
+    resp = _s3_call("list", uri, s3_client().list_objects_v2, Bucket=bucket, Prefix=prefix, MaxKeys=1)
     return resp.get("KeyCount", 0) > 0
 
 
@@ -158,6 +159,7 @@ def write_bytes(uri: str, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; artifacts are read by other users and containers
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -1,0 +1,146 @@
+"""Promotion into a local release root: layout, lineage, immutability, refusals."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from lmforge.artifacts import fingerprint, read_manifest, write_manifest
+from lmforge.config import PromoteConfig
+from lmforge.errors import ArtifactIncompleteError, ConfigError, InputDataError, ReleaseExistsError
+from lmforge.release import default_version, promote
+
+CFG = PromoteConfig(model_name="tiny")
+
+
+def _artifact(root: Path, kind: str, files: dict[str, str]) -> Path:
+    root.mkdir(parents=True)
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    write_manifest(root, kind)
+    return root
+
+
+def _evaluation(root: Path, passed: bool = True) -> Path:
+    gate = {"passed": passed, "checks": [{"name": "student_perplexity", "passed": passed, "reason": "r"}]}
+    root.mkdir(parents=True)
+    (root / "results.json").write_text(json.dumps({"passed": passed, "gate": gate}))
+    (root / "report.html").write_text("<html></html>")
+    write_manifest(root, "evaluation", metrics={"student_perplexity": 42.0, "passed": float(passed)})
+    return root
+
+
+@pytest.fixture
+def inputs(tmp_path) -> dict[str, Path]:
+    return {
+        "student": _artifact(tmp_path / "in" / "student", "model", {"config.json": "{}", "w/a.bin": "abc"}),
+        "int8_qdq": _artifact(tmp_path / "in" / "qdq", "onnx", {"model.onnx": "onnx"}),
+        "evaluation": _evaluation(tmp_path / "in" / "evaluation"),
+    }
+
+
+def _promote(tmp_path, inputs, version="v1", **kwargs):
+    artifacts = {k: v for k, v in inputs.items() if k != "evaluation"}
+    return promote(
+        CFG,
+        release_root=str(tmp_path / "releases"),
+        version=version,
+        artifacts=artifacts,
+        evaluation_dir=inputs["evaluation"],
+        **kwargs,
+    )
+
+
+def test_promote_copies_artifacts_and_writes_manifest_then_latest(tmp_path, inputs):
+    result = _promote(tmp_path, inputs, run_id="run-7")
+    target = tmp_path / "releases" / "models" / "tiny" / "v1"
+    assert result.summary["release_uri"] == str(target) and result.summary["version"] == "v1"
+    assert (target / "student" / "w" / "a.bin").read_text() == "abc"
+    assert (target / "int8_qdq" / "model.onnx").read_text() == "onnx"
+    assert (target / "evaluation" / "report.html").is_file()
+    for name in ("student", "int8_qdq", "evaluation"):
+        read_manifest(target / name, verify=True)  # copies are complete and intact
+
+    release = json.loads((target / "manifest.json").read_text())
+    assert release["kind"] == "release" and release["version"] == "v1" and release["run_id"] == "run-7"
+    student = release["artifacts"]["student"]
+    assert student["kind"] == "model"
+    assert student["fingerprint"] == fingerprint(read_manifest(inputs["student"]))
+    assert student["source_uri"] == str(inputs["student"])
+    assert release["evaluation"]["metrics"]["student_perplexity"] == 42.0
+    assert release["evaluation"]["gate"]["passed"] is True
+    assert release["lmforge_version"]
+
+    latest = json.loads((tmp_path / "releases" / "models" / "tiny" / "latest.json").read_text())
+    assert latest["version"] == "v1"
+    assert latest["manifest_uri"] == str(target / "manifest.json")
+    assert latest["created_at"] == release["created_at"]
+
+
+def test_repromoting_a_version_is_refused_and_leaves_the_release_intact(tmp_path, inputs):
+    _promote(tmp_path, inputs)
+    target = tmp_path / "releases" / "models" / "tiny" / "v1"
+    before = {p: p.read_bytes() for p in target.rglob("*") if p.is_file()}
+    (inputs["student"] / "w" / "a.bin").write_text("changed")
+    write_manifest(inputs["student"], "model")
+    with pytest.raises(ReleaseExistsError, match="already exists as a complete release"):
+        _promote(tmp_path, inputs)
+    assert {p: p.read_bytes() for p in target.rglob("*") if p.is_file()} == before
+
+
+def test_a_new_version_moves_latest(tmp_path, inputs):
+    _promote(tmp_path, inputs, version="v1")
+    _promote(tmp_path, inputs, version="v2")
+    latest = json.loads((tmp_path / "releases" / "models" / "tiny" / "latest.json").read_text())
+    assert latest["version"] == "v2"
+
+
+def test_an_interrupted_release_is_not_overwritten(tmp_path, inputs):
+    partial = tmp_path / "releases" / "models" / "tiny" / "v1" / "student"
+    partial.mkdir(parents=True)
+    with pytest.raises(ReleaseExistsError, match="incomplete release"):
+        _promote(tmp_path, inputs)
+
+
+def test_artifact_without_manifest_is_refused_before_anything_is_written(tmp_path, inputs):
+    bare = tmp_path / "in" / "bare"
+    bare.mkdir()
+    (bare / "model.onnx").write_text("x")
+    with pytest.raises(ArtifactIncompleteError, match="no manifest.json"):
+        _promote(tmp_path, {**inputs, "int8_dynamic": bare})
+    assert not (tmp_path / "releases").exists()
+
+
+def test_failed_evaluation_is_refused_unless_explicitly_allowed(tmp_path, inputs):
+    failed = {**inputs, "evaluation": _evaluation(tmp_path / "in" / "failed-eval", passed=False)}
+    with pytest.raises(InputDataError, match="did not pass the gate"):
+        _promote(tmp_path, failed)
+    assert not (tmp_path / "releases").exists()
+    _promote(tmp_path, failed, require_passed=False)
+
+
+@pytest.mark.parametrize("version", ["", "-v1", ".hidden", "v1/../x", "v 1", "v1\n", "../v1", "v1:2"])
+def test_bad_version_is_rejected(tmp_path, inputs, version):
+    with pytest.raises(ConfigError, match="invalid version"):
+        _promote(tmp_path, inputs, version=version)
+    assert not (tmp_path / "releases").exists()
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "evaluation", "a/b", ""])
+def test_reserved_or_unsafe_artifact_names_are_rejected(tmp_path, inputs, name):
+    with pytest.raises(ConfigError):
+        promote(
+            CFG,
+            release_root=str(tmp_path / "releases"),
+            version="v1",
+            artifacts={name: inputs["student"]},
+            evaluation_dir=inputs["evaluation"],
+        )
+
+
+def test_default_version_is_a_utc_timestamp():
+    assert re.fullmatch(r"v\d{8}-\d{6}", default_version())
