@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lmforge.artifacts import write_manifest
 from lmforge.config import ModelConfig
 from lmforge.data.demo import chatterbot_pairs, shakespeare_documents
 from lmforge.data.shards import ShardWriter
@@ -39,6 +40,7 @@ def tiny_tokenizer_dir(tmp_path_factory, shakespeare_docs) -> Path:
         pad_token="<|pad|>",
     )
     tok.save_pretrained(out)
+    write_manifest(out, "tokenizer")
     return out
 
 
@@ -60,6 +62,7 @@ def tiny_shards_dir(tmp_path_factory, tiny_tokenizer_dir, shakespeare_docs) -> P
         ids = tok(doc["text"])["input_ids"] + [tok.eos_token_id]
         writer.add_document("val" if i % 10 == 0 else "train", np.array(ids))
     writer.close()
+    write_manifest(out, "token-shards")
     return out
 
 
@@ -70,7 +73,9 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer_dir) -> Path:
 
     tok = load_tokenizer(tiny_tokenizer_dir)
     model = build_model(TINY_MODEL, len(tok), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, seed=0)
-    return save_model_dir(model, tok, tmp_path_factory.mktemp("model"))
+    out = save_model_dir(model, tok, tmp_path_factory.mktemp("model"))
+    write_manifest(out, "model")
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -124,7 +124,7 @@ def _print_summary(local_run: Any) -> None:
     for name, row in results["models"].items():
         table.add_row(
             name,
-            *(_fmt(row.get(key)) for key in ("perplexity", "size_mb", "latency_p50_ms", "latency_p99_ms")),
+            *(_fmt(row.get(key)) for key in ("perplexity", "size_mb", "p50_ms", "p99_ms")),
         )
     out = Console()
     out.print(table)
