@@ -9,6 +9,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from lmforge.artifacts import write_manifest
 from lmforge.config import ExportConfig, ModelConfig, QuantizeConfig
 from lmforge.data.shards import ShardWriter
 from lmforge.data.tokenizer import tokenizer_fingerprint
@@ -28,6 +29,7 @@ def onnx_dir(tmp_path_factory, tiny_tokenizer_dir):
     tok = load_tokenizer(tiny_tokenizer_dir)
     model = build_model(MODEL, len(tok), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, seed=0)
     model_dir = save_model_dir(model, tok, tmp_path_factory.mktemp("model64"))
+    write_manifest(model_dir, "model")
     out = tmp_path_factory.mktemp("export64") / "onnx"
     onnx_export.run(ExportConfig(), model_dir, out)
     return out

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from lmforge.artifacts import MANIFEST, input_record, staged_output, write_manifest
+from lmforge.artifacts import input_record, staged_output, write_manifest
 from lmforge.config import EvaluateConfig
 from lmforge.data.shards import TokenShards
 from lmforge.errors import InputDataError
@@ -38,14 +38,6 @@ SERVED_PREFERENCE: tuple[str, ...] = ("tensorrt", "int8_dynamic", "int8_qdq", "o
 """The served model is the first of these with a measured batch-1 p99 latency."""
 LATENCY_WARMUP = 3
 _MB = 1e6
-
-
-def _record(path: Path) -> dict[str, Any]:
-    """Lineage of one input: kind and fingerprint from its manifest, or just its path without one."""
-    if (path / MANIFEST).is_file():
-        return input_record(path)
-    log.warning("%s has no %s; recording its path only", path, MANIFEST)
-    return {"uri": str(path), "kind": None, "fingerprint": None}
 
 
 def _model_config(path: Path) -> dict[str, Any]:
@@ -239,7 +231,7 @@ def run(
                 metrics[f"{name}_{metric}"] = float(entry[key])
     metrics["passed"] = 1.0 if decision.passed else 0.0
 
-    inputs = {"shards": _record(Path(shards_dir)), **{name: _record(path) for name, path in paths.items()}}
+    inputs = {"shards": input_record(Path(shards_dir)), **{name: input_record(path) for name, path in paths.items()}}
     if engine_dir is not None:
         inputs["tensorrt"] = {"uri": str(engine_dir), "status": trt["status"]}
     with staged_output(output_dir) as scratch:

@@ -18,9 +18,6 @@ import numpy as np
 import torch
 
 from lmforge.artifacts import (
-    MANIFEST,
-    describe_files,
-    fingerprint,
     input_record,
     staged_output,
     write_manifest,
@@ -65,13 +62,6 @@ class LogitsOnly(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-
-
-def describe_input(root: str | Path) -> dict[str, Any]:
-    """Manifest record of an input directory; one without a manifest is fingerprinted from its files."""
-    if Path(root, MANIFEST).is_file():
-        return input_record(root)
-    return {"uri": str(root), "kind": None, "fingerprint": fingerprint({"files": describe_files(root)})}
 
 
 def copy_model_files(src: str | Path, dst: str | Path) -> list[str]:
@@ -162,7 +152,7 @@ def run(cfg: ExportConfig, model_dir: str | Path, output_dir: str | Path) -> Sta
     wrapper = LogitsOnly(model).eval()
     vocab_size = int(model.config.vocab_size)
     max_positions = int(getattr(model.config, "max_position_embeddings", None) or PARITY_MAX_SEQ)
-    source = describe_input(model_dir)
+    source = input_record(model_dir)
 
     with staged_output(output_dir) as out:
         copy_model_files(model_dir, out)

@@ -27,12 +27,12 @@ from onnxruntime.quantization import (
 )
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from lmforge.artifacts import MANIFEST, input_record, sha256_file, staged_output, write_manifest
+from lmforge.artifacts import input_record, staged_output, write_manifest
 from lmforge.config import QuantizeConfig
-from lmforge.data.shards import INDEX, TokenShards
+from lmforge.data.shards import TokenShards
 from lmforge.data.tokenizer import TOKENIZER_FILE, tokenizer_fingerprint
 from lmforge.errors import InputDataError, LmforgeError
-from lmforge.export.onnx_export import EXTERNAL_DATA_BYTES, copy_model_files, describe_input
+from lmforge.export.onnx_export import EXTERNAL_DATA_BYTES, copy_model_files
 from lmforge.export.ort import MODEL_FILE, OrtCausalLM, model_size_bytes, resolve_model_file
 from lmforge.results import StageResult
 
@@ -87,13 +87,6 @@ def check_tokenizer_match(onnx_dir: Path, shards: TokenShards) -> str:
     return expected
 
 
-def _shards_record(shards: TokenShards) -> dict[str, Any]:
-    """Manifest record of the shards; ``index.json`` lists every shard's sha256, so its hash identifies them."""
-    if (shards.root / MANIFEST).is_file():
-        return input_record(shards.root)
-    return {"uri": str(shards.root), "kind": None, "fingerprint": sha256_file(shards.root / INDEX)}
-
-
 def _preprocess(src: Path, dst: Path, external: bool) -> bool:
     """Shape inference + graph cleanup recommended before quantization; ``False`` when it failed."""
     try:
@@ -123,7 +116,7 @@ def run(
     start = time.perf_counter()
     onnx_dir = Path(onnx_dir)
     fp32_file = resolve_model_file(onnx_dir)
-    source = describe_input(onnx_dir)
+    source = input_record(onnx_dir)
     shards = TokenShards.open(shards_dir)
     check_tokenizer_match(onnx_dir, shards)
     windows = calibration_windows(shards.tokens("train"), cfg.calibration_sequences, cfg.calibration_seq_len)
@@ -131,7 +124,7 @@ def run(
     external = fp32_bytes > EXTERNAL_DATA_BYTES
     sample = windows[: min(len(windows), 2)]
     reference = OrtCausalLM(fp32_file).logits(sample)
-    inputs = {"onnx_model": source, "shards": _shards_record(shards)}
+    inputs = {"onnx_model": source, "shards": input_record(shards.root)}
 
     with (
         tempfile.TemporaryDirectory(prefix="lmforge-quant-") as tmp,

@@ -23,10 +23,9 @@ import numpy as np
 import onnx
 import torch
 
-from lmforge.artifacts import staged_output, write_manifest
+from lmforge.artifacts import input_record, staged_output, write_manifest
 from lmforge.config import TensorRTConfig
 from lmforge.errors import InputDataError, LmforgeError
-from lmforge.export.onnx_export import describe_input
 from lmforge.export.ort import OrtCausalLM, resolve_model_file
 from lmforge.results import StageResult
 
@@ -225,7 +224,7 @@ def run(
     """
     qdq_dir = Path(qdq_dir)
     model_file = resolve_model_file(qdq_dir)
-    source = describe_input(qdq_dir)
+    source = input_record(qdq_dir)
     profiles = optimization_profiles(cfg, graph_inputs(model_file))
     if cfg.precision == "int8" and count_qdq_nodes(model_file) == 0:
         raise InputDataError(f"{model_file}: precision int8 needs a Q/DQ model, but the graph has no Q/DQ nodes")

@@ -1,0 +1,90 @@
+"""Language-model batches cut from a flat token array.
+
+A batch is ``{"input_ids": (B, T), "targets": (B, T)}`` of int64 with ``targets`` the inputs shifted
+by one token; positions whose target is ``IGNORE_INDEX`` are not scored. Training windows are drawn
+at random positions with a generator seeded from ``(seed, step, micro)`` only, so the batch of any
+step can be recomputed (reproducible runs, resumption, several ranks agreeing on data).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lmforge.config import TrainConfig
+from lmforge.data.shards import TokenShards
+from lmforge.data.tokenizer import tokenizer_fingerprint
+from lmforge.errors import InputDataError
+
+IGNORE_INDEX = -100
+
+
+def batch_generator(seed: int, step: int, micro: int) -> torch.Generator:
+    """A CPU generator whose state depends only on ``(seed, step, micro)``."""
+    state = np.random.SeedSequence([seed, step, micro]).generate_state(1, dtype=np.uint64)[0]
+    return torch.Generator().manual_seed(int(state))
+
+
+def _check_length(tokens: np.ndarray, seq_len: int, name: str) -> None:
+    if len(tokens) < seq_len + 1:
+        raise InputDataError(f"{name} split has {len(tokens)} tokens; need at least seq_len + 1 = {seq_len + 1}")
+
+
+def _windows(tokens: np.ndarray, starts: torch.Tensor, seq_len: int) -> dict[str, torch.Tensor]:
+    rows = np.stack([np.asarray(tokens[s : s + seq_len + 1], dtype=np.int64) for s in starts.tolist()])
+    windows = torch.from_numpy(rows)
+    return {"input_ids": windows[:, :-1], "targets": windows[:, 1:]}
+
+
+def random_windows(
+    tokens: np.ndarray, *, batch_size: int, seq_len: int, seed: int, step: int, micro: int = 0
+) -> dict[str, torch.Tensor]:
+    """``batch_size`` windows of ``seq_len + 1`` tokens at uniform random offsets, as a shifted batch."""
+    _check_length(tokens, seq_len, "train")
+    generator = batch_generator(seed, step, micro)
+    starts = torch.randint(0, len(tokens) - seq_len, (batch_size,), generator=generator)
+    return _windows(tokens, starts, seq_len)
+
+
+def eval_windows(tokens: np.ndarray, *, batch_size: int, seq_len: int, n_batches: int) -> list[dict[str, torch.Tensor]]:
+    """``n_batches`` fixed batches of windows spread evenly over ``tokens`` (first window at 0)."""
+    _check_length(tokens, seq_len, "val")
+    count = batch_size * n_batches
+    starts = torch.from_numpy(np.linspace(0, len(tokens) - seq_len - 1, count).astype(np.int64))
+    return [_windows(tokens, starts[i : i + batch_size], seq_len) for i in range(0, count, batch_size)]
+
+
+def open_matching_shards(shards_dir: str | Path, tokenizer_dir: str | Path) -> TokenShards:
+    """Open token shards and check they were written by the tokenizer stored in ``tokenizer_dir``."""
+    shards = TokenShards.open(shards_dir)
+    expected = tokenizer_fingerprint(tokenizer_dir)
+    if shards.tokenizer_sha256 != expected:
+        raise InputDataError(
+            f"token shards {shards_dir} were written by tokenizer {shards.tokenizer_sha256[:12]}, but "
+            f"{tokenizer_dir} holds tokenizer {expected[:12]}; use the tokenizer from the same tokenize run"
+        )
+    return shards
+
+
+def shard_batches(
+    shards: TokenShards, cfg: TrainConfig
+) -> tuple[Callable[[int, int], dict[str, torch.Tensor]], list[dict[str, torch.Tensor]]]:
+    """``(train_batch(step, micro), eval batches)`` over the train and val splits of ``shards``."""
+    train_tokens = shards.tokens("train")
+    val = eval_windows(shards.tokens("val"), batch_size=cfg.batch_size, seq_len=cfg.seq_len, n_batches=cfg.eval_batches)
+    _check_length(train_tokens, cfg.seq_len, "train")
+
+    def train_batch(step: int, micro: int) -> dict[str, torch.Tensor]:
+        return random_windows(
+            train_tokens,
+            batch_size=cfg.batch_size,
+            seq_len=cfg.seq_len,
+            seed=cfg.seed,
+            step=step,
+            micro=micro,
+        )
+
+    return train_batch, val
