@@ -122,9 +122,7 @@ class SeaweedS3:
         probe = f"lmforge-ready-{os.getpid()}"
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(
-                    f"weed exited with {self.process.returncode}; see {self.workdir / 'weed.log'}"
-                )
+                raise RuntimeError(f"weed exited with {self.process.returncode}; see {self.workdir / 'weed.log'}")
             with contextlib.suppress(BotoCoreError, ClientError):
                 client.create_bucket(Bucket=probe)
                 client.put_object(Bucket=probe, Key="ready", Body=b"1")

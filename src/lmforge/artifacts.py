@@ -83,9 +83,7 @@ def read_manifest(root: str | Path, *, verify: bool = False) -> dict[str, Any]:
     if not Path(root).is_dir():
         raise InputDataError(f"artifact directory not found: {root}")
     if not path.is_file():
-        raise ArtifactIncompleteError(
-            f"{root}: no {MANIFEST}; the artifact is incomplete or not an lmforge output"
-        )
+        raise ArtifactIncompleteError(f"{root}: no {MANIFEST}; the artifact is incomplete or not an lmforge output")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
@@ -97,9 +95,7 @@ def read_manifest(root: str | Path, *, verify: bool = False) -> dict[str, Any]:
                 raise ArtifactIncompleteError(f"{root}: {name} listed in the manifest is missing")
             actual = sha256_file(file)
             if actual != meta["sha256"]:
-                raise ArtifactIncompleteError(
-                    f"{file}: sha256 mismatch, expected {meta['sha256']}, got {actual}"
-                )
+                raise ArtifactIncompleteError(f"{file}: sha256 mismatch, expected {meta['sha256']}, got {actual}")
     return manifest
 
 

@@ -65,9 +65,7 @@ def _overrides_by_stage(assignments: dict[str, Any]) -> dict[str, dict[str, Any]
     for key, value in assignments.items():
         stage, _, field = key.partition(".")
         if stage not in STAGES or not field:
-            raise LmforgeError(
-                f"override {key!r}: expected STAGE.FIELD with STAGE one of {', '.join(STAGES)}"
-            )
+            raise LmforgeError(f"override {key!r}: expected STAGE.FIELD with STAGE one of {', '.join(STAGES)}")
         by_stage.setdefault(stage, {})[field] = value
     return by_stage
 
@@ -80,12 +78,8 @@ def _fail(exc: LmforgeError) -> None:
 @app.command()
 def run(
     preset: PresetOpt = "tiny-cpu",
-    corpus: Annotated[
-        str, typer.Option(help="Raw corpus URI (local, s3://, demo://).")
-    ] = "demo://shakespeare",
-    qa: Annotated[
-        str, typer.Option(help="Q&A JSONL URI for LoRA (local, s3://, demo://).")
-    ] = "demo://chatterbot",
+    corpus: Annotated[str, typer.Option(help="Raw corpus URI (local, s3://, demo://).")] = "demo://shakespeare",
+    qa: Annotated[str, typer.Option(help="Q&A JSONL URI for LoRA (local, s3://, demo://).")] = "demo://chatterbot",
     output: Annotated[Path, typer.Option("--output", "-o", help="Where runs and the registry go.")] = Path(
         "lmforge-out"
     ),
@@ -140,9 +134,7 @@ def _fmt(value: Any) -> str:
 
 @app.command("compile")
 def compile_(
-    root: Annotated[
-        Path | None, typer.Option(help="Repository root to write into (default: this checkout).")
-    ] = None,
+    root: Annotated[Path | None, typer.Option(help="Repository root to write into (default: this checkout).")] = None,
 ) -> None:
     """Compile every component (components/*/component.yaml) and pipeline (pipelines/compiled/*.yaml)."""
     from pipelines.compile import REPO_ROOT, compile_all

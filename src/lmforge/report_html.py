@@ -85,7 +85,5 @@ def page(title: str, sections: Sequence[tuple[str, str]], *, subtitle: str = "")
     sub = f'<p class="note">{html.escape(subtitle)}</p>' if subtitle else ""
     return (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-        f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>{sub}\n"
-        + "\n".join(parts)
-        + "</body></html>"
+        f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>{sub}\n" + "\n".join(parts) + "</body></html>"
     )

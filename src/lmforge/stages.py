@@ -76,9 +76,7 @@ STAGE_SPECS: dict[str, StageSpec] = {
         ("base_model", "qa_uri"),
         ("adapter", "merged_model"),
         (),
-        lambda c, **k: _module("train.lora").run(
-            c, k["base_model"], k["qa_uri"], k["adapter"], k["merged_model"]
-        ),
+        lambda c, **k: _module("train.lora").run(c, k["base_model"], k["qa_uri"], k["adapter"], k["merged_model"]),
     ),
     "distill": StageSpec(
         ("teacher", "shards"),

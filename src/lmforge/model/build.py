@@ -73,9 +73,7 @@ def check_model_dir(path: str | Path) -> Path:
     if not any((path / name).is_file() for name in WEIGHT_FILES):
         raise InputDataError(f"model directory {path}: no weights ({' or '.join(WEIGHT_FILES)})")
     config = AutoConfig.from_pretrained(path)
-    if not any(
-        arch.endswith("ForCausalLM") or arch.endswith("LMHeadModel") for arch in config.architectures or []
-    ):
+    if not any(arch.endswith("ForCausalLM") or arch.endswith("LMHeadModel") for arch in config.architectures or []):
         raise InputDataError(f"model directory {path}: {config.architectures} is not a causal LM")
     return path
 
