@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,11 @@ def run_pipeline_locally(
     before = {p.name for p in pipeline_root.iterdir()}
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root), raise_on_error=True)
     start = time.perf_counter()
-    load_component_from_file(str(pipeline_yaml))(**params)
+    with warnings.catch_warnings():
+        # Resource, placement and image settings are for the cluster; kfp.local says so once per task.
+        warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
+        warnings.filterwarnings("ignore", message=".*custom or non-Python base image.*")
+        load_component_from_file(str(pipeline_yaml))(**params)
     seconds = time.perf_counter() - start
     new = sorted(p for p in pipeline_root.iterdir() if p.name not in before and p.is_dir())
     if len(new) != 1:
