@@ -1,0 +1,196 @@
+"""Container images, checked statically (no Docker daemon here): what the Dockerfiles, the bake file and the
+component → image map promise each other.
+
+A Dockerfile is read as a list of instructions (continuation lines joined, comments dropped); nothing is built.
+What only a real build shows (the base image still exists, pip resolves inside it) is the CI image job's to find.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components.images import DEFAULT_REGISTRY, RUNTIME_OF_COMPONENT
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNTIMES = sorted(set(RUNTIME_OF_COMPONENT.values()))
+
+
+@dataclass(frozen=True)
+class Instruction:
+    keyword: str
+    args: str
+
+
+def _instructions(dockerfile: Path) -> list[Instruction]:
+    logical: list[str] = []
+    pending = ""
+    for raw in dockerfile.read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.startswith("#"):  # a comment inside a continued instruction
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        logical.append(pending + line)
+        pending = ""
+    assert not pending, f"{dockerfile}: ends inside a continued line"
+    return [Instruction(*[*line.split(None, 1), ""][:2]) for line in logical if line]
+
+
+def _stages(instructions: list[Instruction]) -> list[list[Instruction]]:
+    stages: list[list[Instruction]] = []
+    for ins in instructions:
+        if ins.keyword.upper() == "FROM":
+            stages.append([])
+        assert stages, "instruction before the first FROM"
+        stages[-1].append(ins)
+    return stages
+
+
+def _flags_and_words(args: str) -> tuple[dict[str, str], list[str]]:
+    flags, words = {}, []
+    for word in args.split():
+        if word.startswith("--"):
+            key, _, value = word[2:].partition("=")
+            flags[key] = value
+        else:
+            words.append(word)
+    return flags, words
+
+
+def _dockerfile(runtime: str) -> Path:
+    return ROOT / "images" / runtime / "Dockerfile"
+
+
+def _dockerignore_patterns() -> list[str]:
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    return [line.strip().rstrip("/") for line in lines if line.strip() and not line.startswith("#")]
+
+
+def test_image_map_covers_every_component_folder() -> None:
+    folders = {p.parent.name for p in (ROOT / "components").glob("*/component.py")}
+    assert folders, "no components found"
+    assert folders == set(RUNTIME_OF_COMPONENT), (
+        f"missing from components/images.py: {sorted(folders - set(RUNTIME_OF_COMPONENT))}; "
+        f"mapped but absent: {sorted(set(RUNTIME_OF_COMPONENT) - folders)}"
+    )
+
+
+def test_every_runtime_has_a_dockerfile_and_every_dockerfile_a_runtime() -> None:
+    for runtime in RUNTIMES:
+        assert _dockerfile(runtime).is_file(), f"images/{runtime}/Dockerfile missing"
+    on_disk = {p.parent.name for p in (ROOT / "images").glob("*/Dockerfile")}
+    assert on_disk == set(RUNTIMES), f"Dockerfiles no component uses: {sorted(on_disk - set(RUNTIMES))}"
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_base_images_are_pinned_to_a_version(runtime: str) -> None:
+    stage_names: set[str] = set()
+    for stage in _stages(_instructions(_dockerfile(runtime))):
+        _, words = _flags_and_words(stage[0].args)
+        image = words[0]
+        if image in stage_names:
+            continue  # FROM an earlier stage
+        if len(words) == 3 and words[1].upper() == "AS":
+            stage_names.add(words[2])
+        if "@sha256:" in image:
+            continue
+        tag = image.rpartition(":")[2] if ":" in image.split("/")[-1] else ""
+        assert tag, f"{runtime}: base {image} has no tag"
+        assert tag != "latest" and re.search(r"\d", tag), f"{runtime}: base {image} is not pinned to a version"
+        assert "$" not in image, f"{runtime}: base {image} comes from a build argument, so it is not pinned here"
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_final_image_runs_as_a_non_root_numeric_user(runtime: str) -> None:
+    final = _stages(_instructions(_dockerfile(runtime)))[-1]
+    users = [ins.args for ins in final if ins.keyword.upper() == "USER"]
+    assert users, f"{runtime}: final stage sets no USER, so it runs as root"
+    user = users[-1].split(":")[0]
+    # Numeric, so the kubelet can enforce runAsNonRoot without resolving names.
+    assert user.isdigit() and int(user) != 0, f"{runtime}: USER {users[-1]} is not a non-root numeric uid"
+    last = [ins.keyword.upper() for ins in final][-1]
+    assert last == "USER", f"{runtime}: {last} after the final USER (runs as root or is misplaced)"
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_copy_sources_exist_and_are_in_the_build_context(runtime: str) -> None:
+    ignored = _dockerignore_patterns()
+    copies = 0
+    for ins in _instructions(_dockerfile(runtime)):
+        if ins.keyword.upper() not in {"COPY", "ADD"}:
+            continue
+        flags, words = _flags_and_words(ins.args)
+        if "from" in flags:
+            continue
+        for source in words[:-1]:
+            copies += 1
+            assert (ROOT / source).exists(), f"{runtime}: COPY {source}: no such path in the repository"
+            hits = [p for p in ignored if fnmatch.fnmatch(source.rstrip("/"), p)]
+            assert not hits, f"{runtime}: COPY {source} is excluded by .dockerignore ({hits})"
+    assert copies, f"{runtime}: copies nothing from the repository"
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_mounts_and_copies_from_stages_name_a_defined_stage(runtime: str) -> None:
+    defined: set[str] = set()
+    for stage in _stages(_instructions(_dockerfile(runtime))):
+        for ins in stage[1:]:
+            for source in re.findall(r"from=([\w.-]+)", ins.args):
+                assert source in defined, f"{runtime}: {ins.keyword} refers to stage {source!r} not defined before it"
+        _, words = _flags_and_words(stage[0].args)
+        if len(words) == 3:
+            defined.add(words[2])
+
+
+def _bake() -> str:
+    return (ROOT / "docker-bake.hcl").read_text()
+
+
+def _bake_default(variable: str) -> str:
+    match = re.search(rf'variable\s+"{variable}"\s*{{\s*default\s*=\s*"([^"]*)"', _bake())
+    assert match, f"docker-bake.hcl: variable {variable} with a default not found"
+    return match.group(1)
+
+
+def _bake_targets() -> dict[str, str]:
+    # A block ends at a closing brace alone on its line; "${...}" interpolations inside it are not ends.
+    return {m.group(1): m.group(2) for m in re.finditer(r'target\s+"(\w+)"\s*{(.*?)\n}', _bake(), re.DOTALL)}
+
+
+def test_bake_defaults_match_the_package_version_and_image_registry() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert _bake_default("VERSION") == pyproject["project"]["version"]
+    assert _bake_default("REGISTRY") == DEFAULT_REGISTRY
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_bake_target_builds_the_runtime_dockerfile_under_the_mapped_name(runtime: str) -> None:
+    body = _bake_targets().get(runtime)
+    assert body is not None, f"docker-bake.hcl has no target {runtime}"
+    assert f'dockerfile = "images/{runtime}/Dockerfile"' in body
+    # Same name and tag as components.images.image_for: <registry>/lmforge-<runtime>:<version>.
+    assert f'"${{REGISTRY}}/lmforge-{runtime}:${{VERSION}}"' in body
+    group = re.search(r'group\s+"default"\s*{\s*targets\s*=\s*\[([^\]]*)\]', _bake())
+    assert group and f'"{runtime}"' in group.group(1)
+
+
+def test_ci_workflow_installs_cpu_torch_first_and_fails_on_stale_compiled_yaml() -> None:
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "ci.yml").read_text())
+    steps = [s.get("run", "") for job in workflow["jobs"].values() for s in job["steps"]]
+    script = "\n".join(steps)
+    order = ["torch==2.13.0", "pip install -e", "ruff check", "ruff format --check", "pytest", "lmforge compile"]
+    positions = [script.find(marker) for marker in order]
+    assert all(p >= 0 for p in positions), dict(zip(order, positions, strict=True))
+    assert positions == sorted(positions), "CI steps out of order"
+    assert "download.pytorch.org/whl/cpu" in script
+    assert "git diff --exit-code" in script[positions[-1] :]
