@@ -98,8 +98,10 @@ class SeaweedS3:
             f"-s3.port={p['s3']}",
             f"-s3.port.grpc={p['s3_grpc']}",
             f"-s3.config={config}",
-            "-master.volumeSizeLimitMB=64",
-            "-volume.max=20",
+            "-s3.port.iceberg=0",  # catalogs bind fixed ports by default; two servers would clash
+            "-s3.port.lance=0",
+            "-master.volumeSizeLimitMB=32",
+            "-volume.max=1000",  # each bucket is a collection of 7 lazily grown volumes
         ]
         log = open(self.workdir / "weed.log", "ab")  # noqa: SIM115 - lives as long as the process
         self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

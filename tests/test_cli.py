@@ -12,10 +12,13 @@ runner = CliRunner()
 
 
 def _error_line(result) -> str:
-    lines = [line for line in result.output.splitlines() if line.strip()]
+    """The one ``error:`` line (progress logs may precede it on stderr)."""
     assert result.exit_code == 2, result.output
-    assert len(lines) == 1, result.output
-    return lines[0]
+    lines = result.output.splitlines()
+    errors = [i for i, line in enumerate(lines) if line.startswith("error:")]
+    assert len(errors) == 1, result.output
+    assert errors[0] == len(lines) - 1, f"the error must be the last, single line: {result.output}"
+    return lines[errors[0]]
 
 
 def test_run_rejects_a_bad_override_before_running(tmp_path):

@@ -26,7 +26,10 @@ def make_cleaned(root: Path, records: list[dict[str, str]]) -> Path:
     corpus = root / "corpus.jsonl"
     corpus.parent.mkdir(parents=True, exist_ok=True)
     corpus.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    clean.run(CleanConfig(min_chars=0, min_words=0), str(corpus), root / "cleaned")
+    rules_off = {
+        name: {"enabled": False} for name in ("language", "gopher_repetition", "gopher_quality", "c4", "fineweb")
+    }
+    clean.run(CleanConfig.model_validate({"min_chars": 0, "min_words": 0, **rules_off}), str(corpus), root / "cleaned")
     return root / "cleaned"
 
 

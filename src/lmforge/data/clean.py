@@ -1,23 +1,35 @@
-"""The ``clean`` stage: normalize raw documents, drop short ones and exact duplicates.
+"""The ``clean`` stage: normalize, filter, redact PII and deduplicate raw documents.
 
-Each document is normalized (:class:`Normalize`), then passes the filters in order; the first filter
-that rejects it counts the removal and gives the reason. Survivors go to Parquet shards
-``part-NNNNN.parquet`` (columns ``id``, ``text``, ``source``, ``lang``); a sample of the rejected
-documents per rule goes to ``quarantine.jsonl`` for review.
+The stage is three steps that also run separately under a pipeline fan-out:
+
+1. :func:`clean_shard` (once per input shard): normalize each document (:class:`Normalize`), run the
+   rules of :func:`build_rules` (the first that rejects a document counts the removal and gives the
+   reason), redact PII in the survivors and write them with their dedup signatures.
+2. :func:`lmforge.data.dedup.run` (once): exact and MinHash LSH dedup over all shards' signatures.
+3. :func:`finalize` (once): merge the shards in corpus order without the duplicates into Parquet
+   shards ``part-NNNNN.parquet`` (columns ``id``, ``text``, ``source``, ``lang``), a sample of rejected
+   documents per rule in ``quarantine.jsonl``, every malformed record (``file:line`` and problem) in
+   ``bad_records.jsonl``, ``stats.json`` and an HTML report.
+
+:func:`run` chains the three for a single process; the output is the same for any number of shards.
 """
 
 from __future__ import annotations
 
-import hashlib
+import heapq
 import json
 import logging
 import re
+import shutil
+import tempfile
 import time
 import unicodedata
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
@@ -25,22 +37,57 @@ from tqdm import tqdm
 from lmforge import report_html
 from lmforge.artifacts import read_manifest, staged_output, write_manifest
 from lmforge.config import CleanConfig
+from lmforge.data import dedup
 from lmforge.data.corpus import CorpusReader, Document
+from lmforge.data.dedup import EXACT_RULE, NEAR_RULE, exact_digest, save_signatures
+from lmforge.data.filters import (
+    UNDETERMINED_LANG,
+    C4Lines,
+    FineWebLines,
+    GopherQuality,
+    GopherRepetition,
+    MinChars,
+    MinWords,
+    NonEmpty,
+    Rule,
+    TextView,
+)
+from lmforge.data.minhash import MinHasher
+from lmforge.data.pii import PiiRedactor
 from lmforge.errors import InputDataError
 from lmforge.results import StageResult
+
+__all__ = [
+    "UNDETERMINED_LANG",
+    "ExactDedup",
+    "Filter",
+    "MinChars",
+    "MinWords",
+    "NonEmpty",
+    "Normalize",
+    "build_rules",
+    "clean_shard",
+    "finalize",
+    "read_cleaned",
+    "run",
+]
 
 log = logging.getLogger("lmforge.clean")
 
 KIND = "cleaned-corpus"
+SHARD_KIND = "cleaned-shard"
 QUARANTINE = "quarantine.jsonl"
+BAD_RECORDS = "bad_records.jsonl"  # every malformed input record with file:line and the problem
 STATS = "stats.json"
 REPORT = "report.html"
 SHARD_GLOB = "part-*.parquet"
-UNDETERMINED_LANG = "und"  # ISO 639-2 "undetermined" until language identification exists
 SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string()), ("source", pa.string()), ("lang", pa.string())])
+# A cleaned shard also carries each document's corpus position, the merge and dedup key.
+SHARD_SCHEMA = SCHEMA.append(pa.field("key", pa.int64()))
 QUARANTINE_TEXT_CHARS = 2000
 _ROW_GROUP_DOCS = 1000
 _ROW_GROUP_BYTES = 16 << 20
+_NO_SIGNATURE = np.empty(0, dtype=np.uint32)  # near dedup off: signatures are empty
 
 # C0/C1 controls except tab and newline, and the byte order mark that editors leave at the start of files
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ufeff]")
@@ -71,71 +118,19 @@ class Normalize:
         return out
 
 
-class Filter:
-    """One cleaning rule: :meth:`check` returns ``None`` to keep a document, else the reason."""
-
-    name: ClassVar[str]
-
-    def __init__(self) -> None:
-        self.removed = 0
-
-    def check(self, text: str) -> str | None:
-        raise NotImplementedError
-
-    def __call__(self, text: str) -> str | None:
-        reason = self.check(text)
-        if reason is not None:
-            self.removed += 1
-        return reason
-
-
-class NonEmpty(Filter):
-    """Drop documents that are empty after normalization."""
-
-    name = "empty"
-
-    def check(self, text: str) -> str | None:
-        return None if text else "empty after normalization"
-
-
-class MinChars(Filter):
-    """Drop documents shorter than ``min_chars`` characters."""
-
-    name = "min_chars"
-
-    def __init__(self, min_chars: int) -> None:
-        super().__init__()
-        self.min_chars = min_chars
-
-    def check(self, text: str) -> str | None:
-        return None if len(text) >= self.min_chars else f"{len(text)} chars < {self.min_chars}"
-
-
-class MinWords(Filter):
-    """Drop documents with fewer than ``min_words`` whitespace-separated words."""
-
-    name = "min_words"
-
-    def __init__(self, min_words: int) -> None:
-        super().__init__()
-        self.min_words = min_words
-
-    def check(self, text: str) -> str | None:
-        words = len(text.split())
-        return None if words >= self.min_words else f"{words} words < {self.min_words}"
+Filter = Rule  # the name used before the rules moved to lmforge.data.filters
 
 
 def dedup_key(text: str) -> bytes:
     """Digest of casefolded text with every whitespace run collapsed to one space."""
-    canonical = " ".join(text.casefold().split())
-    return hashlib.blake2b(canonical.encode("utf-8"), digest_size=16).digest()
+    return exact_digest(text)
 
 
-class ExactDedup(Filter):
-    """Drop a document whose :func:`dedup_key` was already seen (the first copy is kept).
+class ExactDedup(Rule):
+    """Drop a document whose :func:`dedup_key` was already seen in this process (the first copy is kept).
 
-    Holds one 16-byte digest per kept document in memory; corpora beyond a few hundred million
-    documents need the sharded global dedup step instead.
+    A streaming, single-process form of the exact rule; the stage itself dedups globally over the
+    signatures of all shards (:mod:`lmforge.data.dedup`), which gives the same result.
     """
 
     name = "exact_dedup"
@@ -145,36 +140,51 @@ class ExactDedup(Filter):
         self.enabled = enabled
         self._seen: set[bytes] = set()
 
-    def check(self, text: str) -> str | None:
+    def check(self, view: TextView) -> str | None:
         if not self.enabled:
             return None
-        key = dedup_key(text)
+        key = dedup_key(view.text)
         if key in self._seen:
             return "exact duplicate of an earlier document"
         self._seen.add(key)
         return None
 
 
-def build_filters(cfg: CleanConfig) -> list[Filter]:
-    """The filters of ``cfg`` in the order they are applied (dedup last, so only survivors count)."""
-    return [NonEmpty(), MinChars(cfg.min_chars), MinWords(cfg.min_words), ExactDedup(cfg.exact_dedup)]
+def build_rules(cfg: CleanConfig) -> list[Rule]:
+    """The per-document rules of ``cfg`` in the order they run (FineWeb's order: language ID, Gopher
+    repetition, Gopher quality, C4, FineWeb). Dedup runs after all of them, over the survivors."""
+    rules: list[Rule] = [NonEmpty(), MinChars(cfg.min_chars), MinWords(cfg.min_words)]
+    if cfg.language.enabled:
+        from lmforge.data.langid import LanguageFilter
+
+        rules.append(LanguageFilter(cfg.language))
+    if cfg.gopher_repetition.enabled:
+        rules.append(GopherRepetition(cfg.gopher_repetition))
+    if cfg.gopher_quality.enabled:
+        rules.append(GopherQuality(cfg.gopher_quality))
+    if cfg.c4.enabled:
+        rules.append(C4Lines(cfg.c4))
+    if cfg.fineweb.enabled:
+        rules.append(FineWebLines(cfg.fineweb))
+    return rules
 
 
 class _ParquetShards:
     """Write rows into ``part-NNNNN.parquet`` files of at most ``shard_docs`` rows each."""
 
-    def __init__(self, root: Path, shard_docs: int) -> None:
+    def __init__(self, root: Path, shard_docs: int, schema: pa.Schema = SCHEMA) -> None:
         self.root = root
         self.shard_docs = shard_docs
+        self.schema = schema
         self.shards: list[dict[str, Any]] = []
         self._writer: pq.ParquetWriter | None = None
-        self._rows: dict[str, list[str]] = {name: [] for name in SCHEMA.names}
+        self._rows: dict[str, list[Any]] = {name: [] for name in schema.names}
         self._buffered_bytes = 0
 
-    def add(self, row: dict[str, str]) -> None:
+    def add(self, row: dict[str, Any]) -> None:
         if self._writer is None or self.shards[-1]["docs"] == self.shard_docs:
             self._roll()
-        for name in SCHEMA.names:
+        for name in self.schema.names:
             self._rows[name].append(row[name])
         self.shards[-1]["docs"] += 1
         self._buffered_bytes += len(row["text"])
@@ -183,15 +193,15 @@ class _ParquetShards:
 
     def _flush(self) -> None:
         if self._writer is not None and self._rows["id"]:
-            self._writer.write_table(pa.table(self._rows, schema=SCHEMA))
-        self._rows = {name: [] for name in SCHEMA.names}
+            self._writer.write_table(pa.table(self._rows, schema=self.schema))
+        self._rows = {name: [] for name in self.schema.names}
         self._buffered_bytes = 0
 
     def _roll(self) -> None:
         self.close()
         name = f"part-{len(self.shards):05d}.parquet"
         self.shards.append({"name": name, "docs": 0})
-        self._writer = pq.ParquetWriter(self.root / name, SCHEMA, compression="zstd")
+        self._writer = pq.ParquetWriter(self.root / name, self.schema, compression="zstd")
 
     def close(self) -> None:
         self._flush()
@@ -200,72 +210,235 @@ class _ParquetShards:
             self._writer = None
 
 
-def run(cfg: CleanConfig, input_uri: str, output_dir: str | Path) -> StageResult:
-    """Clean the corpus at ``input_uri`` into ``output_dir`` (committed only on success).
+class _Quarantine:
+    """``quarantine.jsonl``: at most ``per_rule`` rejected documents per rule, with the reason."""
 
-    Raises:
-        InputDataError: the corpus is missing, has too many malformed records, has no documents, or
-            no document survives cleaning.
+    def __init__(self, fh: Any, per_rule: int) -> None:
+        self.fh = fh
+        self.per_rule = per_rule
+        self.kept: Counter[str] = Counter()
+
+    def add(self, record: dict[str, Any]) -> None:
+        if self.kept[record["rule"]] < self.per_rule:
+            self.kept[record["rule"]] += 1
+            self.fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    def add_document(self, rule: str, reason: str, doc: Document | dict[str, Any]) -> None:
+        text = doc.text if isinstance(doc, Document) else doc["text"]
+        source = doc.source if isinstance(doc, Document) else doc["source"]
+        doc_id = doc.id if isinstance(doc, Document) else doc["id"]
+        cut = text[:QUARANTINE_TEXT_CHARS]
+        record = {"rule": rule, "reason": reason, "source": source, "id": doc_id, "text": cut}
+        self.add({**record, "truncated": len(text) > len(cut)})
+
+
+def clean_shard(
+    cfg: CleanConfig, input_uri: str, output_dir: str | Path, *, shard_index: int = 0, shard_count: int = 1
+) -> StageResult:
+    """Clean shard ``shard_index`` of ``shard_count`` of the corpus: rules, PII, dedup signatures.
+
+    Writes a ``cleaned-shard`` artifact: surviving documents (``part-*.parquet`` with their corpus
+    ``key``), their signatures for :func:`lmforge.data.dedup.run`, the shard's quarantine sample and
+    counters in ``stats.json``. A shard may be empty; :func:`finalize` decides whether the corpus is.
     """
     normalize = Normalize(cfg.unicode_form)
-    filters = build_filters(cfg)
-    reader = CorpusReader(input_uri, text_field=cfg.text_field, max_bad_records=cfg.max_bad_records)
-    docs_in = docs_out = bytes_in = bytes_out = 0
-    quarantined = dict.fromkeys([f.name for f in filters], 0)
-    start = time.perf_counter()
+    rules = build_rules(cfg)
+    redact = PiiRedactor(cfg.pii)
+    hasher = MinHasher(cfg.near_dedup)
 
+    docs_in = docs_out = bytes_in = bytes_out = 0
+    keys: list[int] = []
+    digests: list[bytes] = []
+    signatures: list[Any] = []
+    start = time.perf_counter()
     with staged_output(output_dir) as stage:
-        shards = _ParquetShards(stage, cfg.shard_docs)
-        with open(stage / QUARANTINE, "w", encoding="utf-8") as quarantine:
-            for doc in tqdm(reader, desc="clean", unit="doc", disable=None):
+        shards = _ParquetShards(stage, cfg.shard_docs, SHARD_SCHEMA)
+        with (
+            open(stage / QUARANTINE, "w", encoding="utf-8") as fh,
+            open(stage / BAD_RECORDS, "w", encoding="utf-8") as bad_fh,
+        ):
+            reader = CorpusReader(
+                input_uri,
+                text_field=cfg.text_field,
+                max_bad_records=cfg.max_bad_records,
+                shard=(shard_index, shard_count),
+                on_bad=lambda bad: bad_fh.write(json.dumps({"source": bad.source, "problem": bad.problem}) + "\n"),
+            )
+            quarantine = _Quarantine(fh, cfg.quarantine_samples)
+            for doc in tqdm(reader, desc=f"clean {shard_index}/{shard_count}", unit="doc", disable=None):
                 docs_in += 1
                 bytes_in += len(doc.text.encode("utf-8"))
-                text = normalize(doc.text)
-                rejected = next(((f.name, r) for f in filters if (r := f(text)) is not None), None)
-                if rejected is None:
-                    docs_out += 1
-                    bytes_out += len(text.encode("utf-8"))
-                    shards.add({"id": doc.id, "text": text, "source": doc.source, "lang": UNDETERMINED_LANG})
-                elif quarantined[rejected[0]] < cfg.quarantine_samples:
-                    quarantined[rejected[0]] += 1
-                    _write_quarantine(quarantine, rejected[0], rejected[1], doc)
-            for bad in reader.bad_samples[: cfg.quarantine_samples]:
-                record = {"rule": "bad_record", "reason": bad.problem, "source": bad.source}
-                quarantine.write(json.dumps(record, ensure_ascii=False) + "\n")
+                view = TextView(normalize(doc.text))
+                rejected = next(((r.name, why) for r in rules if (why := r(view)) is not None), None)
+                if rejected is not None:
+                    quarantine.add_document(rejected[0], rejected[1], doc)
+                    continue
+                text = redact(view.text)
+                if text != view.text:
+                    view.replace_text(text)
+                docs_out += 1
+                bytes_out += len(text.encode("utf-8"))
+                keys.append(doc.key)
+                digests.append(exact_digest(text))
+                signatures.append(hasher.signature(view.word_hashes) if cfg.near_dedup.enabled else _NO_SIGNATURE)
+                row = {"id": doc.id, "text": text, "source": doc.source, "lang": view.lang, "key": doc.key}
+                shards.add(row)
+            for bad in reader.bad_samples:
+                quarantine.add({"rule": "bad_record", "reason": bad.problem, "source": bad.source})
         shards.close()
-        elapsed = time.perf_counter() - start
+        perms = hasher.permutations if cfg.near_dedup.enabled else 0
+        save_signatures(stage, keys, digests, signatures, perms)
+        removed = {r.name: r.removed for r in rules}
+        reasons = {r.name: dict(sorted(r.reasons.items())) for r in rules if r.reasons}
+        stats = {
+            "input": input_uri,
+            "shard": [shard_index, shard_count],
+            "files": reader.files,
+            "counts": {
+                "docs_in": docs_in,
+                "docs_out": docs_out,
+                "bytes_in": bytes_in,
+                "bytes_out": bytes_out,
+                "bad_records": reader.bad_records,
+                "docs_normalized": normalize.changed,
+                "c4_lines_removed": sum(getattr(r, "lines_removed", 0) for r in rules),
+                "pii_docs": redact.docs,
+                **{f"pii_{kind}": n for kind, n in redact.counts.items()},
+            },
+            "removed": removed,
+            "reasons": reasons,
+            "seconds": time.perf_counter() - start,
+        }
+        (stage / STATS).write_text(json.dumps(stats, indent=2), encoding="utf-8")
+        write_manifest(
+            stage,
+            SHARD_KIND,
+            inputs={"corpus": input_uri},
+            config=cfg.model_dump(),
+            metrics=stats["counts"],
+            extra={"shard": [shard_index, shard_count]},
+        )
+    log.debug(
+        "cleaned shard %d/%d of %s: %d of %d documents kept", shard_index, shard_count, input_uri, docs_out, docs_in
+    )
+    return StageResult(metrics={k: float(v) for k, v in stats["counts"].items()}, summary={"output": str(output_dir)})
 
-        removed = {f.name: f.removed for f in filters}
-        if docs_in == 0:
-            raise InputDataError(f"corpus {input_uri}: no documents ({reader.bad_records} bad records)")
+
+def _shard_rows(shard_dir: Path) -> Iterator[dict[str, Any]]:
+    manifest = read_manifest(shard_dir, verify=True)
+    if manifest.get("kind") != SHARD_KIND:
+        raise InputDataError(f"{shard_dir}: artifact kind {manifest.get('kind')!r}, expected {SHARD_KIND!r}")
+    for name in sorted(n for n in manifest.get("files", {}) if Path(n).match(SHARD_GLOB)):
+        for batch in pq.ParquetFile(Path(shard_dir, name)).iter_batches(batch_size=1024):
+            yield from batch.to_pylist()
+
+
+def finalize(
+    cfg: CleanConfig,
+    input_uri: str,
+    shard_dirs: list[str | Path],
+    dedup_dir: str | Path,
+    output_dir: str | Path,
+    *,
+    seconds: float | None = None,
+) -> StageResult:
+    """Merge cleaned shards in corpus order, dropping the documents the dedup plan removes.
+
+    Raises:
+        InputDataError: no shard read a document, or no document survives cleaning.
+    """
+    start = time.perf_counter()
+    shard_dirs = [Path(d) for d in shard_dirs]
+    shard_stats = [json.loads((d / STATS).read_text(encoding="utf-8")) for d in shard_dirs]
+    removed_keys = dedup.read_removed(dedup_dir)
+    counts: Counter[str] = Counter()
+    removed: Counter[str] = Counter()
+    reasons: dict[str, Counter[str]] = {}
+    files: list[str] = []
+    for st in shard_stats:
+        counts.update(st["counts"])
+        removed.update(st["removed"])
+        for rule, by_reason in st["reasons"].items():
+            reasons.setdefault(rule, Counter()).update(by_reason)
+        files.extend(st["files"])
+    rule_order = list(shard_stats[0]["removed"]) if shard_stats else []
+    docs_in = counts["docs_in"]
+    if docs_in == 0:
+        raise InputDataError(f"corpus {input_uri}: no documents ({counts['bad_records']} bad records)")
+
+    targets = {kept for _, kept in removed_keys.values()}
+    kept_ids: dict[int, str] = {}
+    docs_out = bytes_out = 0
+    dedup_removed: Counter[str] = Counter()
+    with staged_output(output_dir) as stage:
+        out = _ParquetShards(stage, cfg.shard_docs)
+        with open(stage / QUARANTINE, "w", encoding="utf-8") as fh:
+            quarantine = _Quarantine(fh, cfg.quarantine_samples)
+            bad_records = []
+            for d in shard_dirs:
+                for line in (d / QUARANTINE).read_text(encoding="utf-8").splitlines():
+                    record = json.loads(line)
+                    if record["rule"] == "bad_record":
+                        bad_records.append(record)
+                    else:
+                        quarantine.add(record)
+            merged = heapq.merge(*(_shard_rows(d) for d in shard_dirs), key=lambda row: row["key"])
+            for row in merged:
+                key = row["key"]
+                if key in targets:
+                    kept_ids[key] = row["id"]
+                if key in removed_keys:
+                    rule, kept = removed_keys[key]
+                    dedup_removed[rule] += 1
+                    what = "exact duplicate" if rule == EXACT_RULE else "near duplicate"
+                    quarantine.add_document(rule, f"{what} of {kept_ids.get(kept, kept)}", row)
+                    continue
+                docs_out += 1
+                bytes_out += len(row["text"].encode("utf-8"))
+                out.add(row)
+            for record in bad_records:
+                quarantine.add(record)
+        with open(stage / BAD_RECORDS, "w", encoding="utf-8") as bad_fh:
+            for d in shard_dirs:
+                with open(d / BAD_RECORDS, encoding="utf-8") as part:
+                    shutil.copyfileobj(part, bad_fh)
+        out.close()
+        removed.update({EXACT_RULE: dedup_removed[EXACT_RULE], NEAR_RULE: dedup_removed[NEAR_RULE]})
+        removed_ordered = {name: removed[name] for name in [*rule_order, EXACT_RULE, NEAR_RULE]}
         if docs_out == 0:
-            counts = ", ".join(f"{name}: {n}" for name, n in removed.items() if n)
-            raise InputDataError(f"corpus {input_uri}: all {docs_in} documents were removed by cleaning ({counts})")
-
+            detail = ", ".join(f"{name}: {n}" for name, n in removed_ordered.items() if n)
+            raise InputDataError(f"corpus {input_uri}: all {docs_in} documents were removed by cleaning ({detail})")
+        elapsed = (seconds or 0.0) + (time.perf_counter() - start)
+        if seconds is None:
+            elapsed += max(st["seconds"] for st in shard_stats)
+        clusters = len({kept for _, kept in removed_keys.values()})
         metrics: dict[str, float] = {
             "docs_in": docs_in,
             "docs_out": docs_out,
-            "bytes_in": bytes_in,
+            "bytes_in": counts["bytes_in"],
             "bytes_out": bytes_out,
-            **{f"removed_{name}": n for name, n in removed.items()},
-            "bad_records": reader.bad_records,
-            "docs_normalized": normalize.changed,
-            "duplicate_rate": removed[ExactDedup.name] / docs_in,
+            **{f"removed_{name}": n for name, n in removed_ordered.items()},
+            "bad_records": counts["bad_records"],
+            "docs_normalized": counts["docs_normalized"],
+            "c4_lines_removed": counts["c4_lines_removed"],
+            "pii_docs": counts["pii_docs"],
+            **{k: v for k, v in sorted(counts.items()) if k.startswith("pii_") and k != "pii_docs"},
+            "duplicate_clusters": clusters,
+            "duplicate_rate": (removed[EXACT_RULE] + removed[NEAR_RULE]) / docs_in,
             "docs_per_sec": docs_in / max(elapsed, 1e-9),
         }
         stats = {
             "input": input_uri,
-            "files": reader.files,
+            "files": files,
+            "shards_in": len(shard_dirs),
             "metrics": metrics,
-            "removed": removed,
-            "shards": shards.shards,
-            "quarantined": {
-                **quarantined,
-                "bad_record": min(len(reader.bad_samples), cfg.quarantine_samples),
-            },
+            "removed": removed_ordered,
+            "reasons": {rule: dict(sorted(c.items())) for rule, c in reasons.items()},
+            "shards": out.shards,
+            "quarantined": dict(quarantine.kept),
         }
         (stage / STATS).write_text(json.dumps(stats, indent=2), encoding="utf-8")
-        html = _report(input_uri, metrics, removed)
+        html = _report(input_uri, metrics, removed_ordered, stats["reasons"])
         (stage / REPORT).write_text(html, encoding="utf-8")
         write_manifest(stage, KIND, inputs={"corpus": input_uri}, config=cfg.model_dump(), metrics=metrics)
 
@@ -274,39 +447,50 @@ def run(cfg: CleanConfig, input_uri: str, output_dir: str | Path) -> StageResult
         input_uri,
         docs_out,
         docs_in,
-        ", ".join(f"{name} -{n}" for name, n in removed.items()),
-        reader.bad_records,
+        ", ".join(f"{name} -{n}" for name, n in removed_ordered.items()),
+        counts["bad_records"],
         metrics["docs_per_sec"],
     )
-    summary = {"output": str(output_dir), "shards": shards.shards, "files": reader.files}
+    summary = {"output": str(output_dir), "shards": out.shards, "files": files}
     return StageResult(metrics=metrics, html=html, summary=summary)
 
 
-def _write_quarantine(fh: Any, rule: str, reason: str, doc: Document) -> None:
-    text = doc.text[:QUARANTINE_TEXT_CHARS]
-    record = {
-        "rule": rule,
-        "reason": reason,
-        "source": doc.source,
-        "id": doc.id,
-        "text": text,
-        "truncated": len(doc.text) > len(text),
-    }
-    fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+def run(cfg: CleanConfig, input_uri: str, output_dir: str | Path) -> StageResult:
+    """Clean the corpus at ``input_uri`` into ``output_dir`` (committed only on success) in one process.
+
+    The same three steps as the pipeline fan-out with one shard: :func:`clean_shard`,
+    :func:`lmforge.data.dedup.run`, :func:`finalize`.
+
+    Raises:
+        InputDataError: the corpus is missing, has too many malformed records, has no documents, or
+            no document survives cleaning.
+    """
+    start = time.perf_counter()
+    Path(output_dir).parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".lmforge-clean-", dir=Path(output_dir).parent) as scratch:
+        shard = Path(scratch, "shard-00000")
+        clean_shard(cfg, input_uri, shard)
+        dedup.run(cfg, [shard], Path(scratch, "dedup"))
+        return finalize(
+            cfg, input_uri, [shard], Path(scratch, "dedup"), output_dir, seconds=time.perf_counter() - start
+        )
 
 
-def _report(input_uri: str, metrics: dict[str, float], removed: dict[str, int]) -> str:
+def _report(
+    input_uri: str, metrics: dict[str, float], removed: dict[str, int], reasons: dict[str, dict[str, int]]
+) -> str:
     plot = report_html.bar_plot(
         {**removed, "bad_record": metrics["bad_records"]},
         title="Documents removed per rule",
         ylabel="documents",
     )
-    rows = [(name, value) for name, value in metrics.items()]
-    return report_html.page(
-        "lmforge clean",
-        [("Removals per rule", plot), ("Metrics", report_html.table(["metric", "value"], rows))],
-        subtitle=f"input: {input_uri}",
-    )
+    reason_rows = [(rule, why, n) for rule, by in reasons.items() for why, n in by.items()]
+    sections = [
+        ("Removals per rule", plot),
+        ("Removals per rule and reason", report_html.table(["rule", "reason", "documents"], reason_rows)),
+        ("Metrics", report_html.table(["metric", "value"], list(metrics.items()))),
+    ]
+    return report_html.page("lmforge clean", sections, subtitle=f"input: {input_uri}")
 
 
 def read_cleaned(cleaned_dir: str | Path, *, verify: bool = True) -> Iterator[dict[str, str]]:

@@ -4,13 +4,20 @@ A corpus URI is a local file, a local directory (every supported file below it, 
 (``data/*.jsonl.gz``; matches sorted), an ``s3://`` object or prefix (downloaded into a temporary
 directory first), or a ``demo://`` corpus. Formats by extension:
 
-* ``.jsonl``, ``.jsonl.gz``, ``.json``: one JSON object per line; the text is in ``text_field``.
+* ``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst``, ``.json``: one JSON object per line; the text is in
+  ``text_field``. A truncated or corrupt compressed stream counts as one bad record and ends that file.
 * ``.parquet``: one document per row; the text is in the ``text_field`` column.
 * ``.txt``: the whole file is one document.
 
 Every document carries ``source`` (``file:line``, ``file:row`` for Parquet, ``file`` for text files)
 and ``id`` (the record's ``id`` when present, else a stable hash of ``source``). Malformed records are
-counted; one more than ``max_bad_records`` raises :class:`InputDataError` naming ``file:line``.
+counted (and passed to ``on_bad`` when given); one more than ``max_bad_records`` raises
+:class:`InputDataError` naming ``file:line``.
+
+Each document also carries ``key``, its position in the whole corpus (file ordinal in the high bits,
+line or row in the low bits). Reading shard ``i`` of ``n`` yields a disjoint part of the corpus with the
+same keys as a full read: whole files ``i, i+n, ...`` when there are at least ``n`` files, else every
+``n``-th record of each file. Dedup keeps the smallest key of a cluster, so results do not depend on ``n``.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import hashlib
 import json
 import logging
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,11 +39,17 @@ from lmforge.errors import InputDataError
 
 log = logging.getLogger("lmforge.corpus")
 
-JSON_LINES_SUFFIXES = (".jsonl.gz", ".jsonl", ".json")
+JSON_LINES_SUFFIXES = (".jsonl.gz", ".jsonl.zst", ".jsonl", ".json")
 SUFFIXES = (*JSON_LINES_SUFFIXES, ".parquet", ".txt")
 BAD_SAMPLES_KEPT = 1000
 _GLOB_CHARS = frozenset("*?[")
 _PARQUET_BATCH = 1024
+RECORD_BITS = 40  # records per file < 2**40; files < 2**23
+
+
+def document_key(file_index: int, record: int) -> int:
+    """A document's position in the corpus, independent of sharding."""
+    return (file_index << RECORD_BITS) | record
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,7 @@ class Document:
     id: str
     text: str
     source: str
+    key: int = 0
 
 
 @dataclass(frozen=True)
@@ -75,7 +89,20 @@ class CorpusReader:
     keeps the first :data:`BAD_SAMPLES_KEPT` of them.
     """
 
-    def __init__(self, uri: str | Path, *, text_field: str = "text", max_bad_records: int = 0) -> None:
+    def __init__(
+        self,
+        uri: str | Path,
+        *,
+        text_field: str = "text",
+        max_bad_records: int = 0,
+        shard: tuple[int, int] = (0, 1),
+        on_bad: Callable[[BadRecord], None] | None = None,
+    ) -> None:
+        index, count = shard
+        self.on_bad = on_bad
+        if not 0 <= index < count:
+            raise InputDataError(f"shard index {index} is outside 0..{count - 1}")
+        self.shard = shard
         self.uri = str(uri)
         self.text_field = text_field
         self.max_bad_records = max_bad_records
@@ -84,11 +111,17 @@ class CorpusReader:
         self.files: list[str] = []
 
     def __iter__(self) -> Iterator[Document]:
+        index, count = self.shard
         with tempfile.TemporaryDirectory(prefix="lmforge-corpus-") as workdir:
-            for path, name in self._resolve(Path(workdir)):
+            files = self._resolve(Path(workdir))
+            by_file = len(files) >= count
+            for file_index, (path, name) in enumerate(files):
+                if by_file and file_index % count != index:
+                    continue
                 self.files.append(name)
                 log.debug("reading %s", name)
-                yield from self._read_file(path, name)
+                stripe = (0, 1) if by_file else (index, count)
+                yield from self._read_file(path, name, file_index, stripe)
 
     def _resolve(self, workdir: Path) -> list[tuple[Path, str]]:
         """``(local path, display name)`` of every corpus file, in reading order."""
@@ -131,35 +164,44 @@ class CorpusReader:
 
     def _bad(self, source: str, problem: str) -> None:
         self.bad_records += 1
+        bad = BadRecord(source, problem)
         if len(self.bad_samples) < BAD_SAMPLES_KEPT:
-            self.bad_samples.append(BadRecord(source, problem))
+            self.bad_samples.append(bad)
+        if self.on_bad is not None:
+            self.on_bad(bad)
         if self.bad_records > self.max_bad_records:
             raise InputDataError(
                 f"{source}: {problem} (bad record {self.bad_records} exceeds max_bad_records={self.max_bad_records})"
             )
         log.warning("%s: %s (skipped; bad record %d)", source, problem, self.bad_records)
 
-    def _read_file(self, path: Path, name: str) -> Iterator[Document]:
+    def _read_file(self, path: Path, name: str, file_index: int, stripe: tuple[int, int]) -> Iterator[Document]:
         suffix = format_of(path)
         if suffix in JSON_LINES_SUFFIXES:
-            yield from self._read_json_lines(path, name, compressed=suffix == ".jsonl.gz")
+            yield from self._read_json_lines(path, name, file_index, stripe, suffix)
         elif suffix == ".parquet":
-            yield from self._read_parquet(path, name)
-        else:
-            yield from self._read_text(path, name)
+            yield from self._read_parquet(path, name, file_index, stripe)
+        elif stripe[0] == 0:  # a text file is one record: the first stripe owns it
+            yield from self._read_text(path, name, file_index)
 
-    def _read_json_lines(self, path: Path, name: str, *, compressed: bool) -> Iterator[Document]:
-        opener = gzip.open if compressed else open
-        with opener(path, "rb") as fh:
+    def _read_json_lines(
+        self, path: Path, name: str, file_index: int, stripe: tuple[int, int], suffix: str
+    ) -> Iterator[Document]:
+        index, count = stripe
+        with _open_lines(path, suffix) as fh:
             lineno = 0
             while True:
                 try:
                     raw = fh.readline()
-                except (OSError, EOFError) as exc:  # truncated or corrupt gzip stream
-                    raise InputDataError(f"{name}:{lineno + 1}: cannot decompress ({exc})") from exc
+                except (OSError, EOFError, ValueError) as exc:  # truncated or corrupt compressed stream
+                    if (lineno + 1) % count == index:
+                        self._bad(f"{name}:{lineno + 1}", f"cannot decompress, rest of file skipped ({exc})")
+                    break
                 if not raw:
                     break
                 lineno += 1
+                if lineno % count != index:
+                    continue
                 source = f"{name}:{lineno}"
                 try:
                     line = raw.decode("utf-8")
@@ -173,10 +215,10 @@ class CorpusReader:
                 except json.JSONDecodeError as exc:
                     self._bad(source, f"not valid JSON ({exc.msg} at char {exc.pos})")
                     continue
-                if (doc := self._document(record, source)) is not None:
+                if (doc := self._document(record, source, document_key(file_index, lineno))) is not None:
                     yield doc
 
-    def _read_parquet(self, path: Path, name: str) -> Iterator[Document]:
+    def _read_parquet(self, path: Path, name: str, file_index: int, stripe: tuple[int, int]) -> Iterator[Document]:
         import pyarrow.parquet as pq
 
         parquet = pq.ParquetFile(path)
@@ -187,18 +229,20 @@ class CorpusReader:
         for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH, columns=columns):
             for record in batch.to_pylist():
                 row += 1
-                if (doc := self._document(record, f"{name}:{row}")) is not None:
+                if row % stripe[1] != stripe[0]:
+                    continue
+                if (doc := self._document(record, f"{name}:{row}", document_key(file_index, row))) is not None:
                     yield doc
 
-    def _read_text(self, path: Path, name: str) -> Iterator[Document]:
+    def _read_text(self, path: Path, name: str, file_index: int) -> Iterator[Document]:
         try:
             text = path.read_bytes().decode("utf-8")
         except UnicodeDecodeError as exc:
             self._bad(name, f"invalid UTF-8 at byte {exc.start}")
             return
-        yield Document(id=stable_id(name), text=text, source=name)
+        yield Document(id=stable_id(name), text=text, source=name, key=document_key(file_index, 0))
 
-    def _document(self, record: Any, source: str) -> Document | None:
+    def _document(self, record: Any, source: str, key: int) -> Document | None:
         """The document in one parsed record, or ``None`` after counting it as bad."""
         if not isinstance(record, dict):
             self._bad(source, f"expected a JSON object, got {type(record).__name__}")
@@ -213,7 +257,21 @@ class CorpusReader:
         raw_id = record.get("id")
         has_id = isinstance(raw_id, str | int) and not isinstance(raw_id, bool) and str(raw_id) != ""
         doc_id = str(raw_id) if has_id else stable_id(source)
-        return Document(id=doc_id, text=text, source=source)
+        return Document(id=doc_id, text=text, source=source, key=key)
+
+
+def _open_lines(path: Path, suffix: str) -> Any:
+    """A binary line reader over a plain, gzip or zstd file."""
+    if suffix == ".jsonl.gz":
+        return gzip.open(path, "rb")
+    if suffix == ".jsonl.zst":
+        import io
+
+        import zstandard
+
+        raw = open(path, "rb")  # noqa: SIM115 - closed with the returned reader
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
+    return open(path, "rb")
 
 
 def _files_below(root: Path) -> list[Path]:
@@ -223,6 +281,8 @@ def _files_below(root: Path) -> list[Path]:
     return sorted(visible, key=lambda p: p.relative_to(root).as_posix())
 
 
-def iter_documents(uri: str | Path, *, text_field: str = "text", max_bad_records: int = 0) -> Iterator[Document]:
+def iter_documents(
+    uri: str | Path, *, text_field: str = "text", max_bad_records: int = 0, shard: tuple[int, int] = (0, 1)
+) -> Iterator[Document]:
     """Stream the documents of ``uri`` (see :class:`CorpusReader`)."""
-    yield from CorpusReader(uri, text_field=text_field, max_bad_records=max_bad_records)
+    yield from CorpusReader(uri, text_field=text_field, max_bad_records=max_bad_records, shard=shard)

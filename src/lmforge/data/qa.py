@@ -62,9 +62,7 @@ def _parse_jsonl(path: Path, name: str):
                 raise InputDataError(f"{name}:{lineno}: expected a JSON object")
             for field in ("prompt", "response"):
                 if not isinstance(record.get(field), str) or not record[field].strip():
-                    raise InputDataError(
-                        f"{name}:{lineno}: field {field!r} missing or not a non-empty string"
-                    )
+                    raise InputDataError(f"{name}:{lineno}: field {field!r} missing or not a non-empty string")
             yield QAPair(record["prompt"].strip(), record["response"].strip())
 
 

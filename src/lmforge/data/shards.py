@@ -63,13 +63,9 @@ class TokenShards:
                 raise InputDataError(f"token shard {file} listed in {INDEX} is missing")
             expected_bytes = shard["tokens"] * shards.dtype.itemsize
             if file.stat().st_size != expected_bytes:
-                raise InputDataError(
-                    f"token shard {file}: {file.stat().st_size} bytes, expected {expected_bytes}"
-                )
+                raise InputDataError(f"token shard {file}: {file.stat().st_size} bytes, expected {expected_bytes}")
             if verify and (actual := sha256_file(file)) != shard["sha256"]:
-                raise InputDataError(
-                    f"token shard {file}: sha256 mismatch, expected {shard['sha256']}, got {actual}"
-                )
+                raise InputDataError(f"token shard {file}: sha256 mismatch, expected {shard['sha256']}, got {actual}")
         return shards
 
     @property
