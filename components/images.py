@@ -14,6 +14,7 @@ DEFAULT_REGISTRY = "ghcr.io/lmforge"
 
 # Runtime (images/<runtime>/Dockerfile) for every component.
 RUNTIME_OF_COMPONENT: dict[str, str] = {
+    "preflight": "cpu",
     "clean": "cpu",
     "tokenize": "cpu",
     "pretrain": "train",

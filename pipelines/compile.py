@@ -7,8 +7,11 @@ Components go to ``components/<stage>/component.yaml`` (for reuse with
 
 from __future__ import annotations
 
+import ast
 import importlib
+import re
 from pathlib import Path
+from typing import Any
 
 from kfp import compiler
 
@@ -46,5 +49,28 @@ def compile_all(root: Path = REPO_ROOT) -> list[Path]:
         target = root / "pipelines" / "compiled" / f"{name}.yaml"
         target.parent.mkdir(parents=True, exist_ok=True)
         compiler.Compiler().compile(pipeline_function(name), str(target))
+        target.write_text(stable_header(target.read_text(encoding="utf-8")), encoding="utf-8")
         written.append(target)
     return written
+
+
+_HEADER_DEFAULT = re.compile(r"^(#\s+\w+: \w+ \[Default: )(.*)(\])$")
+
+
+def _sorted(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _sorted(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted(v) for v in value]
+    return value
+
+
+def stable_header(text: str) -> str:
+    """Sort the keys of dict defaults in KFP's comment header, whose order otherwise changes run to run."""
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if not line.startswith("#"):
+            break
+        if (match := _HEADER_DEFAULT.match(line)) and match.group(2)[:1] in "[{":
+            lines[i] = f"{match.group(1)}{_sorted(ast.literal_eval(match.group(2)))!r}{match.group(3)}"
+    return "\n".join(lines)

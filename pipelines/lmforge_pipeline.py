@@ -13,22 +13,30 @@ from components.distill.component import distill
 from components.evaluate.component import evaluate
 from components.export_onnx.component import export_onnx
 from components.finetune_lora.component import finetune_lora
+from components.preflight.component import preflight
 from components.pretrain.component import pretrain
 from components.promote.component import promote
 from components.quantize_int8.component import quantize_int8
 from components.tokenize.component import tokenize
 
 PIPELINE_NAME = "lmforge"
-GPU_ACCELERATOR = "nvidia.com/gpu"
-GPU_POOL_LABEL = ("lmforge.io/pool", "gpu")
-GPU_TAINT_KEY = "nvidia.com/gpu"
+DEFAULT_GPU_NODE_SELECTOR = {"lmforge.io/pool": "gpu"}
+DEFAULT_GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+S3_ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")
 
 
-def _on_gpu_pool(task: dsl.PipelineTask, gpus: int = 1) -> dsl.PipelineTask:
-    """Request GPUs and pin the task to the GPU node pool (selector + taint toleration)."""
-    task.set_accelerator_type(GPU_ACCELERATOR).set_accelerator_limit(gpus)
-    kubernetes.add_node_selector(task, label_key=GPU_POOL_LABEL[0], label_value=GPU_POOL_LABEL[1])
-    kubernetes.add_toleration(task, key=GPU_TAINT_KEY, operator="Exists", effect="NoSchedule")
+def _with_s3_credentials(task: dsl.PipelineTask, secret_name) -> dsl.PipelineTask:
+    """Expose the S3 Secret's keys as env vars (optional: with IRSA no Secret exists)."""
+    return kubernetes.use_secret_as_env(
+        task, secret_name=secret_name, secret_key_to_env={key: key for key in S3_ENV_KEYS}, optional=True
+    )
+
+
+def _on_gpu_pool(task: dsl.PipelineTask, accelerator, count, node_selector, tolerations) -> dsl.PipelineTask:
+    """Request GPUs and pin the task to the GPU node pool (selector + taint tolerations), all from parameters."""
+    task.set_accelerator_type(accelerator).set_accelerator_limit(count)
+    kubernetes.add_node_selector_json(task, node_selector_json=node_selector)
+    kubernetes.add_toleration_json(task, toleration_json=tolerations)
     return task
 
 
@@ -49,6 +57,11 @@ def lmforge_pipeline(
     build_tensorrt_overrides: str = "{}",
     evaluate_overrides: str = "{}",
     promote_overrides: str = "{}",
+    gpu_accelerator_type: str = "nvidia.com/gpu",
+    gpu_count: int = 1,
+    gpu_node_selector: dict = DEFAULT_GPU_NODE_SELECTOR,
+    gpu_tolerations: list = DEFAULT_GPU_TOLERATIONS,
+    s3_secret_name: str = "lmforge-s3",
 ):
     """Raw text to a cleaned corpus, pretrained, LoRA-tuned, distilled, INT8 and TensorRT model, evaluated and gated.
 
@@ -68,9 +81,23 @@ def lmforge_pipeline(
         build_tensorrt_overrides: JSON object of TensorRT build settings, e.g. {"max_seq": 2048}.
         evaluate_overrides: JSON object of evaluation and gate settings, e.g. {"gate.max_student_perplexity": 50.0}.
         promote_overrides: JSON object of release settings, e.g. {"model_name": "support-bot"}.
+        gpu_accelerator_type: Accelerator resource for the GPU stages (pretrain, LoRA, distill, TensorRT).
+        gpu_count: GPUs per GPU-stage pod.
+        gpu_node_selector: Node selector (JSON object) that pins GPU stages to the GPU node pool.
+        gpu_tolerations: Tolerations (JSON list) for the GPU node pool's taints.
+        s3_secret_name: Secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL (optional with IRSA).
     """
-    cleaned = clean(corpus_uri=corpus_uri, preset=preset, overrides=clean_overrides)
-    cleaned.set_display_name("1 clean corpus")
+    gpu = (gpu_accelerator_type, gpu_count, gpu_node_selector, gpu_tolerations)
+    checked = preflight(corpus_uri=corpus_uri, qa_uri=qa_uri, release_root=release_root, s3_secret_name=s3_secret_name)
+    checked.set_display_name("0 preflight checks").set_caching_options(False)
+
+    cleaned = clean(
+        corpus_uri=corpus_uri,
+        corpus_fingerprint=checked.outputs["corpus_fingerprint"],
+        preset=preset,
+        overrides=clean_overrides,
+    )
+    cleaned.set_display_name("1 clean corpus").set_retry(num_retries=2, backoff_duration="30s")
 
     tokens = tokenize(cleaned=cleaned.outputs["cleaned"], preset=preset, overrides=tokenize_overrides)
     tokens.set_display_name("2 tokenize + pack shards")
@@ -81,12 +108,16 @@ def lmforge_pipeline(
         preset=preset,
         overrides=pretrain_overrides,
     )
-    _on_gpu_pool(base).set_display_name("3 pretrain").set_retry(num_retries=2, backoff_duration="60s")
+    _on_gpu_pool(base, *gpu).set_display_name("3 pretrain").set_retry(num_retries=2, backoff_duration="60s")
 
     tuned = finetune_lora(
-        base_model=base.outputs["model"], qa_uri=qa_uri, preset=preset, overrides=finetune_lora_overrides
+        base_model=base.outputs["model"],
+        qa_uri=qa_uri,
+        qa_fingerprint=checked.outputs["qa_fingerprint"],
+        preset=preset,
+        overrides=finetune_lora_overrides,
     )
-    _on_gpu_pool(tuned).set_display_name("4 LoRA fine-tune").set_retry(num_retries=2, backoff_duration="60s")
+    _on_gpu_pool(tuned, *gpu).set_display_name("4 LoRA fine-tune").set_retry(num_retries=2, backoff_duration="60s")
 
     student = distill(
         teacher=tuned.outputs["merged_model"],
@@ -94,7 +125,7 @@ def lmforge_pipeline(
         preset=preset,
         overrides=distill_overrides,
     )
-    _on_gpu_pool(student).set_display_name("5 distill").set_retry(num_retries=2, backoff_duration="60s")
+    _on_gpu_pool(student, *gpu).set_display_name("5 distill").set_retry(num_retries=2, backoff_duration="60s")
 
     exported = export_onnx(model=student.outputs["student"], preset=preset, overrides=export_onnx_overrides)
     exported.set_display_name("6 export ONNX")
@@ -108,7 +139,7 @@ def lmforge_pipeline(
     quantized.set_display_name("7 quantize INT8")
 
     engine = build_tensorrt(int8_qdq=quantized.outputs["int8_qdq"], preset=preset, overrides=build_tensorrt_overrides)
-    _on_gpu_pool(engine).set_display_name("8 build TensorRT engine")
+    _on_gpu_pool(engine, *gpu).set_display_name("8 build TensorRT engine")
 
     evaluated = evaluate(
         shards=tokens.outputs["shards"],
@@ -139,3 +170,7 @@ def lmforge_pipeline(
             overrides=promote_overrides,
         )
         released.set_display_name("10 promote release").set_caching_options(False)
+        released.set_retry(num_retries=2, backoff_duration="30s")
+
+    for task in (checked, cleaned, tokens, base, tuned, student, exported, quantized, engine, evaluated, released):
+        _with_s3_credentials(task, s3_secret_name)

@@ -85,13 +85,43 @@ def test_gpu_settings_only_on_gpu_stages():
     for stage in RUNTIME_OF_COMPONENT:
         executor = f"exec-{stage.replace('_', '-')}"
         resources = executors[executor]["container"].get("resources", {})
+        placement = k8s[executor]
         if stage in GPU_STAGES:
-            assert resources["accelerator"]["resourceCount"] == "1", stage
-            assert k8s[executor]["nodeSelector"]["labels"] == {"lmforge.io/pool": "gpu"}
-            assert k8s[executor]["tolerations"][0]["key"] == "nvidia.com/gpu"
+            assert "gpu_count" in resources["accelerator"]["resourceCount"], stage
+            assert "gpu_accelerator_type" in resources["accelerator"]["resourceType"], stage
+            assert placement["nodeSelector"] == {"nodeSelectorJson": {"componentInputParameter": "gpu_node_selector"}}
+            assert placement["tolerations"] == [{"tolerationJson": {"componentInputParameter": "gpu_tolerations"}}]
         else:
             assert "accelerator" not in resources, stage
-            assert executor not in k8s, stage
+            assert "nodeSelector" not in placement and "tolerations" not in placement, stage
+
+
+def test_gpu_placement_defaults_target_the_gpu_pool():
+    spec = next(yaml.safe_load_all((REPO_ROOT / "pipelines/compiled/lmforge_pipeline.yaml").read_text()))
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    assert params["gpu_node_selector"]["defaultValue"] == {"lmforge.io/pool": "gpu"}
+    assert params["gpu_tolerations"]["defaultValue"][0]["key"] == "nvidia.com/gpu"
+    assert params["gpu_count"]["defaultValue"] == 1
+
+
+def test_every_stage_gets_s3_credentials_by_secret_reference_only():
+    text = (REPO_ROOT / "pipelines/compiled/lmforge_pipeline.yaml").read_text()
+    docs = list(yaml.safe_load_all(text))
+    k8s = docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    for stage in RUNTIME_OF_COMPONENT:
+        (secret,) = k8s[f"exec-{stage.replace('_', '-')}"]["secretAsEnv"]
+        assert secret["secretNameParameter"]["componentInputParameter"].endswith("s3_secret_name")
+        assert {k["envVar"] for k in secret["keyToEnv"]} == {
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_ENDPOINT_URL",
+        }
+    from s3server import ACCESS_KEY, SECRET_KEY
+
+    for value in (ACCESS_KEY, SECRET_KEY):
+        assert value not in text
+    for path in COMPONENT_YAMLS:
+        assert SECRET_KEY not in path.read_text()
 
 
 def test_every_pipeline_parameter_is_documented():

@@ -204,9 +204,10 @@ def test_aws_s3_uses_irsa_and_no_static_credentials(rendered: dict[str, list[dic
 
 
 def test_gpu_pool_documents_the_placement_the_pipeline_uses(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    pipeline_source = (ROOT / "pipelines" / "lmforge_pipeline.py").read_text()
-    for key in (*GPU_NODE_SELECTOR, GPU_TAINT_KEY):
-        assert f'"{key}"' in pipeline_source, f"pipeline no longer uses {key}; update components/gpu-pool"
+    from pipelines.lmforge_pipeline import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_GPU_TOLERATIONS
+
+    assert DEFAULT_GPU_NODE_SELECTOR == GPU_NODE_SELECTOR, "pipeline default changed; update components/gpu-pool"
+    assert DEFAULT_GPU_TOLERATIONS == [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
     for overlay in ("gpu-pool", "aws-s3"):
         pool = _one(rendered[overlay], "ConfigMap", "lmforge-gpu-pool")["data"]
         assert json.loads(pool["nodeSelector.json"]) == GPU_NODE_SELECTOR

@@ -12,6 +12,7 @@ def clean(
     cleaned: Output[Dataset],
     metrics: Output[Metrics],
     report: Output[HTML],
+    corpus_fingerprint: str = "",
     preset: str = "tiny-cpu",
     overrides: str = "{}",
 ):
@@ -22,6 +23,8 @@ def clean(
         cleaned: Parquet shards (id, text, source, lang), quarantine sample, stats and manifest.
         metrics: Documents/bytes in and out, removals per rule, duplicate rate.
         report: HTML report with removals per rule.
+        corpus_fingerprint: Content hash of the corpus from ``preflight``; part of the cache key, so changed
+            data behind the same URI is never served from cache. Recorded on the output artifact.
         preset: lmforge preset the stage config starts from.
         overrides: JSON object of CleanConfig fields overriding the preset, e.g. {"min_words": 5}.
     """
@@ -30,5 +33,6 @@ def clean(
     from lmforge.data import clean as stage
 
     setup_logging()
+    cleaned.metadata["corpus_fingerprint"] = corpus_fingerprint
     result = stage.run(resolve_stage_config("clean", preset, overrides), corpus_uri, cleaned.path)
     publish(result, metrics=metrics, html=report)

@@ -14,6 +14,7 @@ def finetune_lora(
     merged_model: Output[Model],
     metrics: Output[Metrics],
     curves: Output[HTML],
+    qa_fingerprint: str = "",
     preset: str = "tiny-cpu",
     overrides: str = "{}",
 ):
@@ -26,6 +27,8 @@ def finetune_lora(
         merged_model: Standalone model with the adapter merged in.
         metrics: Held-out answer loss before/after, trainable fraction, tokens/s.
         curves: HTML loss curves.
+        qa_fingerprint: Content hash of the Q&A data from ``preflight``; part of the cache key, so changed data
+            behind the same URI is never served from cache. Recorded on the adapter artifact.
         preset: lmforge preset the stage config starts from.
         overrides: JSON object of LoraConfig fields, e.g. {"r": 16, "train.max_steps": 100}.
     """
@@ -34,6 +37,7 @@ def finetune_lora(
     from lmforge.train import lora as stage
 
     setup_logging()
+    adapter.metadata["qa_fingerprint"] = qa_fingerprint
     cfg = resolve_stage_config("finetune_lora", preset, overrides)
     result = stage.run(cfg, base_model.path, qa_uri, adapter.path, merged_model.path)
     publish(result, metrics=metrics, html=curves)

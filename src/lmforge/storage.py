@@ -104,6 +104,22 @@ def is_file(uri: str) -> bool:
     return True
 
 
+def s3_etag(uri: str) -> tuple[str, int]:
+    """``(ETag, size)`` of one S3 object, without downloading it."""
+    bucket, key = split_s3(uri)
+    head = _s3_call("head", uri, s3_client().head_object, Bucket=bucket, Key=key)
+    return head["ETag"], int(head["ContentLength"])
+
+
+def delete(uri: str) -> None:
+    """Remove one file or object (missing is fine)."""
+    if is_s3(uri):
+        bucket, key = split_s3(uri)
+        _s3_call("delete", uri, s3_client().delete_object, Bucket=bucket, Key=key)
+    else:
+        Path(uri).unlink(missing_ok=True)
+
+
 def list_files(uri: str) -> list[str]:
     """All files below a directory or prefix (recursively), as relative POSIX paths, sorted."""
     if not is_s3(uri):

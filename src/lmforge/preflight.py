@@ -1,0 +1,124 @@
+"""Fail-fast checks before any GPU step, and content fingerprints of the external inputs.
+
+The ``preflight`` component runs first: it checks that the corpus and Q&A data are reachable, that
+the release root is writable, and (inside a cluster) that the S3 credentials Secret exists; then it
+fingerprints the input data. The fingerprints are passed to ``clean`` and ``finetune_lora`` as
+parameters, so a KFP cache key changes whenever the data behind an unchanged URI changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lmforge import storage
+from lmforge.artifacts import sha256_file
+from lmforge.data.demo import is_demo, materialize
+from lmforge.errors import LmforgeError, StorageError
+
+log = logging.getLogger("lmforge.preflight")
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+class PreflightError(LmforgeError):
+    """One or more preflight checks failed; the message lists each."""
+
+
+@dataclass
+class PreflightReport:
+    """Outcome of every check (name → ``ok`` or the reason it failed) and the input fingerprints."""
+
+    checks: dict[str, str] = field(default_factory=dict)
+    fingerprints: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """The checks that did not pass."""
+        return {name: result for name, result in self.checks.items() if result != "ok"}
+
+
+def fingerprint_uri(uri: str) -> str:
+    """sha256 over the content of a file, directory, ``s3://`` object/prefix or ``demo://`` corpus.
+
+    Local files are hashed byte for byte; S3 objects contribute their ETag and size (the ETag is an
+    MD5 of the content, or of its parts for multipart uploads), so a changed object changes the
+    fingerprint without downloading it.
+    """
+    digest = hashlib.sha256()
+    if is_demo(uri):
+        with tempfile.TemporaryDirectory(prefix="lmforge-fp-") as workdir:
+            digest.update(sha256_file(materialize(uri, workdir)).encode())
+        return digest.hexdigest()
+    if storage.is_s3(uri):
+        names = [""] if storage.is_file(uri) else storage.list_files(uri)
+        if not names:
+            raise StorageError(f"no such object or prefix: {uri}")
+        for name in names:
+            etag, size = storage.s3_etag(storage.join(uri, name) if name else uri)
+            digest.update(f"{name}\0{etag}\0{size}\n".encode())
+        return digest.hexdigest()
+    path = Path(uri)
+    if not path.exists():
+        raise StorageError(f"no such file or directory: {uri}")
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for file in files:
+        name = file.name if path.is_file() else file.relative_to(path).as_posix()
+        digest.update(f"{name}\0{sha256_file(file)}\n".encode())
+    return digest.hexdigest()
+
+
+def check_writable(root: str) -> None:
+    """Write and delete a probe object under ``root`` (local path or ``s3://``)."""
+    probe = storage.join(root, ".lmforge-preflight", uuid.uuid4().hex)
+    storage.write_bytes(probe, b"lmforge preflight probe\n")
+    storage.delete(probe)
+
+
+def check_secret(name: str) -> str:
+    """``ok`` when the Secret exists in this pod's namespace; a reason otherwise.
+
+    Outside a cluster (no service-account namespace file) there is nothing to check. With IRSA
+    (``AWS_ROLE_ARN`` set) credentials come from the pod identity, not a Secret.
+    """
+    if not SERVICE_ACCOUNT_NAMESPACE.is_file():
+        return "ok"
+    if os.environ.get("AWS_ROLE_ARN"):
+        return "ok"
+    from kubernetes import client, config
+    from kubernetes.client.exceptions import ApiException
+
+    config.load_incluster_config()
+    namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    try:
+        client.CoreV1Api().read_namespaced_secret(name, namespace)
+    except ApiException as exc:
+        return f"Secret {namespace}/{name}: HTTP {exc.status} {exc.reason}"
+    return "ok"
+
+
+def run_checks(*, corpus_uri: str, qa_uri: str, release_root: str, s3_secret_name: str) -> PreflightReport:
+    """Run every check, then fingerprint the inputs; raise :class:`PreflightError` listing all failures."""
+    report = PreflightReport()
+    report.checks["s3_secret"] = check_secret(s3_secret_name) if s3_secret_name else "ok"
+    for name, uri in (("corpus", corpus_uri), ("qa", qa_uri)):
+        try:
+            report.fingerprints[name] = fingerprint_uri(uri)
+            report.checks[f"{name}_readable"] = "ok"
+        except (LmforgeError, OSError) as exc:
+            report.checks[f"{name}_readable"] = f"{uri}: {exc}"
+    try:
+        check_writable(release_root)
+        report.checks["release_root_writable"] = "ok"
+    except (LmforgeError, OSError) as exc:
+        report.checks["release_root_writable"] = f"{release_root}: {exc}"
+    for name, result in report.checks.items():
+        log.info("preflight %s: %s", name, result)
+    if report.failed:
+        raise PreflightError("preflight failed: " + "; ".join(f"{k}: {v}" for k, v in report.failed.items()))
+    return report

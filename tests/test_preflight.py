@@ -1,0 +1,139 @@
+"""Preflight checks fail fast with a reason per check; fingerprints follow the data, not the URI."""
+
+import hashlib
+import json
+
+import pytest
+import yaml
+
+from lmforge import storage
+from lmforge.preflight import PreflightError, check_writable, fingerprint_uri, run_checks
+from pipelines.compile import REPO_ROOT
+
+
+def _corpus(tmp_path, text="a document with enough words in it\n"):
+    path = tmp_path / "corpus"
+    path.mkdir(exist_ok=True)
+    (path / "a.jsonl").write_text(json.dumps({"text": text}) + "\n")
+    return path
+
+
+def test_fingerprint_is_stable_for_the_same_bytes_and_changes_with_one_byte(tmp_path):
+    corpus = _corpus(tmp_path)
+    first = fingerprint_uri(str(corpus))
+    assert fingerprint_uri(str(corpus)) == first
+    data = bytearray((corpus / "a.jsonl").read_bytes())
+    data[12] ^= 0x01
+    (corpus / "a.jsonl").write_bytes(bytes(data))
+    assert fingerprint_uri(str(corpus)) != first
+
+
+def test_fingerprint_of_a_demo_corpus_is_deterministic():
+    assert fingerprint_uri("demo://chatterbot") == fingerprint_uri("demo://chatterbot")
+
+
+def test_run_checks_lists_every_failure_in_one_message(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(PreflightError) as err:
+        run_checks(
+            corpus_uri=str(tmp_path / "missing.jsonl"),
+            qa_uri="demo://chatterbot",
+            release_root=str(blocker / "registry"),
+            s3_secret_name="lmforge-s3",
+        )
+    message = str(err.value)
+    assert "corpus_readable" in message and "missing.jsonl" in message
+    assert "release_root_writable" in message
+    assert "qa_readable" not in message
+    assert "\n" not in message
+
+
+def test_run_checks_passes_and_leaves_no_probe_behind(tmp_path):
+    corpus = _corpus(tmp_path)
+    report = run_checks(
+        corpus_uri=str(corpus), qa_uri="demo://chatterbot", release_root=str(tmp_path / "reg"), s3_secret_name=""
+    )
+    assert not report.failed
+    assert set(report.fingerprints) == {"corpus", "qa"}
+    assert not [p for p in (tmp_path / "reg").rglob("*") if p.is_file()]
+
+
+@pytest.mark.s3
+def test_s3_fingerprint_and_writability(s3_env):
+    base = f"s3://{s3_env}/raw"
+    storage.write_bytes(f"{base}/a.jsonl", b'{"text": "one"}\n')
+    first = fingerprint_uri(base)
+    assert fingerprint_uri(base) == first
+    storage.write_bytes(f"{base}/a.jsonl", b'{"text": "onE"}\n')
+    assert fingerprint_uri(base) != first
+    check_writable(f"s3://{s3_env}/releases")
+    assert storage.list_files(f"s3://{s3_env}/releases") == []
+
+
+def _cache_keys(spec: dict, params: dict, preflight_outputs: dict) -> dict[str, str]:
+    """KFP v2's caching rule applied to the compiled DAG.
+
+    A task's cache key covers its component (image, command, args) and its inputs: parameter values and
+    the artifacts it reads, which are identified by the upstream task that produced them. ``preflight``
+    is never cached; its outputs are the live fingerprints.
+    """
+    executors = spec["deploymentSpec"]["executors"]
+    keys: dict[str, str] = {}
+
+    def visit(dag: dict, scope: dict) -> None:
+        pending = dict(dag["tasks"])
+        while pending:
+            for name, task in list(pending.items()):
+                if not set(task.get("dependentTasks", [])) <= set(keys):
+                    continue
+                inputs = task.get("inputs", {})
+                resolved = {}
+                for pname, p in inputs.get("parameters", {}).items():
+                    if "componentInputParameter" in p:
+                        resolved[pname] = scope[p["componentInputParameter"]]
+                    elif "taskOutputParameter" in p:
+                        producer = p["taskOutputParameter"]["producerTask"]
+                        key = p["taskOutputParameter"]["outputParameterKey"]
+                        resolved[pname] = (
+                            preflight_outputs[key] if producer == "preflight" else f"{keys[producer]}/{key}"
+                        )
+                    else:
+                        resolved[pname] = p.get("runtimeValue", {}).get("constant")
+                for aname, a in inputs.get("artifacts", {}).items():
+                    if "componentInputArtifact" in a:
+                        resolved[aname] = scope[a["componentInputArtifact"]]
+                    else:
+                        producer = a["taskOutputArtifact"]["producerTask"]
+                        resolved[aname] = f"{keys[producer]}/{a['taskOutputArtifact']['outputArtifactKey']}"
+                component = spec["components"][task["componentRef"]["name"]]
+                if "dag" in component:
+                    keys[name] = "dag"
+                    visit(component["dag"], {**scope, **resolved})
+                else:
+                    container = executors[component["executorLabel"]]["container"]
+                    blob = json.dumps({"container": container, "inputs": resolved}, sort_keys=True)
+                    keys[name] = hashlib.sha256(blob.encode()).hexdigest()
+                del pending[name]
+
+    visit(spec["root"]["dag"], params)
+    return {k: v for k, v in keys.items() if v != "dag"}
+
+
+def test_changed_corpus_bytes_change_the_cache_key_of_every_downstream_stage(tmp_path):
+    spec = next(yaml.safe_load_all((REPO_ROOT / "pipelines/compiled/lmforge_pipeline.yaml").read_text()))
+    params = {name: p.get("defaultValue") for name, p in spec["root"]["inputDefinitions"]["parameters"].items()}
+    corpus = _corpus(tmp_path)
+    params["corpus_uri"] = str(corpus)
+
+    def keys() -> dict[str, str]:
+        outputs = {"corpus_fingerprint": fingerprint_uri(str(corpus)), "qa_fingerprint": "qa"}
+        return _cache_keys(spec, params, outputs)
+
+    before, again = keys(), keys()
+    assert before == again
+    (corpus / "a.jsonl").write_text((corpus / "a.jsonl").read_text().replace("enough", "Enough"))
+    after = keys()
+    downstream = set(before) - {"preflight"}
+    assert {"clean", "tokenize", "pretrain", "distill", "evaluate", "promote"} <= downstream
+    assert not [task for task in downstream if before[task] == after[task]]
