@@ -182,3 +182,167 @@ def config(preset: PresetOpt = "tiny-cpu", set_: SetOpt = None) -> None:
     except LmforgeError as exc:
         _fail(exc)
     typer.echo(yaml.safe_dump(resolved.model_dump(), sort_keys=False))
+
+
+# -- Kubeflow Pipelines server: submit, schedule, runs ---------------------------------------------------------------
+
+HostOpt = Annotated[
+    str,
+    typer.Option("--host", help="KFP API server URL, e.g. http://localhost:8080 (port-forward of ml-pipeline-ui)."),
+]
+ParamOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--param",
+        help="Pipeline parameter NAME=VALUE, converted to the parameter's type, e.g. gpu_count=2 "
+        "or release_root=s3://bucket/releases.",
+    ),
+]
+ExperimentOpt = Annotated[str, typer.Option("--experiment", help="Experiment name; created when missing.")]
+NamespaceOpt = Annotated[
+    str,
+    typer.Option("--namespace", help="Kubeflow profile namespace ('' for a single-user KFP deployment)."),
+]
+ServiceAccountOpt = Annotated[
+    str, typer.Option("--service-account", help="Kubernetes service account the run's pods use.")
+]
+PackageOpt = Annotated[
+    Path | None,
+    typer.Option("--package", help="Compiled pipeline YAML (default: pipelines/compiled/lmforge_pipeline.yaml)."),
+]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v")]
+
+
+def _setup_remote_logging(verbose: bool) -> None:
+    _setup_logging(verbose)
+    if not verbose:
+        # urllib3 warns on every connection retry; an unreachable host is reported once, as the error line.
+        logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+
+
+def _remote_arguments(
+    host: str, package_path: Path | None, preset: str, set_: list[str] | None, param: list[str] | None
+) -> tuple[Any, dict[str, Any]]:
+    """Validate everything locally (host, overrides, parameters, package) and return the package and arguments."""
+    from pipelines import remote
+
+    remote.check_host(host)
+    assignments = _parse_assignments(set_, "--set")
+    by_stage = _overrides_by_stage(assignments)
+    resolve_config(preset, assignments)
+    _parse_assignments(param, "--param")  # KEY=VALUE check; values are typed against the pipeline below
+    raw_params = dict(item.split("=", 1) for item in param or [])
+    package = remote.load_package(package_path or remote.COMPILED_PIPELINE)
+    return package, remote.pipeline_arguments(package, preset, by_stage, raw_params)
+
+
+def _describe_version(version: Any) -> str:
+    return f"pipeline version {version.name} ({'uploaded' if version.uploaded else 'already on the server'})"
+
+
+@app.command()
+def submit(
+    host: HostOpt,
+    preset: PresetOpt = "tiny-cpu",
+    set_: SetOpt = None,
+    param: ParamOpt = None,
+    experiment: ExperimentOpt = "lmforge",
+    namespace: NamespaceOpt = "lmforge",
+    service_account: ServiceAccountOpt = "lmforge",
+    run_name: Annotated[str, typer.Option("--run-name", help="Run name; default pipeline, version and time.")] = "",
+    package: PackageOpt = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Start a run on a Kubeflow Pipelines server (uploading the pipeline version if new); print the run URL."""
+    _setup_remote_logging(verbose)
+    try:
+        pkg, arguments = _remote_arguments(host, package, preset, set_, param)
+        from pipelines.remote import Remote
+
+        submitted = Remote(host, namespace).submit(
+            pkg, arguments, experiment=experiment, run_name=run_name, service_account=service_account
+        )
+    except LmforgeError as exc:
+        _fail(exc)
+    console.print(f"{_describe_version(submitted.version)}; experiment {experiment!r}", highlight=False, soft_wrap=True)
+    console.print(f"run {submitted.run_name!r} created ({submitted.run_id})", highlight=False, soft_wrap=True)
+    typer.echo(submitted.url)
+
+
+@app.command()
+def schedule(
+    host: HostOpt,
+    cron: Annotated[
+        str,
+        typer.Option("--cron", help="When to run: 5-field cron '0 3 * * 0' (Sundays 03:00) or KFP's 6-field form."),
+    ],
+    name: Annotated[str, typer.Option("--name", help="Recurring run name; an existing one is updated.")],
+    preset: PresetOpt = "tiny-cpu",
+    set_: SetOpt = None,
+    param: ParamOpt = None,
+    experiment: ExperimentOpt = "lmforge",
+    namespace: NamespaceOpt = "lmforge",
+    service_account: ServiceAccountOpt = "lmforge",
+    package: PackageOpt = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Create or update a recurring run so it runs the current pipeline version; print its URL."""
+    _setup_remote_logging(verbose)
+    try:
+        pkg, arguments = _remote_arguments(host, package, preset, set_, param)
+        from pipelines.remote import Remote, kfp_cron
+
+        kfp_cron(cron)  # reject a bad expression before contacting the server
+        if not name.strip():
+            raise LmforgeError("--name: a recurring run needs a name")
+        scheduled = Remote(host, namespace).schedule(
+            pkg, arguments, name=name, cron=cron, experiment=experiment, service_account=service_account
+        )
+    except LmforgeError as exc:
+        _fail(exc)
+    if scheduled.unchanged:
+        what = "unchanged"
+    elif scheduled.replaced:
+        what = f"updated (replaced {', '.join(scheduled.replaced)})"
+    else:
+        what = "created"
+    console.print(f"{_describe_version(scheduled.version)}; experiment {experiment!r}", highlight=False, soft_wrap=True)
+    console.print(
+        f"recurring run {name!r} {what}: {scheduled.recurring_run_id}, cron '{scheduled.cron}'",
+        highlight=False,
+        soft_wrap=True,
+    )
+    typer.echo(scheduled.url)
+
+
+@app.command()
+def runs(
+    host: HostOpt,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=1000, help="How many recent runs to show.")] = 20,
+    experiment: Annotated[str, typer.Option("--experiment", help="Only runs of this experiment.")] = "",
+    namespace: NamespaceOpt = "lmforge",
+    verbose: VerboseOpt = False,
+) -> None:
+    """List the most recent runs on a Kubeflow Pipelines server with their state."""
+    _setup_remote_logging(verbose)
+    try:
+        from pipelines.remote import Remote, check_host
+
+        check_host(host)
+        rows = Remote(host, namespace).list_runs(limit=limit, experiment=experiment)
+    except LmforgeError as exc:
+        _fail(exc)
+    table = Table(title=f"runs on {host.rstrip('/')}" + (f" — experiment {experiment}" if experiment else ""))
+    for column in ("created (UTC)", "run", "state", "finished (UTC)", "run id"):
+        table.add_column(column)
+    styles = {"SUCCEEDED": "green", "FAILED": "red", "RUNNING": "cyan", "CANCELED": "yellow"}
+    for row in rows:
+        state = f"[{styles[row.state]}]{row.state}[/]" if row.state in styles else row.state
+        table.add_row(
+            _when(row.created_at), f"[link={row.url}]{row.name}[/link]", state, _when(row.finished_at), row.run_id
+        )
+    Console(width=max(Console().width, 140)).print(table)
+
+
+def _when(moment: Any) -> str:
+    return "—" if moment is None else f"{moment:%Y-%m-%d %H:%M}"
