@@ -15,6 +15,10 @@ DEFAULT_REGISTRY = "ghcr.io/lmforge"
 # Runtime (images/<runtime>/Dockerfile) for every component.
 RUNTIME_OF_COMPONENT: dict[str, str] = {
     "preflight": "cpu",
+    "plan_shards": "cpu",
+    "clean_shard": "cpu",
+    "dedup_shards": "cpu",
+    "merge_shards": "cpu",
     "clean": "cpu",
     "tokenize": "cpu",
     "pretrain": "train",

@@ -8,11 +8,14 @@ names. Every stage's behaviour comes from its component and the ``lmforge`` libr
 from kfp import dsl, kubernetes
 
 from components.build_tensorrt.component import build_tensorrt
-from components.clean.component import clean
+from components.clean_shard.component import clean_shard
+from components.dedup_shards.component import dedup_shards
 from components.distill.component import distill
 from components.evaluate.component import evaluate
 from components.export_onnx.component import export_onnx
 from components.finetune_lora.component import finetune_lora
+from components.merge_shards.component import merge_shards
+from components.plan_shards.component import plan_shards
 from components.preflight.component import preflight
 from components.pretrain.component import pretrain
 from components.promote.component import promote
@@ -47,6 +50,7 @@ def lmforge_pipeline(
     preset: str = "tiny-cpu",
     release_root: str = "s3://lmforge/releases",
     release_version: str = "",
+    clean_shards: int = 1,
     clean_overrides: str = "{}",
     tokenize_overrides: str = "{}",
     pretrain_overrides: str = "{}",
@@ -71,6 +75,7 @@ def lmforge_pipeline(
         preset: Config preset every stage starts from: tiny-cpu (laptop demo) or gpt2-124m (one GPU node).
         release_root: Model registry root (local path or s3://bucket/prefix); releases land in models/<name>/<version>/.
         release_version: Release version; empty picks a UTC timestamp. An existing version is never overwritten.
+        clean_shards: Corpus shards cleaned in parallel (dsl.ParallelFor); the result is identical for any count.
         clean_overrides: JSON object of clean settings overriding the preset, e.g. {"min_words": 5}.
         tokenize_overrides: JSON object of tokenizer and shard settings, e.g. {"vocab_size": 8192}.
         pretrain_overrides: JSON object of pretraining settings, e.g. {"train.max_steps": 500}.
@@ -91,13 +96,28 @@ def lmforge_pipeline(
     checked = preflight(corpus_uri=corpus_uri, qa_uri=qa_uri, release_root=release_root, s3_secret_name=s3_secret_name)
     checked.set_display_name("0 preflight checks").set_caching_options(False)
 
-    cleaned = clean(
+    shard_indices = plan_shards(shard_count=clean_shards)
+    shard_indices.set_display_name("1a plan corpus shards")
+    with dsl.ParallelFor(shard_indices.output, name="clean-fan-out") as shard_index:
+        shard = clean_shard(
+            corpus_uri=corpus_uri,
+            shard_index=shard_index,
+            shard_count=clean_shards,
+            corpus_fingerprint=checked.outputs["corpus_fingerprint"],
+            preset=preset,
+            overrides=clean_overrides,
+        )
+        shard.set_display_name("1b clean shard").set_retry(num_retries=2, backoff_duration="30s")
+    deduped = dedup_shards(shards=dsl.Collected(shard.outputs["shard"]), preset=preset, overrides=clean_overrides)
+    deduped.set_display_name("1c global dedup (exact + MinHash LSH)")
+    cleaned = merge_shards(
         corpus_uri=corpus_uri,
-        corpus_fingerprint=checked.outputs["corpus_fingerprint"],
+        shards=dsl.Collected(shard.outputs["shard"]),
+        plan=deduped.outputs["plan"],
         preset=preset,
         overrides=clean_overrides,
     )
-    cleaned.set_display_name("1 clean corpus").set_retry(num_retries=2, backoff_duration="30s")
+    cleaned.set_display_name("1d merge cleaned shards")
 
     tokens = tokenize(cleaned=cleaned.outputs["cleaned"], preset=preset, overrides=tokenize_overrides)
     tokens.set_display_name("2 tokenize + pack shards")
@@ -172,5 +192,20 @@ def lmforge_pipeline(
         released.set_display_name("10 promote release").set_caching_options(False)
         released.set_retry(num_retries=2, backoff_duration="30s")
 
-    for task in (checked, cleaned, tokens, base, tuned, student, exported, quantized, engine, evaluated, released):
+    for task in (
+        checked,
+        shard_indices,
+        shard,
+        deduped,
+        cleaned,
+        tokens,
+        base,
+        tuned,
+        student,
+        exported,
+        quantized,
+        engine,
+        evaluated,
+        released,
+    ):
         _with_s3_credentials(task, s3_secret_name)

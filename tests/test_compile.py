@@ -11,6 +11,11 @@ from components.images import RUNTIME_OF_COMPONENT
 from pipelines.compile import REPO_ROOT, compile_all
 
 GPU_STAGES = {"pretrain", "finetune_lora", "distill", "build_tensorrt"}
+PIPELINE_YAML = REPO_ROOT / "pipelines/compiled/lmforge_pipeline.yaml"
+PIPELINE_STAGES = sorted(
+    name.removeprefix("exec-").replace("-", "_")
+    for name in next(yaml.safe_load_all(PIPELINE_YAML.read_text()))["deploymentSpec"]["executors"]
+)
 COMPONENT_YAMLS = sorted((REPO_ROOT / "components").glob("*/component.yaml"))
 
 
@@ -63,10 +68,16 @@ def test_component_yaml_loads_and_composes_into_a_new_pipeline(path, tmp_path):
     @dsl.pipeline(name=f"reuse-{path.parent.name.replace('_', '-')}")
     def reuse():
         producer = make_dir()
+        with dsl.ParallelFor([0, 1]):
+            fanned = make_dir()
         kwargs = {}
         for name, spec in required.items():
-            if spec.type in ("String", "STRING"):
+            if spec.is_artifact_list:
+                kwargs[name] = dsl.Collected(fanned.outputs["out"])
+            elif spec.type in ("String", "STRING"):
                 kwargs[name] = "demo://shakespeare"
+            elif spec.type in ("Integer", "NUMBER_INTEGER"):
+                kwargs[name] = 1
             else:
                 kwargs[name] = producer.outputs["out"]
         component(**kwargs)
@@ -82,7 +93,8 @@ def test_gpu_settings_only_on_gpu_stages():
     pipeline, platform = docs[0], docs[1]
     executors = pipeline["deploymentSpec"]["executors"]
     k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-    for stage in RUNTIME_OF_COMPONENT:
+    assert set(PIPELINE_STAGES) == set(RUNTIME_OF_COMPONENT) - {"clean"}  # clean = the fan-out in one step
+    for stage in PIPELINE_STAGES:
         executor = f"exec-{stage.replace('_', '-')}"
         resources = executors[executor]["container"].get("resources", {})
         placement = k8s[executor]
@@ -108,7 +120,7 @@ def test_every_stage_gets_s3_credentials_by_secret_reference_only():
     text = (REPO_ROOT / "pipelines/compiled/lmforge_pipeline.yaml").read_text()
     docs = list(yaml.safe_load_all(text))
     k8s = docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-    for stage in RUNTIME_OF_COMPONENT:
+    for stage in PIPELINE_STAGES:
         (secret,) = k8s[f"exec-{stage.replace('_', '-')}"]["secretAsEnv"]
         assert secret["secretNameParameter"]["componentInputParameter"].endswith("s3_secret_name")
         assert {k["envVar"] for k in secret["keyToEnv"]} == {

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lmforge.artifacts import read_manifest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # ~2 min on an idle 2-core machine
 
 SMALL = {
     "tokenize_overrides": {"vocab_size": 512},
@@ -53,13 +53,15 @@ def local_run(tmp_path_factory, small_corpus):
         "qa_uri": "demo://chatterbot",
         "release_root": str(out / "registry"),
         "release_version": "v-test",
+        "clean_shards": 2,
         **{k: json.dumps(v) for k, v in SMALL.items()},
     }
     return run_pipeline_locally(params, out / "runs"), out
 
 
 ARTIFACTS = [
-    ("clean", "cleaned", "cleaned-corpus"),
+    ("dedup-shards", "plan", None),
+    ("merge-shards", "cleaned", "cleaned-corpus"),
     ("tokenize", "tokenizer", "tokenizer"),
     ("tokenize", "shards", "token-shards"),
     ("pretrain", "model", "model"),
