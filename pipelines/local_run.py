@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import warnings
 from dataclasses import dataclass
@@ -10,6 +11,15 @@ from typing import Any
 
 from kfp import local
 from kfp.components import load_component_from_file
+
+from lmforge.errors import LmforgeError
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class PipelineRunError(LmforgeError):
+    """A task of the local run failed."""
+
 
 COMPILED_PIPELINE = Path(__file__).resolve().parent / "compiled" / "lmforge_pipeline.yaml"
 
@@ -44,7 +54,13 @@ def run_pipeline_locally(
         # Resource, placement and image settings are for the cluster; kfp.local says so once per task.
         warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
         warnings.filterwarnings("ignore", message=".*custom or non-Python base image.*")
-        load_component_from_file(str(pipeline_yaml))(**params)
+        try:
+            load_component_from_file(str(pipeline_yaml))(**params)
+        except RuntimeError as exc:  # kfp.local's way of saying a task failed
+            message = _ANSI.sub("", str(exc))
+            raise PipelineRunError(
+                f"{message} The task's own error is in its log above; outputs: {pipeline_root}"
+            ) from exc
     seconds = time.perf_counter() - start
     new = sorted(p for p in pipeline_root.iterdir() if p.name not in before and p.is_dir())
     if len(new) != 1:
