@@ -7,7 +7,7 @@ PIP := $(PYTHON) -m pip
 install:
 	# torch first: 2.13.0 resolves to the CPU build; an unpinned resolve pulls a multi-GB CUDA build.
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[dev,demo]'
+	$(PIP) install --quiet -e '.[dev,demo,deepspeed,train]'
 
 demo: install
 	$(PYTHON) -m lmforge run

@@ -169,8 +169,12 @@ def lmforge_pipeline(
         int8_dynamic=quantized.outputs["int8_dynamic"],
         int8_qdq=quantized.outputs["int8_qdq"],
         engine=engine.outputs["engine"],
+        cleaned=cleaned.outputs["cleaned"],
+        qa_uri=qa_uri,
+        release_root=release_root,
         preset=preset,
         overrides=evaluate_overrides,
+        promote_overrides=promote_overrides,
     )
     evaluated.set_display_name("9 evaluate + gate")
 

@@ -7,18 +7,57 @@ import pytest
 from lmforge.config import GateConfig
 from lmforge.evaluate.gate import check_gate
 
-CFG = GateConfig(max_student_perplexity=100.0, max_int8_perplexity_delta=0.05, max_latency_ms=50.0)
+CFG = GateConfig(
+    max_student_perplexity=100.0,
+    max_int8_perplexity_delta=0.05,
+    max_latency_ms=50.0,
+    min_student_exact_match=0.2,
+    max_bits_per_byte_regression=0.02,
+    max_exact_match_regression=0.05,
+)
+CHECK_NAMES = [
+    "student_perplexity",
+    "int8_perplexity_delta",
+    "served_p99_latency_ms",
+    "student_exact_match",
+    "bits_per_byte_vs_production",
+    "exact_match_vs_production",
+]
+_ABSENT = object()
 
 
-def results(student=80.0, fp32=60.0, int8=62.0, p99=40.0, served="int8_dynamic"):
+def results(
+    student=80.0,
+    fp32=60.0,
+    int8=62.0,
+    p99=40.0,
+    served="int8_dynamic",
+    em=0.5,
+    bpb=2.0,
+    prod_bpb=2.0,
+    prod_em=0.5,
+    production="found",
+):
     models = {}
     if student is not None:
-        models["student"] = {"perplexity": student}
+        models["student"] = {"perplexity": student, "bits_per_byte": bpb, "exact_match": em}
+        models["student"] = {k: v for k, v in models["student"].items() if v is not _ABSENT}
     if fp32 is not None:
         models["onnx_fp32"] = {"perplexity": fp32}
     if int8 is not None:
         models["int8_dynamic"] = {"perplexity": int8, "p99_ms": p99}
-    return {"models": models, "served_model": served}
+    prod_metrics = {
+        k: v for k, v in (("student_bits_per_byte", prod_bpb), ("student_exact_match", prod_em)) if v is not _ABSENT
+    }
+    prod = {
+        "found": {"status": "found", "version": "v1", "metrics": prod_metrics},
+        "none": {"status": "none", "reason": "no release of 'tiny' yet"},
+        None: None,
+    }[production]
+    out = {"models": models, "served_model": served}
+    if prod is not None:
+        out["production"] = prod
+    return out
 
 
 def check(decision, name):
@@ -29,11 +68,7 @@ def check(decision, name):
 def test_all_checks_pass_within_thresholds():
     decision = check_gate(CFG, results())
     assert decision.passed
-    assert [c.name for c in decision.checks] == [
-        "student_perplexity",
-        "int8_perplexity_delta",
-        "served_p99_latency_ms",
-    ]
+    assert [c.name for c in decision.checks] == CHECK_NAMES
     assert all(c.passed for c in decision.checks)
     assert check(decision, "int8_perplexity_delta").value == pytest.approx(2 / 60)
 
@@ -48,6 +83,14 @@ def test_all_checks_pass_within_thresholds():
         ({"int8": 50.0}, "int8_perplexity_delta", -10 / 60, "ok"),  # INT8 better than FP32
         ({"p99": 50.0}, "served_p99_latency_ms", 50.0, "ok"),
         ({"p99": 50.5}, "served_p99_latency_ms", 50.5, "too high"),
+        ({"em": 0.2, "prod_em": 0.2}, "student_exact_match", 0.2, "ok"),
+        ({"em": 0.19, "prod_em": 0.19}, "student_exact_match", 0.19, "too low"),
+        ({"bpb": 2.03125}, "bits_per_byte_vs_production", 1 / 64, "ok"),
+        ({"bpb": 2.05}, "bits_per_byte_vs_production", 0.025, "too high"),
+        ({"bpb": 1.5}, "bits_per_byte_vs_production", -0.25, "ok"),  # better than production
+        ({"em": 0.45}, "exact_match_vs_production", 0.05, "ok"),
+        ({"em": 0.44}, "exact_match_vs_production", 0.06, "too high"),
+        ({"em": 0.9}, "exact_match_vs_production", -0.4, "ok"),
     ],
 )
 def test_each_check_compares_value_with_threshold(overrides, name, value, reason):
@@ -72,6 +115,15 @@ def test_each_check_compares_value_with_threshold(overrides, name, value, reason
         ({"student": float("inf")}, "student_perplexity", "not a finite number"),
         ({"student": "80"}, "student_perplexity", "not a finite number"),
         ({"fp32": 0.0}, "int8_perplexity_delta", "not positive"),
+        ({"em": None}, "student_exact_match", "student.exact_match is missing"),
+        ({"student": None}, "student_exact_match", "'student' was not evaluated"),
+        ({"bpb": None}, "bits_per_byte_vs_production", "student.bits_per_byte is missing"),
+        ({"prod_bpb": _ABSENT}, "bits_per_byte_vs_production", "production v1 student_bits_per_byte is missing"),
+        ({"prod_bpb": 0.0}, "bits_per_byte_vs_production", "not positive"),
+        ({"prod_em": float("nan")}, "exact_match_vs_production", "not a finite number"),
+        ({"em": _ABSENT}, "exact_match_vs_production", "student.exact_match is missing"),
+        ({"production": None}, "bits_per_byte_vs_production", "not looked up"),
+        ({"production": None}, "exact_match_vs_production", "not looked up"),
     ],
 )
 def test_a_missing_or_invalid_value_fails_its_check_with_a_reason(overrides, name, reason):
@@ -86,7 +138,40 @@ def test_a_missing_or_invalid_value_fails_its_check_with_a_reason(overrides, nam
 def test_empty_results_fail_every_check():
     decision = check_gate(CFG, {})
     assert not decision.passed
-    assert len(decision.checks) == 3 and not any(c.passed for c in decision.checks)
+    assert len(decision.checks) == 6 and not any(c.passed for c in decision.checks)
+
+
+def test_no_production_release_yet_passes_the_comparisons_with_a_reason():
+    decision = check_gate(CFG, results(production="none", bpb=9.0, em=0.2))
+    assert decision.passed
+    for name in ("bits_per_byte_vs_production", "exact_match_vs_production"):
+        got = check(decision, name)
+        assert got.passed and got.value is None
+        assert got.reason == "no release of 'tiny' yet: nothing to compare with (first release)"
+
+
+@pytest.mark.parametrize(
+    ("setting", "name"),
+    [
+        ("min_student_exact_match", "student_exact_match"),
+        ("max_bits_per_byte_regression", "bits_per_byte_vs_production"),
+        ("max_exact_match_regression", "exact_match_vs_production"),
+    ],
+)
+def test_a_check_configured_as_null_is_disabled_and_says_so(setting, name):
+    cfg = CFG.model_copy(update={setting: None})
+    decision = check_gate(cfg, results(em=None, bpb=None, production="found"))
+    got = check(decision, name)
+    assert got.passed and got.threshold is None
+    assert got.reason == f"disabled ({setting} is null)"
+
+
+def test_a_candidate_worse_than_production_fails_the_gate_although_it_meets_the_absolute_thresholds():
+    decision = check_gate(CFG, results(bpb=2.5, em=0.3, prod_bpb=2.0, prod_em=0.6))
+    assert not decision.passed
+    failed = {c.name: c.reason for c in decision.checks if not c.passed}
+    assert set(failed) == {"bits_per_byte_vs_production", "exact_match_vs_production"}
+    assert "vs production v1" in failed["bits_per_byte_vs_production"]
 
 
 def test_decision_serializes_to_plain_json_types():

@@ -1,4 +1,4 @@
-"""export_onnx: a tiny GPT-2 to an ONNX model directory, checked against PyTorch."""
+"""export_onnx: a small GPT-2 to an ONNX model directory (with and without KV cache), checked against PyTorch."""
 
 from __future__ import annotations
 
@@ -12,33 +12,81 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
+from lmforge.artifacts import write_manifest
 from lmforge.config import ExportConfig
 from lmforge.data.tokenizer import tokenizer_fingerprint
 from lmforge.errors import InputDataError
 from lmforge.export import onnx_export
-from lmforge.export.onnx_export import LogitsOnly, ParityError, parity_cases
-from lmforge.export.ort import OrtCausalLM
-from lmforge.model.build import load_causal_lm
+from lmforge.export.onnx_export import DecoderWithPast, LogitsOnly, ParityError, parity_cases
+from lmforge.export.ort import OrtCausalLM, OrtDecoderWithPast, external_data_files
+from lmforge.model.build import load_causal_lm, load_tokenizer, save_model_dir
+
+VOCAB = 512
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory, tiny_model_dir):
+def model_dir(tmp_path_factory, tiny_model_dir):
+    """The tiny GPT-2 with its weight matrices scaled by 4: sharper logits, so greedy decoding changes token
+    often instead of repeating one (a random-init model at HF scale does), and a cache bug shows."""
+    model = load_causal_lm(tiny_model_dir)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.ndim == 2:
+                param.mul_(4.0)
+    out = save_model_dir(model, load_tokenizer(tiny_model_dir), tmp_path_factory.mktemp("sharp-model"))
+    write_manifest(out, "model")
+    return out
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, model_dir):
     out = tmp_path_factory.mktemp("export") / "onnx"
-    return out, onnx_export.run(ExportConfig(), tiny_model_dir, out)
+    return out, onnx_export.run(ExportConfig(), model_dir, out)
 
 
-def test_output_dir_follows_the_onnx_model_contract(exported, tiny_model_dir):
+def _left_padded(rng, lengths, pad_id):
+    longest = max(lengths)
+    ids = np.full((len(lengths), longest), pad_id, dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        ids[row, longest - n :] = rng.integers(2, VOCAB, size=n)
+        mask[row, longest - n :] = 1
+    return ids, mask
+
+
+def test_output_dir_follows_the_onnx_model_contract(exported, model_dir):
     out, _ = exported
-    for name in ("model.onnx", "manifest.json", "tokenizer.json", "tokenizer_config.json", "config.json"):
+    for name in (
+        "model.onnx",
+        "decoder_with_past.onnx",
+        "manifest.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "config.json",
+    ):
         assert (out / name).is_file(), name
-    assert tokenizer_fingerprint(out) == tokenizer_fingerprint(tiny_model_dir)
+    assert tokenizer_fingerprint(out) == tokenizer_fingerprint(model_dir)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["kind"] == "onnx-model"
     assert manifest["exporter"] == "dynamo"
     assert manifest["opset"] == 18
-    assert manifest["inputs"]["model"]["uri"] == str(tiny_model_dir)
-    assert set(manifest["metrics"]) == {"parity_max_abs_diff", "onnx_size_mb", "export_seconds"}
-    assert "model.onnx" in manifest["files"]
+    assert manifest["inputs"]["model"]["uri"] == str(model_dir)
+    assert set(manifest["metrics"]) == {
+        "parity_max_abs_diff",
+        "onnx_size_mb",
+        "with_past_parity_max_abs_diff",
+        "with_past_size_mb",
+        "export_seconds",
+    }
+    assert {"model.onnx", "decoder_with_past.onnx"} <= set(manifest["files"])
+    past = manifest["with_past"]
+    assert (past["file"], past["exporter"], past["layers"], past["kv_heads"], past["head_dim"]) == (
+        "decoder_with_past.onnx",
+        "dynamo",
+        2,
+        2,
+        16,
+    )
 
 
 def test_graph_has_dynamic_int64_inputs_and_float_logits(exported):
@@ -58,9 +106,9 @@ def test_graph_has_dynamic_int64_inputs_and_float_logits(exported):
     assert logits.shape.dim[2].dim_value == 512
 
 
-def test_ort_logits_match_pytorch_on_three_shapes_with_left_padding(exported, tiny_model_dir):
+def test_ort_logits_match_pytorch_on_three_shapes_with_left_padding(exported, model_dir):
     out, _ = exported
-    wrapper = LogitsOnly(load_causal_lm(tiny_model_dir))
+    wrapper = LogitsOnly(load_causal_lm(model_dir))
     session = OrtCausalLM(out, threads=1)
     rng = np.random.default_rng(7)
     for batch, seq, pad in ((1, 5, 0), (3, 40, 0), (2, 33, 7)):
@@ -92,17 +140,17 @@ def test_parity_cases_are_deterministic_and_left_padded():
     assert mask[0].all() and not mask[1, :5].any() and mask[1, 5:].all()
 
 
-def test_parity_above_tolerance_fails_and_leaves_no_output(exported, tiny_model_dir, tmp_path, monkeypatch):
+def test_parity_above_tolerance_fails_and_leaves_no_output(exported, model_dir, tmp_path, monkeypatch):
     src, _ = exported
 
-    def reuse_export(wrapper, example, path, opset):
-        shutil.copy(src / "model.onnx", path)
+    def reuse_export(wrapper, example, path, opset, spec):
+        shutil.copy(src / path.name, path)
         return "dynamo"
 
     monkeypatch.setattr(onnx_export, "_export", reuse_export)
     out = tmp_path / "onnx"
     with pytest.raises(ParityError, match="exceeds parity_tolerance"):
-        onnx_export.run(ExportConfig(parity_tolerance=1e-12), tiny_model_dir, out)
+        onnx_export.run(ExportConfig(parity_tolerance=1e-12), model_dir, out)
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []
 
@@ -157,5 +205,106 @@ def test_dynamo_failure_falls_back_to_torchscript_and_records_it(tiny_model_dir,
         result = onnx_export.run(ExportConfig(), tiny_model_dir, out)
     assert "simulated dynamo failure" in caplog.text and "TorchScript" in caplog.text
     assert result.summary["exporter"] == "torchscript"
+    assert result.summary["with_past"]["exporter"] == "torchscript"
     assert json.loads((out / "manifest.json").read_text())["exporter"] == "torchscript"
     assert result.metrics["parity_max_abs_diff"] <= 1e-3
+    assert result.metrics["with_past_parity_max_abs_diff"] <= 1e-3
+
+
+def test_left_padded_row_gets_the_logits_of_the_unpadded_sequence(exported):
+    """Position ids come from the mask: padding on the left must not shift the real tokens' positions."""
+    out, _ = exported
+    session = OrtCausalLM(out, threads=1)
+    ids, mask = _left_padded(np.random.default_rng(11), [20, 13], pad_id=1)
+    padded = session.logits(ids, mask)
+    alone = session.logits(ids[1:, 7:])
+    np.testing.assert_allclose(padded[1, 7:], alone[0], atol=1e-4)
+
+
+def test_with_past_graph_has_dynamic_batch_sequence_and_past(exported):
+    out, _ = exported
+    graph = onnx.load(str(out / "decoder_with_past.onnx")).graph
+    names = [i.name for i in graph.input]
+    assert names[:2] == ["input_ids", "attention_mask"]
+    assert names[2:] == [f"past_key_values.{i}.{kv}" for i in range(2) for kv in ("key", "value")]
+    assert [o.name for o in graph.output] == ["logits"] + [
+        f"present.{i}.{kv}" for i in range(2) for kv in ("key", "value")
+    ]
+    for tensor in graph.input[2:]:
+        dims = tensor.type.tensor_type.shape.dim
+        assert dims[0].dim_param and dims[2].dim_param and (dims[1].dim_value, dims[3].dim_value) == (2, 16)
+    mask_dims = graph.input[1].type.tensor_type.shape.dim
+    assert mask_dims[1].dim_param and mask_dims[1].dim_param != graph.input[0].type.tensor_type.shape.dim[1].dim_param
+
+
+def test_with_past_matches_pytorch_from_an_empty_past_through_decode_steps(exported, model_dir):
+    out, result = exported
+    assert [(c["shape"], c["past"]) for c in result.summary["with_past"]["parity"]] == [
+        ([2, 12], 0),
+        ([2, 1], 12),
+        ([2, 4], 13),
+    ]
+    assert result.metrics["with_past_parity_max_abs_diff"] <= 1e-3
+    # Independently of the stage's own check: an empty past, then 3 shapes, against transformers' cache.
+    model = load_causal_lm(model_dir)
+    decoder = DecoderWithPast(model, 2)
+    session = OrtDecoderWithPast(out, threads=1)
+    ids, mask = _left_padded(np.random.default_rng(5), [9, 4, 6], pad_id=1)
+    past = session.empty_past(3)
+    torch_past = [torch.from_numpy(p) for p in past]
+    for new in (ids, ids[:, -1:], ids[:, :5]):
+        mask = mask if new is ids else np.concatenate([mask, np.ones_like(new)], axis=1)
+        logits, past = session.step(new, mask, past)
+        with torch.no_grad():
+            expected, *torch_past = decoder(torch.from_numpy(new), torch.from_numpy(mask), torch_past)
+        keep = mask[:, -new.shape[1] :].astype(bool)
+        assert np.max(np.abs(logits[keep] - expected.numpy()[keep])) <= 1e-3
+        assert past[0].shape == (3, 2, mask.shape[1], 16)
+
+
+def test_greedy_generation_with_the_cache_equals_transformers_for_five_prompts(exported, model_dir):
+    out, _ = exported
+    tok = load_tokenizer(model_dir)
+    model = load_causal_lm(model_dir)
+    ids, mask = _left_padded(np.random.default_rng(3), [3, 9, 5, 12, 1], pad_id=tok.pad_token_id)
+    with torch.no_grad():
+        expected = model.generate(
+            torch.from_numpy(ids),
+            attention_mask=torch.from_numpy(mask),
+            max_new_tokens=32,
+            do_sample=False,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )[:, ids.shape[1] :].numpy()
+    decoder = OrtDecoderWithPast(out, threads=1)
+    kwargs = {"max_new_tokens": 32, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    generated = decoder.generate(ids, mask, **kwargs)
+    assert generated.shape == (5, 32)
+    np.testing.assert_array_equal(generated, expected)
+    assert min(len(set(row)) for row in generated.tolist()) >= 3  # the prompts really steer the decoding
+    for row in range(5):  # and a prompt decoded alone gives what it gave left-padded in the batch
+        alone = decoder.generate(ids[row : row + 1, mask[row].argmax() :], **kwargs)
+        np.testing.assert_array_equal(alone[0], generated[row])
+
+
+@pytest.mark.slow
+def test_weights_over_the_protobuf_limit_go_to_external_data(model_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 0)  # every model counts as "over 2 GB"
+    out = tmp_path / "onnx"
+    result = onnx_export.run(ExportConfig(), model_dir, out)
+    for name in ("model.onnx", "decoder_with_past.onnx"):
+        data = external_data_files(out / name)
+        assert data and all(f.is_file() for f in data), name
+        assert {f.name for f in data} <= set(json.loads((out / "manifest.json").read_text())["files"])
+    session = OrtCausalLM(out)
+    assert session.size_bytes > (out / "model.onnx").stat().st_size
+    assert result.metrics["onnx_size_mb"] == pytest.approx(session.size_bytes / 1e6)
+    assert result.metrics["parity_max_abs_diff"] <= 1e-3 and result.metrics["with_past_parity_max_abs_diff"] <= 1e-3
+
+
+def test_ort_decoder_refuses_a_graph_without_a_cache(exported):
+    out, _ = exported
+    with pytest.raises(InputDataError, match="not a decoder with past_key_values"):
+        OrtDecoderWithPast(out / "model.onnx")
+    with pytest.raises(InputDataError, match="decoder with KV cache not found"):
+        OrtDecoderWithPast(out / "missing")

@@ -1,4 +1,5 @@
-"""quantize_int8: dynamic INT8 for CPU and calibrated symmetric Q/DQ INT8 for TensorRT."""
+"""quantize_int8: dynamic INT8 for CPU and calibrated symmetric Q/DQ INT8 for TensorRT, each behind an
+accuracy gate (held-out perplexity vs FP32 in ONNX Runtime)."""
 
 from __future__ import annotations
 
@@ -7,27 +8,53 @@ import json
 import numpy as np
 import onnx
 import pytest
+import torch
 from onnx import numpy_helper
+from onnxruntime.quantization import CalibrationMethod
+from onnxruntime.quantization.calibrate import TensorData, TensorsData
 
 from lmforge.artifacts import write_manifest
 from lmforge.config import ExportConfig, ModelConfig, QuantizeConfig
-from lmforge.data.shards import ShardWriter
+from lmforge.data.shards import ShardWriter, TokenShards
 from lmforge.data.tokenizer import tokenizer_fingerprint
 from lmforge.errors import InputDataError
+from lmforge.evaluate.perplexity import onnx_logits_fn, perplexity
 from lmforge.export import onnx_export, quantize
-from lmforge.export.ort import OrtCausalLM
-from lmforge.export.quantize import TokenWindowReader, calibration_windows
+from lmforge.export.ort import OrtCausalLM, OrtDecoderWithPast
+from lmforge.export.quantize import (
+    TokenWindowReader,
+    calibration_windows,
+    even_batch_size,
+    gate_decision,
+    nodes_touching,
+    select_serving_model,
+    unsafe_tensors,
+)
 from lmforge.model.build import build_model, load_tokenizer, save_model_dir
 
 # Wide enough that the int8 weights, not the fixed graph overhead, dominate the file size.
 MODEL = ModelConfig(arch="gpt2", n_layer=2, n_head=2, n_embd=64, block_size=64)
-CFG = QuantizeConfig(calibration_sequences=12, calibration_seq_len=32)
+CFG = QuantizeConfig(calibration_sequences=12, calibration_seq_len=32, gate_eval_tokens=2048)
 
 
 @pytest.fixture(scope="module")
-def onnx_dir(tmp_path_factory, tiny_tokenizer_dir):
+def onnx_dir(tmp_path_factory, tiny_tokenizer_dir, tiny_shards_dir):
+    """A briefly trained model (perplexity ~150 of 512): a random-init one predicts near-uniformly, so no
+    quantization could hurt it; 300 steps are enough for it to rely on attention to earlier tokens."""
     tok = load_tokenizer(tiny_tokenizer_dir)
     model = build_model(MODEL, len(tok), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, seed=0)
+    tokens = torch.from_numpy(np.asarray(TokenShards.open(tiny_shards_dir).tokens("train")).astype(np.int64))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(0)
+    model.train()
+    for _ in range(300):
+        starts = torch.randint(0, len(tokens) - 32, (16,), generator=generator)
+        batch = torch.stack([tokens[s : s + 32] for s in starts.tolist()])
+        loss = model(input_ids=batch, labels=batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
     model_dir = save_model_dir(model, tok, tmp_path_factory.mktemp("model64"))
     write_manifest(model_dir, "model")
     out = tmp_path_factory.mktemp("export64") / "onnx"
@@ -40,6 +67,11 @@ def quantized(tmp_path_factory, onnx_dir, tiny_shards_dir):
     root = tmp_path_factory.mktemp("quant")
     result = quantize.run(CFG, onnx_dir, tiny_shards_dir, root / "dynamic", root / "qdq")
     return root / "dynamic", root / "qdq", result
+
+
+@pytest.fixture(scope="module")
+def heldout(tiny_shards_dir):
+    return np.asarray(TokenShards.open(tiny_shards_dir).tokens("val")[:2048]).astype(np.int64)
 
 
 def test_both_int8_models_load_and_give_finite_logits(quantized):
@@ -74,6 +106,8 @@ def test_outputs_follow_the_onnx_model_contract(quantized, onnx_dir):
         graph = onnx.load(str(model_dir / "model.onnx")).graph
         assert [i.name for i in graph.input] == ["input_ids", "attention_mask"]
         assert [o.name for o in graph.output] == ["logits"]
+        assert manifest["graphs"] == ["model.onnx", "decoder_with_past.onnx"]
+        assert (model_dir / "decoder_with_past.onnx").is_file()
     qdq = json.loads((qdq_dir / "manifest.json").read_text())
     assert qdq["calibrate_method"] == "minmax" and qdq["calibration_sequences"] == 12 and qdq["symmetric"]
 
@@ -118,3 +152,138 @@ def test_shards_from_another_tokenizer_are_refused(tmp_path, onnx_dir):
     with pytest.raises(InputDataError, match="tokenizer 000000000000, but .* uses tokenizer"):
         quantize.run(CFG, onnx_dir, shards, tmp_path / "dynamic", tmp_path / "qdq")
     assert not (tmp_path / "dynamic").exists() and not (tmp_path / "qdq").exists()
+
+
+def test_default_int8_models_pass_the_accuracy_gate_within_the_goals(quantized):
+    dynamic_dir, qdq_dir, result = quantized
+    metrics = result.metrics
+    assert metrics["fp32_perplexity"] < 300  # trained: far below the 512 of a uniform guess
+    assert abs(metrics["dynamic_perplexity_delta"]) <= 0.01
+    assert metrics["qdq_perplexity_delta"] <= 0.02
+    assert metrics["dynamic_accepted"] == metrics["qdq_accepted"] == 1.0
+    for model_dir in (dynamic_dir, qdq_dir):
+        gate = json.loads((model_dir / "manifest.json").read_text())["accuracy_gate"]
+        assert gate["accepted"] is True and gate["reason"].startswith("accepted: held-out perplexity")
+        assert gate["max_perplexity_delta"] == 0.02 and gate["tokens"] == 2048
+    assert select_serving_model([dynamic_dir, qdq_dir], "fp32")[0] == dynamic_dir
+    assert "INT8 quantization" in result.html and "accepted" in result.html
+
+
+@pytest.mark.slow
+def test_gate_rejects_all_ops_minmax_and_serving_falls_back_to_fp32(tmp_path, onnx_dir, tiny_shards_dir):
+    """Every op quantized with MinMax and no unsafe-node exclusion: the attention mask's fill value gets an int8
+    scale, the causal mask collapses and perplexity rises by tens of percent."""
+    bad = QuantizeConfig(
+        calibration_sequences=8,
+        calibration_seq_len=32,
+        gate_eval_tokens=2048,
+        op_types=["all"],
+        calibrate_method="minmax",
+        exclude_unsafe_nodes=False,
+    )
+    result = quantize.run(bad, onnx_dir, tiny_shards_dir, tmp_path / "dynamic", tmp_path / "qdq")
+    assert result.metrics["qdq_accepted"] == 0.0 and result.metrics["qdq_perplexity_delta"] > 0.02
+    assert result.metrics["dynamic_accepted"] == 1.0
+    gate = json.loads((tmp_path / "qdq" / "manifest.json").read_text())["accuracy_gate"]
+    assert gate["accepted"] is False
+    assert (
+        gate["reason"].startswith("rejected: held-out perplexity") and "> max_perplexity_delta +2.00%" in gate["reason"]
+    )
+    assert result.summary["accuracy_gate"]["qdq"] == gate
+    assert "REJECTED" in result.html
+    served, why = select_serving_model([tmp_path / "qdq"], onnx_dir)
+    assert served == onnx_dir and "qdq: rejected" in why and "serving the FP32 model" in why
+
+
+@pytest.mark.parametrize("method", ["minmax", "entropy", "percentile"])
+def test_each_calibrator_yields_an_accurate_qdq_model_all_ops_included(
+    method, tmp_path, onnx_dir, heldout, tiny_shards_dir
+):
+    """With every op quantized, the mask fill value is found, its nodes stay float and entropy/percentile
+    calibration no longer fails (entropy: "Too many bins")."""
+    cfg = QuantizeConfig(calibration_sequences=8, calibration_seq_len=32, calibrate_method=method, op_types=["all"])
+    windows = calibration_windows(TokenShards.open(tiny_shards_dir).tokens("train"), 8, 32)
+    src = onnx_dir / "model.onnx"
+    facts = quantize.quantize_qdq(
+        src, tmp_path / "model.onnx", TokenWindowReader(windows, 4), cfg, external=False, workdir=tmp_path / "w"
+    )
+    assert {n.split("_")[1] for n in facts["excluded_nodes"]} == {"Where", "Add", "Softmax"}
+    assert facts["unsafe_tensors"]
+    fp32 = perplexity(onnx_logits_fn(OrtCausalLM(src)), heldout, context=64).perplexity
+    int8 = perplexity(onnx_logits_fn(OrtCausalLM(tmp_path / "model.onnx")), heldout, context=64).perplexity
+    assert (int8 - fp32) / fp32 < 0.02
+
+
+def test_quantized_cache_decoder_agrees_with_the_quantized_full_graph(quantized):
+    dynamic_dir, qdq_dir, _ = quantized
+    ids = np.random.default_rng(2).integers(0, 512, size=(2, 20), dtype=np.int64)
+    for model_dir in (dynamic_dir, qdq_dir):
+        full = OrtCausalLM(model_dir).logits(ids)
+        decoder = OrtDecoderWithPast(model_dir)
+        prefill, past = decoder.step(ids[:, :12], np.ones((2, 12), dtype=np.int64), decoder.empty_past(2))
+        rest, _ = decoder.step(ids[:, 12:], np.ones((2, 20), dtype=np.int64), past)
+        cached = np.concatenate([prefill, rest], axis=1)
+        assert np.isfinite(cached).all()
+        assert np.mean(cached.argmax(-1) == full.argmax(-1)) >= 0.9
+        tokens = decoder.generate(ids[:, :5], max_new_tokens=8)
+        assert tokens.shape == (2, 8)
+
+
+def test_gate_decision_is_relative_and_says_why():
+    ok = gate_decision(100.0, 101.5, 0.02)
+    assert ok["accepted"] and ok["perplexity_delta"] == pytest.approx(0.015)
+    assert (
+        ok["reason"] == "accepted: held-out perplexity 101.5 vs FP32 100: delta +1.50% <= max_perplexity_delta +2.00%"
+    )
+    bad = gate_decision(100.0, 103.0, 0.02)
+    assert not bad["accepted"] and "delta +3.00% > max_perplexity_delta +2.00%" in bad["reason"]
+    assert gate_decision(100.0, 90.0, 0.0)["accepted"]  # better than FP32 passes
+    assert not gate_decision(100.0, float("nan"), 0.02)["accepted"]
+
+
+def test_select_serving_model_takes_the_first_accepted_and_refuses_an_ungated_int8(tmp_path):
+    def model_dir(name, **extra):
+        root = tmp_path / name
+        root.mkdir()
+        write_manifest(root, "onnx-model", extra=extra)
+        return root
+
+    fp32 = model_dir("fp32", quantization="none")
+    rejected = model_dir("int8_dynamic", quantization="dynamic-int8", accuracy_gate={"accepted": False, "reason": "r1"})
+    accepted = model_dir("int8_qdq", quantization="qdq-int8", accuracy_gate={"accepted": True, "reason": "ok"})
+    ungated = model_dir("old", quantization="qdq-int8")
+    assert select_serving_model([rejected, accepted], fp32) == (accepted, "int8_qdq: ok")
+    served, why = select_serving_model([rejected, ungated], fp32)
+    assert served == fp32
+    assert why == f"int8_dynamic: r1; old: {ungated}: manifest has no accuracy-gate result; serving the FP32 model fp32"
+
+
+def test_unsafe_tensors_are_non_finite_or_beyond_the_limit_and_their_nodes_found(tmp_path):
+    ranges = TensorsData(
+        CalibrationMethod.MinMax,
+        {
+            "ok": TensorData(lowest=np.float32(-3.0), highest=np.float32(3.0)),
+            "fill": TensorData(lowest=np.float32(-3.4e38), highest=np.float32(0.0)),
+            "inf": TensorData(lowest=np.float32(-np.inf), highest=np.float32(1.0)),
+        },
+    )
+    assert unsafe_tensors(ranges, 1e6) == {"fill", "inf"}
+    assert unsafe_tensors(ranges, 1e39) == {"inf"}
+    graph = onnx.helper.make_graph(
+        [
+            onnx.helper.make_node("Add", ["x", "fill"], ["scores"], name="add"),
+            onnx.helper.make_node("Softmax", ["scores"], ["p"], name="softmax"),
+            onnx.helper.make_node("MatMul", ["p", "x"], ["y"], name="matmul"),
+        ],
+        "g",
+        [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [2, 2]) for n in ("x", "fill")],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 2])],
+    )
+    onnx.save(onnx.helper.make_model(graph), str(tmp_path / "g.onnx"))
+    assert nodes_touching(tmp_path / "g.onnx", {"fill"}, None) == ["add"]
+    assert nodes_touching(tmp_path / "g.onnx", {"scores"}, None) == ["add", "softmax"]
+    assert nodes_touching(tmp_path / "g.onnx", {"scores"}, ["MatMul"]) == []
+
+
+def test_even_batch_size_divides_the_calibration_count():
+    assert [even_batch_size(n) for n in (128, 12, 7, 1, 30)] == [8, 6, 7, 1, 6]

@@ -15,9 +15,24 @@ from lmforge.artifacts import write_manifest
 from lmforge.config import ExportConfig, QuantizeConfig, TensorRTConfig
 from lmforge.errors import InputDataError
 from lmforge.export import onnx_export, quantize, tensorrt
-from lmforge.export.tensorrt import build_record, optimization_profiles
+from lmforge.export.tensorrt import (
+    build_record,
+    optimization_profiles,
+    parse_trtexec_output,
+    select_graph,
+    smoke_feeds,
+    timing_cache_record,
+    trtexec_command,
+)
 
 PROFILE = TensorRTConfig(min_batch=1, opt_batch=2, max_batch=4, min_seq=1, opt_seq=16, max_seq=32)
+NO_CACHE = {"input_ids": ["batch", "seq"], "attention_mask": ["batch", "seq"]}
+WITH_PAST = {
+    "input_ids": ["batch", "seq"],
+    "attention_mask": ["batch", "past_seq"],
+    "past_key_values.0.key": ["batch", 12, "past", 64],
+    "past_key_values.0.value": ["batch", 12, "past", 64],
+}
 
 
 def _toy_model_dir(root, *, with_qdq: bool):
@@ -53,20 +68,136 @@ def _toy_model_dir(root, *, with_qdq: bool):
 
 
 def test_optimization_profiles_give_min_opt_max_batch_by_seq_per_input():
-    assert optimization_profiles(PROFILE, ["input_ids", "attention_mask"]) == {
+    assert optimization_profiles(PROFILE, NO_CACHE) == {
         "input_ids": ((1, 1), (2, 16), (4, 32)),
         "attention_mask": ((1, 1), (2, 16), (4, 32)),
     }
-    assert optimization_profiles(TensorRTConfig(), ["input_ids"]) == {"input_ids": ((1, 1), (4, 64), (8, 128))}
+    assert optimization_profiles(TensorRTConfig(), {"input_ids": ["b", "s"]}) == {
+        "input_ids": ((1, 1), (4, 64), (8, 128))
+    }
 
 
-def test_optimization_profiles_refuse_an_input_without_a_rule():
-    with pytest.raises(InputDataError, match="'past_key_values.0.key'"):
-        optimization_profiles(PROFILE, ["input_ids", "past_key_values.0.key"])
+def test_optimization_profiles_of_the_cache_graph_cover_past_length_from_zero():
+    cfg = PROFILE.model_copy(update={"min_past": 0, "opt_past": 100, "max_past": 200})
+    assert optimization_profiles(cfg, WITH_PAST) == {
+        "input_ids": ((1, 1), (2, 16), (4, 32)),
+        "attention_mask": ((1, 1), (2, 116), (4, 232)),
+        "past_key_values.0.key": ((1, 12, 0, 64), (2, 12, 100, 64), (4, 12, 200, 64)),
+        "past_key_values.0.value": ((1, 12, 0, 64), (2, 12, 100, 64), (4, 12, 200, 64)),
+    }
+
+
+def test_optimization_profiles_refuse_an_input_without_a_rule_or_a_dynamic_head_count():
+    with pytest.raises(InputDataError, match="'position_ids'"):
+        optimization_profiles(PROFILE, {"input_ids": ["b", "s"], "position_ids": ["b", "s"]})
+    with pytest.raises(InputDataError, match="static heads"):
+        optimization_profiles(PROFILE, {"past_key_values.0.key": ["b", "heads", "past", 64]})
+
+
+def test_profile_past_lengths_must_be_ordered():
+    with pytest.raises(ValueError, match="min_past <= opt_past <= max_past"):
+        TensorRTConfig(min_past=10, opt_past=5)
+
+
+def test_trtexec_command_carries_shapes_precision_workspace_and_timing_cache(tmp_path):
+    cfg = PROFILE.model_copy(update={"min_past": 0, "opt_past": 100, "max_past": 200, "workspace_gib": 2.5})
+    profiles = optimization_profiles(cfg, WITH_PAST)
+    command = trtexec_command(
+        cfg, tmp_path / "m.onnx", tmp_path / "e.plan", profiles, timing_cache=tmp_path / "t.cache"
+    )
+    assert command == [
+        "trtexec",
+        f"--onnx={tmp_path / 'm.onnx'}",
+        f"--saveEngine={tmp_path / 'e.plan'}",
+        "--memPoolSize=workspace:2560M",
+        "--minShapes=input_ids:1x1,attention_mask:1x1,past_key_values.0.key:1x12x0x64,past_key_values.0.value:1x12x0x64",
+        "--optShapes=input_ids:2x16,attention_mask:2x116,past_key_values.0.key:2x12x100x64,"
+        "past_key_values.0.value:2x12x100x64",
+        "--maxShapes=input_ids:4x32,attention_mask:4x232,past_key_values.0.key:4x12x200x64,"
+        "past_key_values.0.value:4x12x200x64",
+        "--stronglyTyped",
+        f"--timingCacheFile={tmp_path / 't.cache'}",
+    ]
+    fp16 = trtexec_command(
+        PROFILE.model_copy(update={"precision": "fp16", "trtexec": "/opt/trt/bin/trtexec"}),
+        tmp_path / "m.onnx",
+        tmp_path / "e.plan",
+        optimization_profiles(PROFILE, NO_CACHE),
+        timing_cache=None,
+    )
+    assert fp16[0] == "/opt/trt/bin/trtexec" and fp16[-1] == "--fp16" and not any("timingCache" in a for a in fp16)
+
+
+TRTEXEC_LOG = """\
+&&&& RUNNING TensorRT.trtexec [TensorRT v100900] [b34] # trtexec --onnx=model.onnx
+[11/29/2026-10:00:00] [I] TensorRT version: 10.9.0
+[11/29/2026-10:00:00] [I] Selected Device: NVIDIA H200
+[11/29/2026-10:00:40] [I] Engine built in 38.512 sec.
+[11/29/2026-10:00:44] [I] Throughput: 2841.7 qps
+[11/29/2026-10:00:44] [I] Latency: min = 0.331 ms, max = 0.512 ms, mean = 0.348 ms, median = 0.345 ms, \
+percentile(90%) = 0.36 ms, percentile(95%) = 0.371 ms, percentile(99%) = 0.402 ms
+&&&& PASSED TensorRT.trtexec [TensorRT v100900] [b34] # trtexec --onnx=model.onnx
+"""
+
+
+def test_parse_trtexec_output_reads_version_device_build_time_and_latency():
+    assert parse_trtexec_output(TRTEXEC_LOG) == {
+        "passed": True,
+        "tensorrt_version": "10.9.0",
+        "gpu": "NVIDIA H200",
+        "build_seconds": 38.512,
+        "throughput_qps": 2841.7,
+        "latency": {
+            "min_ms": 0.331,
+            "max_ms": 0.512,
+            "mean_ms": 0.348,
+            "median_ms": 0.345,
+            "p90_ms": 0.36,
+            "p95_ms": 0.371,
+            "p99_ms": 0.402,
+        },
+    }
+    assert parse_trtexec_output("&&&& FAILED TensorRT.trtexec") == {"passed": False}
+
+
+def test_timing_cache_is_reused_once_a_build_wrote_it(tmp_path):
+    cache = tmp_path / "cache" / "trt.cache"
+    assert timing_cache_record(None) is None
+    assert timing_cache_record(cache) == {"path": str(cache), "reused": False}
+    cache.parent.mkdir()
+    cache.write_bytes(b"")
+    assert timing_cache_record(cache)["reused"] is False  # an empty file holds no timings
+    cache.write_bytes(b"timings")
+    assert timing_cache_record(cache) == {"path": str(cache), "reused": True}
+
+
+def test_select_graph_prefers_the_cache_graph_when_present(tmp_path):
+    root = tmp_path / "m"
+    root.mkdir()
+    (root / "model.onnx").write_bytes(b"x")
+    assert select_graph(TensorRTConfig(), root) == root / "model.onnx"
+    with pytest.raises(InputDataError, match="decoder_with_past.onnx is missing"):
+        select_graph(TensorRTConfig(graph="decoder_with_past"), root)
+    (root / "decoder_with_past.onnx").write_bytes(b"x")
+    assert select_graph(TensorRTConfig(), root) == root / "decoder_with_past.onnx"
+    assert select_graph(TensorRTConfig(graph="model"), root) == root / "model.onnx"
+
+
+def test_smoke_feeds_fill_the_opt_shapes_deterministically():
+    profiles = optimization_profiles(PROFILE.model_copy(update={"opt_past": 5}), WITH_PAST)
+    feeds = smoke_feeds(profiles, vocab_size=50)
+    assert {n: a.shape for n, a in feeds.items()} == {
+        "input_ids": (2, 16),
+        "attention_mask": (2, 21),
+        "past_key_values.0.key": (2, 12, 5, 64),
+        "past_key_values.0.value": (2, 12, 5, 64),
+    }
+    assert feeds["input_ids"].max() < 50 and feeds["attention_mask"].all()
+    np.testing.assert_array_equal(smoke_feeds(profiles, 50)["input_ids"], feeds["input_ids"])
 
 
 def test_build_record_lists_version_gpu_precision_and_profiles():
-    profiles = optimization_profiles(PROFILE, ["input_ids"])
+    profiles = optimization_profiles(PROFILE, {"input_ids": ["b", "s"]})
     record = build_record(
         PROFILE,
         profiles,
@@ -91,6 +222,11 @@ def test_unavailable_reason_names_the_missing_package(monkeypatch):
     assert "tensorrt Python package is not installed" in tensorrt.unavailable_reason()
 
 
+def test_unavailable_reason_names_a_missing_trtexec():
+    cfg = TensorRTConfig(builder="trtexec", trtexec="/nonexistent/trtexec")
+    assert tensorrt.unavailable_reason(cfg) == "/nonexistent/trtexec is not on PATH (use the TensorRT image)"
+
+
 def test_unavailable_reason_names_the_missing_gpu(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(
@@ -101,7 +237,7 @@ def test_unavailable_reason_names_the_missing_gpu(monkeypatch):
 
 
 def test_without_tensorrt_run_writes_skipped_status_and_no_engine(tmp_path, monkeypatch):
-    monkeypatch.setattr(tensorrt, "unavailable_reason", lambda: "the tensorrt Python package is not installed")
+    monkeypatch.setattr(tensorrt, "unavailable_reason", lambda cfg: "the tensorrt Python package is not installed")
     qdq_dir = _toy_model_dir(tmp_path / "qdq", with_qdq=True)
     out = tmp_path / "engine"
     result = tensorrt.run(PROFILE, qdq_dir, out)
@@ -118,7 +254,7 @@ def test_without_tensorrt_run_writes_skipped_status_and_no_engine(tmp_path, monk
 def test_on_this_machine_run_skips_with_the_real_reason(tmp_path):
     out = tmp_path / "engine"
     result = tensorrt.run(PROFILE, _toy_model_dir(tmp_path / "qdq", with_qdq=True), out)
-    assert result.summary["status"] == "skipped" and result.summary["reason"] == tensorrt.unavailable_reason()
+    assert result.summary["status"] == "skipped" and result.summary["reason"] == tensorrt.unavailable_reason(PROFILE)
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "status.json"]
 
 
@@ -129,7 +265,9 @@ def test_int8_build_refuses_a_model_without_qdq_nodes(tmp_path):
     assert not (tmp_path / "engine").exists()
 
 
-NO_BUILD_REASON = tensorrt.unavailable_reason()
+NO_BUILD_REASON = tensorrt.unavailable_reason(PROFILE)
+# The tiny model has 64 positions: past + new tokens must stay within them at every profile shape.
+GPU_PROFILE = PROFILE.model_copy(update={"min_past": 0, "opt_past": 8, "max_past": 32})
 
 
 @pytest.mark.gpu
@@ -142,13 +280,15 @@ def test_builds_an_int8_engine_from_the_qdq_model_and_reuses_the_timing_cache(
     calibration = QuantizeConfig(calibration_sequences=8, calibration_seq_len=32)
     quantize.run(calibration, onnx_dir, tiny_shards_dir, tmp_path / "dynamic", qdq_dir)
     cache = tmp_path / "timing.cache"
-    result = tensorrt.run(PROFILE, qdq_dir, tmp_path / "engine", timing_cache=cache)
+    result = tensorrt.run(GPU_PROFILE, qdq_dir, tmp_path / "engine", timing_cache=cache)
     assert result.metrics["built"] == 1
     assert (tmp_path / "engine" / "engine.plan").stat().st_size > 0
     record = json.loads((tmp_path / "engine" / "build_record.json").read_text())
     assert record["precision"] == "int8" and record["strongly_typed"] and record["gpu"]
-    assert record["smoke_test"]["shape"] == [2, 16]
+    assert record["graph"] == "decoder_with_past.onnx"
+    assert record["smoke_test"]["shapes"]["input_ids"] == [2, 16]
+    assert set(record["profiles"][0]) >= {"input_ids", "attention_mask", "past_key_values.0.key"}
     assert np.isfinite(record["smoke_test"]["max_abs_diff_vs_ort"])
     assert cache.stat().st_size > 0 and record["timing_cache"]["reused"] is False
-    again = tensorrt.run(PROFILE, qdq_dir, tmp_path / "engine2", timing_cache=cache)
+    again = tensorrt.run(GPU_PROFILE, qdq_dir, tmp_path / "engine2", timing_cache=cache)
     assert again.summary["build_record"]["timing_cache"]["reused"] is True

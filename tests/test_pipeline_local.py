@@ -133,3 +133,31 @@ def test_onnx_models_load_in_onnxruntime(local_run, task, name):
     ids = np.array([[1, 2, 3, 4]], dtype=np.int64)
     (logits,) = session.run(["logits"], {"input_ids": ids, "attention_mask": np.ones_like(ids)})
     assert logits.shape[:2] == (1, 4) and np.isfinite(logits).all()
+
+
+def test_a_candidate_worse_than_production_is_not_promoted(local_run, small_corpus):
+    """Second run into the same registry with a barely trained student: the gate compares it with the
+    release the first run promoted and stops it before promote."""
+    from pipelines.local_run import run_pipeline_locally
+
+    _, out = local_run
+    worse = {
+        **SMALL,
+        "distill_overrides": {**SMALL["distill_overrides"], "train.max_steps": 2, "train.warmup_steps": 1},
+    }
+    params = {
+        "corpus_uri": str(small_corpus),
+        "qa_uri": "demo://chatterbot",
+        "release_root": str(out / "registry"),
+        "release_version": "v-worse",
+        **{k: json.dumps(v) for k, v in worse.items()},
+    }
+    run = run_pipeline_locally(params, out / "runs")
+    results = json.loads((run.output("evaluate", "evaluation") / "results.json").read_text())
+    assert results["passed"] is False
+    failed = [c["name"] for c in results["gate"]["checks"] if not c["passed"]]
+    assert any("production" in name or "regression" in name or "bits_per_byte" in name for name in failed), failed
+    assert not run.promoted
+    assert not (out / "registry" / "models" / "lmforge-demo" / "v-worse").exists()
+    latest = json.loads((out / "registry" / "models" / "lmforge-demo" / "latest.json").read_text())
+    assert latest["version"] == "v-test"

@@ -109,8 +109,10 @@ def test_distill_writes_half_depth_student_initialized_from_teacher(tmp_path, in
     assert student.config.n_layer == teacher.config.n_layer // 2
     assert result.metrics["parameters"] < sum(p.numel() for p in teacher.parameters())
     assert set(result.metrics) == {
-        "student_val_loss", "teacher_val_loss", "student_val_perplexity", "kl", "parameters", "tokens_per_sec",
+        "student_val_loss", "teacher_val_loss", "student_val_perplexity", "teacher_val_perplexity", "kl",
+        "train_loss", "parameters", "parameter_fraction", "tokens_per_sec",
     }  # fmt: skip
+    assert result.metrics["parameter_fraction"] < 1
     assert result.metrics["kl"] >= 0
     history = json.loads((tmp_path / "student" / "training_history.json").read_text())
     assert history["eval_step"] == [0, 5, 10]
@@ -137,3 +139,81 @@ def test_shards_from_another_tokenizer_are_refused(tmp_path, inputs):
     with pytest.raises(InputDataError, match="were written by tokenizer 000000000000") as info:
         distill.run(CFG, teacher_dir, other, tmp_path / "student")
     assert "\n" not in str(info.value)
+
+
+def _student_dir(tmp_path: Path, teacher_dir: Path, *, extra_token: str | None = None) -> Path:
+    from lmforge.model.build import load_tokenizer, save_model_dir
+
+    teacher = load_causal_lm(teacher_dir)
+    tok = load_tokenizer(teacher_dir)
+    if extra_token:
+        tok.add_tokens([extra_token])
+    student = distill.make_student(teacher, 0.5, "random", seed=3)
+    return save_model_dir(student, tok, tmp_path / "student-init")
+
+
+def test_student_with_another_tokenizer_is_a_one_line_error(tmp_path, inputs):
+    teacher_dir, shards_dir = inputs
+    student_dir = _student_dir(tmp_path, teacher_dir, extra_token="<|extra|>")
+    cfg = CFG.model_copy(update={"init": "pretrained", "student_uri": str(student_dir)})
+    with pytest.raises(
+        InputDataError,
+        match=r"tokenizer mismatch: student .*student-init has tokenizer \w{12} \(513 "
+        r"tokens\), teacher .* has \w{12} \(512 tokens\); teacher and student must share",
+    ) as info:
+        distill.run(cfg, teacher_dir, shards_dir, tmp_path / "out")
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_teacher_directory_without_weights_is_a_one_line_error(tmp_path, inputs):
+    teacher_dir, shards_dir = inputs
+    broken = shutil.copytree(teacher_dir, tmp_path / "teacher")
+    (broken / "model.safetensors").unlink()
+    with pytest.raises(InputDataError, match=r"teacher: no weights") as info:
+        distill.run(CFG, broken, shards_dir, tmp_path / "out")
+    assert "\n" not in str(info.value)
+
+
+def test_invalid_student_source_is_rejected():
+    from lmforge.config import validate_config
+    from lmforge.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="student_uri is required with init=pretrained"):
+        validate_config(DistillConfig, {"init": "pretrained"})
+    with pytest.raises(ConfigError, match="divergence"):
+        validate_config(DistillConfig, {"divergence": "sideways"})
+
+
+@pytest.mark.s3
+def test_teacher_and_pretrained_student_from_s3_with_reverse_kl(tmp_path, s3_env, inputs):
+    from lmforge import storage
+
+    teacher_dir, shards_dir = inputs
+    teacher_uri = f"s3://{s3_env}/models/teacher"
+    storage.copy_tree(str(teacher_dir), teacher_uri)
+    student_uri = f"s3://{s3_env}/models/student-init"
+    storage.copy_tree(str(_student_dir(tmp_path, teacher_dir)), student_uri)
+    cfg = CFG.model_copy(
+        update={
+            "init": "pretrained",
+            "student_uri": student_uri,
+            "divergence": "reverse",
+            "chunk_tokens": 64,
+            "train": CFG.train.model_copy(update={"max_steps": 4, "eval_interval": 4}),
+        }
+    )
+    result = distill.run(cfg, teacher_uri, shards_dir, tmp_path / "out")
+    manifest = read_manifest(tmp_path / "out")
+    assert manifest["inputs"]["teacher"]["uri"] == teacher_uri and manifest["inputs"]["student"]["uri"] == student_uri
+    assert result.metrics["kl"] >= 0 and math.isfinite(result.metrics["student_val_loss"])
+
+
+def test_alpha_zero_trains_on_cross_entropy_without_running_the_teacher(tmp_path, inputs, monkeypatch):
+    teacher_dir, shards_dir = inputs
+    calls = []
+    original = distill.ChunkedKDLoss.forward
+    monkeypatch.setattr(distill.ChunkedKDLoss, "forward", lambda self, *a: calls.append(1) or original(self, *a))
+    cfg = CFG.model_copy(update={"alpha": 0.0, "train": CFG.train.model_copy(update={"max_steps": 2})})
+    distill.run(cfg, teacher_dir, shards_dir, tmp_path / "out")
+    assert len(calls) == cfg.train.eval_batches  # only the final KL diagnostic, never a training step

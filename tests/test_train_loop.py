@@ -13,7 +13,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from lmforge.config import TrainConfig
 from lmforge.errors import InputDataError
 from lmforge.train.batches import eval_windows, random_windows
-from lmforge.train.loop import lr_at, param_groups, train
+from lmforge.train.loop import NonFiniteLossError, lr_at, param_groups, sigterm_flag, train
+from lmforge.train.mfu import device_peak_flops, flops_per_token, mfu, model_flops_per_token
 
 
 def test_lr_warms_up_linearly_then_decays_by_cosine_to_min_lr():
@@ -77,7 +78,7 @@ def test_weight_decay_groups_exclude_llama_rmsnorm_and_embeddings():
 
 def test_batches_are_reproducible_from_seed_and_step():
     tokens = np.arange(1000, dtype=np.uint16)
-    kwargs = {"batch_size": 4, "seq_len": 8, "seed": 7}
+    kwargs = {"batch_size": 4, "seq_len": 8, "seed": 7, "grad_accum": 2}
     a = random_windows(tokens, step=3, micro=1, **kwargs)
     b = random_windows(tokens, step=3, micro=1, **kwargs)
     assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["targets"], b["targets"])
@@ -85,6 +86,36 @@ def test_batches_are_reproducible_from_seed_and_step():
     assert not torch.equal(a["input_ids"], random_windows(tokens, step=3, micro=0, **kwargs)["input_ids"])
     assert a["input_ids"].dtype == torch.int64 and a["input_ids"].shape == (4, 8)
     assert torch.equal(a["targets"], a["input_ids"] + 1)  # consecutive ids: targets are shifted inputs
+
+
+def _rows(batches: list[dict[str, torch.Tensor]]) -> list[tuple[int, ...]]:
+    return sorted(tuple(row.tolist()) for b in batches for row in b["input_ids"])
+
+
+@pytest.mark.parametrize(("batch_size", "grad_accum", "world_size"), [(2, 4, 1), (4, 1, 2), (2, 2, 2), (1, 2, 4)])
+def test_global_batch_is_the_same_set_of_windows_however_it_is_split(batch_size, grad_accum, world_size):
+    tokens = np.arange(5000, dtype=np.uint16)
+    reference = [random_windows(tokens, batch_size=8, seq_len=16, seed=3, step=11)]
+    split = [
+        random_windows(
+            tokens, batch_size=batch_size, seq_len=16, seed=3, step=11, micro=m, grad_accum=grad_accum,
+            rank=r, world_size=world_size,
+        )
+        for m in range(grad_accum)
+        for r in range(world_size)
+    ]  # fmt: skip
+    assert _rows(split) == _rows(reference)
+    ranks = [
+        _rows([random_windows(tokens, batch_size=4, seq_len=16, seed=3, step=11, rank=r, world_size=2)])
+        for r in range(2)
+    ]
+    assert not set(ranks[0]) & set(ranks[1])  # ranks see disjoint windows
+
+
+def test_out_of_range_micro_or_rank_is_refused():
+    tokens = np.arange(100, dtype=np.uint16)
+    with pytest.raises(ValueError, match="rank 2 out of range"):
+        random_windows(tokens, batch_size=1, seq_len=4, seed=0, step=0, rank=2, world_size=2)
 
 
 def test_eval_windows_are_fixed_and_span_the_split():
@@ -135,3 +166,76 @@ def test_loop_runs_under_bf16_autocast_on_cpu():
     history = train(model, cfg, loss_fn, lambda s, m: (x, y), lambda: [(x, y)])
     assert all(math.isfinite(v) for v in history["train_loss"] + history["grad_norm"])
     assert model[0].weight.dtype == torch.float32  # autocast leaves master weights in fp32
+
+
+def _regression(nan_at: set[int]):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+
+    def loss_fn(m, batch):
+        step, (xb, yb) = batch
+        loss = torch.nn.functional.mse_loss(m(xb), yb)
+        return (loss * float("nan") if int(step) in nan_at else loss), len(xb)
+
+    return model, loss_fn, (lambda s, m: (torch.tensor(s), (x, y))), (lambda: [(torch.tensor(-1), (x, y))])
+
+
+def test_non_finite_steps_are_skipped_and_counted():
+    model, loss_fn, batch, evals = _regression({1, 2})
+    cfg = TrainConfig(max_steps=5, warmup_steps=0, precision="fp32", eval_interval=5, log_interval=1, max_bad_steps=3)
+    before = model.weight.detach().clone()
+    history = train(model, cfg, loss_fn, batch, evals)
+    assert history["bad_steps"] == 2
+    assert all(math.isfinite(v) for v in model.weight.detach().flatten().tolist())
+    assert not torch.equal(model.weight, before)
+
+
+def test_too_many_non_finite_steps_in_a_row_abort_with_a_clear_error():
+    model, loss_fn, batch, evals = _regression({2, 3, 4})
+    cfg = TrainConfig(max_steps=8, warmup_steps=0, precision="fp32", eval_interval=8, log_interval=1, max_bad_steps=3)
+    with pytest.raises(NonFiniteLossError, match=r"3 consecutive steps \(up to step 5\).*max_bad_steps=3"):
+        train(model, cfg, loss_fn, batch, evals)
+
+
+def test_gradient_checkpointing_gives_the_same_losses():
+    from lmforge.train.losses import causal_lm_loss
+
+    tokens = np.arange(2000, dtype=np.uint16) % 97
+    losses = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=32, vocab_size=97))
+        cfg = TrainConfig(
+            max_steps=3, warmup_steps=0, batch_size=2, seq_len=16, precision="fp32", eval_interval=3,
+            log_interval=1, grad_checkpointing=checkpointing,
+        )  # fmt: skip
+
+        def batch(step, micro):
+            return random_windows(tokens, batch_size=2, seq_len=16, seed=0, step=step)
+
+        losses.append(train(model, cfg, causal_lm_loss, batch, lambda: [batch(0, 0)])["train_loss"])
+        assert getattr(model, "is_activation_checkpointing", None) == checkpointing
+    assert losses[0] == pytest.approx(losses[1], abs=1e-5)
+
+
+def test_mfu_uses_palm_flops_per_token():
+    # 6·N + 12·L·H·Q·T with N = 1e6, L = 2, H = 4, Q = 16, T = 128
+    assert flops_per_token(1_000_000, 2, 4, 16, 128) == 6e6 + 12 * 2 * 4 * 16 * 128
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=32, vocab_size=97))
+    n = sum(p.numel() for p in model.parameters()) - 32 * 16  # position table excluded
+    assert model_flops_per_token(model, 32) == 6 * n + 12 * 2 * 2 * 8 * 32
+    assert mfu(1000.0, 1e9, 1e13, world_size=2) == pytest.approx(0.05)
+    assert device_peak_flops(torch.device("cpu"), None) is None
+    assert device_peak_flops(torch.device("cpu"), 2e12) == 2e12
+
+
+def test_sigterm_flag_is_set_by_the_signal_and_the_handler_restored():
+    import os
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    with sigterm_flag(True) as flag:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert flag.wait(5)
+    assert signal.getsignal(signal.SIGTERM) is before

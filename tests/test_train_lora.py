@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -11,9 +12,8 @@ import torch
 
 from lmforge.artifacts import read_manifest, write_manifest
 from lmforge.config import LoraConfig, ModelConfig, TrainConfig
-from lmforge.data.qa import QAPair
-from lmforge.errors import ConfigError
-from lmforge.model.build import build_model, load_causal_lm, load_tokenizer
+from lmforge.errors import ConfigError, InputDataError
+from lmforge.model.build import build_model, load_causal_lm
 from lmforge.train import lora
 
 CFG = LoraConfig(
@@ -43,27 +43,6 @@ def tuned(tmp_path_factory, base_dir, qa_jsonl):
     return result, root / "adapter", root / "merged"
 
 
-def test_prompt_and_padding_positions_are_masked_from_the_loss(tiny_tokenizer_dir):
-    tok = load_tokenizer(tiny_tokenizer_dir)
-    pair = QAPair("Who is Romeo?", "A lover.")
-    prompt_ids = tok("Question: Who is Romeo?\nAnswer:")["input_ids"]
-    response_ids = tok(" A lover.<|endoftext|>")["input_ids"]
-    assert response_ids[-1] == tok.eos_token_id
-
-    ids, labels = lora.encode_pair(tok, pair, max_len=100)
-    assert ids == prompt_ids + response_ids
-    assert labels == [-100] * len(prompt_ids) + response_ids
-
-    short_ids, short_labels = lora.encode_pair(tok, pair, max_len=len(prompt_ids) + 1)
-    assert short_ids == prompt_ids + response_ids[:1] and short_labels[-1] == response_ids[0]
-
-    batch = lora.collate([(ids, labels), (ids[:3], labels[:3])], pad_id=tok.pad_token_id)
-    assert batch["input_ids"].shape == (2, len(ids) - 1)
-    assert batch["input_ids"][0].tolist() == ids[:-1] and batch["targets"][0].tolist() == labels[1:]
-    assert batch["input_ids"][1, 3:].eq(tok.pad_token_id).all()
-    assert batch["targets"][1].eq(-100).all()  # three prompt tokens then padding: nothing scored
-
-
 def test_adapter_on_base_matches_merged_model(tuned, base_dir):
     _, adapter_dir, merged_dir = tuned
     base = load_causal_lm(base_dir)
@@ -78,7 +57,7 @@ def test_adapter_on_base_matches_merged_model(tuned, base_dir):
     assert not torch.allclose(actual, load_causal_lm(base_dir)(input_ids=ids).logits, atol=1e-4)
 
 
-def test_finetuning_lowers_heldout_answer_loss_and_writes_manifests(tuned):
+def test_finetuning_lowers_heldout_answer_loss_and_writes_manifests(tuned, base_dir):
     result, adapter_dir, merged_dir = tuned
     assert result.metrics["tuned_heldout_loss"] < result.metrics["base_heldout_loss"]
     assert 0 < result.metrics["trainable_fraction"] < 0.5
@@ -87,6 +66,8 @@ def test_finetuning_lowers_heldout_answer_loss_and_writes_manifests(tuned):
     merged = read_manifest(merged_dir, verify=True)
     assert merged["kind"] == "model" and set(merged["inputs"]) == {"base_model", "qa"}
     assert merged["config"]["resolved_target_modules"] == ["c_attn", "c_proj", "c_fc"]
+    assert merged["inputs"]["base_model"]["uri"] == str(base_dir)
+    assert json.loads((adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"] == str(base_dir)
 
 
 def test_unknown_target_module_is_named_in_the_error(tmp_path, base_dir, qa_jsonl):
@@ -96,16 +77,162 @@ def test_unknown_target_module_is_named_in_the_error(tmp_path, base_dir, qa_json
     assert "\n" not in str(info.value)
 
 
-def test_default_llama_targets_exist_in_a_llama_model():
-    shape = ModelConfig(arch="llama", n_layer=1, n_head=2, n_embd=16, block_size=32)
-    model = build_model(shape, 64, eos_id=0, pad_id=1, seed=0)
-    targets = lora.target_modules(model, None)
-    assert targets == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    adapted = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=targets))
-    assert sum(p.numel() for p in adapted.parameters() if p.requires_grad) > 0
-
-
 def test_seq_len_that_cuts_off_every_answer_is_refused(tmp_path, base_dir, qa_jsonl):
     cfg = CFG.model_copy(update={"train": CFG.train.model_copy(update={"seq_len": 3})})
     with pytest.raises(ConfigError, match=r"seq_len \(3\) cuts off every held-out answer"):
         lora.run(cfg, base_dir, qa_jsonl, tmp_path / "adapter", tmp_path / "merged")
+
+
+def _logits(model: torch.nn.Module, vocab: int) -> torch.Tensor:
+    ids = torch.randint(2, vocab, (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def test_seeds_preset_is_rank_64_alpha_16_dropout_01_scaling_quarter():
+    seeds = LoraConfig(preset="seeds")
+    assert (seeds.r, seeds.alpha, seeds.dropout, seeds.scaling) == (64, 16, 0.1, 0.25)
+    assert LoraConfig(preset="seeds", use_rslora=True).scaling == pytest.approx(2.0)  # alpha / sqrt(r)
+    assert LoraConfig(preset="seeds", r=32).r == 32  # explicit fields win over the preset
+    assert LoraConfig.model_validate(seeds.model_dump(exclude={"train"})) == seeds
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"r": 0}, "r"),
+        ({"dropout": 1.0}, "dropout"),
+        ({"bias": "some"}, "bias"),
+        ({"target_modules": []}, "target_modules"),
+        ({"target_modules": ["c_attn", "c_attn"]}, "lists a module twice"),
+        ({"target_modules": ["c_attn"], "modules_to_save": ["c_attn"]}, "both LoRA targets and in modules_to_save"),
+        ({"layers_to_transform": [-1]}, "block indices"),
+        ({"preset": "huge"}, "preset"),
+    ],
+)
+def test_invalid_lora_fields_are_rejected(fields, message):
+    from lmforge.config import validate_config
+
+    with pytest.raises(ConfigError, match=message):
+        validate_config(LoraConfig, fields, prefix="finetune_lora")
+
+
+def test_rslora_bias_and_modules_to_save_adapter_still_equals_merged(tmp_path, base_dir, qa_jsonl):
+    cfg = CFG.model_copy(
+        update={
+            "use_rslora": True,
+            "bias": "all",
+            "modules_to_save": ["ln_f"],
+            "layers_to_transform": [1],
+            "train": CFG.train.model_copy(update={"max_steps": 4, "eval_interval": 4}),
+        }
+    )
+    lora.run(cfg, base_dir, qa_jsonl, tmp_path / "adapter", tmp_path / "merged")
+    adapter_cfg = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert adapter_cfg["use_rslora"] and adapter_cfg["bias"] == "all" and adapter_cfg["layers_to_transform"] == [1]
+    adapted = peft.PeftModel.from_pretrained(load_causal_lm(base_dir), tmp_path / "adapter").eval()
+    merged = load_causal_lm(tmp_path / "merged")
+    vocab = merged.config.vocab_size
+    assert torch.allclose(_logits(adapted, vocab), _logits(merged, vocab), atol=1e-4)
+    base_ln = load_causal_lm(base_dir).transformer.ln_f.weight
+    assert not torch.equal(merged.transformer.ln_f.weight, base_ln)  # the saved module was trained
+
+
+@pytest.mark.s3
+def test_base_from_s3_and_adapter_and_merged_reload_from_s3_agree(tmp_path, s3_env, base_dir, qa_jsonl):
+    from lmforge import storage
+
+    base_uri = f"s3://{s3_env}/models/base"
+    storage.copy_tree(str(base_dir), base_uri)
+    qa_uri = f"s3://{s3_env}/data/qa.jsonl"
+    storage.upload_file(qa_jsonl, qa_uri)
+    cfg = CFG.model_copy(update={"train": CFG.train.model_copy(update={"max_steps": 3, "eval_interval": 3})})
+    lora.run(cfg, base_uri, qa_uri, tmp_path / "adapter", tmp_path / "merged")
+    assert read_manifest(tmp_path / "merged")["inputs"]["base_model"]["uri"] == base_uri
+    storage.copy_tree(str(tmp_path / "adapter"), f"s3://{s3_env}/models/adapter")
+    storage.copy_tree(str(tmp_path / "merged"), f"s3://{s3_env}/models/merged")
+
+    adapted = lora.load_adapted(base_uri, f"s3://{s3_env}/models/adapter", tmp_path / "dl")
+    _, _, merged = lora.load_base(f"s3://{s3_env}/models/merged", tmp_path / "dl-merged")
+    local = peft.PeftModel.from_pretrained(load_causal_lm(base_dir), tmp_path / "adapter").eval()
+    vocab = merged.config.vocab_size
+    expected = _logits(local, vocab)
+    assert torch.allclose(_logits(adapted, vocab), expected, atol=1e-6)
+    assert torch.allclose(_logits(merged, vocab), expected, atol=1e-4)
+
+
+def test_base_directory_without_weights_is_a_one_line_error(tmp_path, base_dir, qa_jsonl):
+    broken = shutil.copytree(base_dir, tmp_path / "noweights")
+    (broken / "model.safetensors").unlink()
+    with pytest.raises(InputDataError, match=r"noweights: no weights \(model\.safetensors") as info:
+        lora.run(CFG, broken, qa_jsonl, tmp_path / "adapter", tmp_path / "merged")
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "adapter").exists()
+
+
+def test_target_module_that_cannot_take_lora_is_named(tmp_path, base_dir, qa_jsonl):
+    cfg = CFG.model_copy(update={"target_modules": ["ln_1"]})
+    with pytest.raises(ConfigError, match=r"'ln_1' is a LayerNorm; LoRA adapts Linear") as info:
+        lora.run(cfg, base_dir, qa_jsonl, tmp_path / "adapter", tmp_path / "merged")
+    assert "\n" not in str(info.value)
+
+
+def test_out_of_range_layers_and_unknown_modules_to_save_are_named(base_dir):
+    model = load_causal_lm(base_dir)
+    targets = lora.target_modules(model, None)
+    with pytest.raises(ConfigError, match=r"layers_to_transform: 5 is out of range; the model has blocks 0\.\.1"):
+        lora.peft_config(LoraConfig(layers_to_transform=[5]), model, targets)
+    with pytest.raises(ConfigError, match=r"modules_to_save: 'score' matches no module"):
+        lora.peft_config(LoraConfig(modules_to_save=["score"]), model, targets)
+
+
+_ARCH_CONFIGS = {
+    "gpt2": {"n_layer": 1, "n_head": 2, "n_embd": 16, "n_positions": 32},
+    "llama": {}, "mistral": {}, "qwen2": {}, "qwen3": {}, "gemma": {}, "gemma2": {}, "phi3": {},
+    "gpt_neox": {},
+    "opt": {"ffn_dim": 32, "word_embed_proj_dim": 16},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", sorted(_ARCH_CONFIGS))
+def test_default_targets_exist_and_take_lora_in_each_architecture(arch):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    common = {
+        "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 32,
+        "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0,
+    }  # fmt: skip
+    if arch in ("gpt2", "opt"):
+        common = {k: v for k, v in common.items() if k.endswith("token_id") or k == "vocab_size"}
+        if arch == "opt":
+            common |= {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2}
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(arch, **common, **_ARCH_CONFIGS[arch]))
+    targets = lora.target_modules(model, None)
+    assert targets == lora.DEFAULT_TARGETS[arch]
+    adapted = peft.get_peft_model(model, lora.peft_config(LoraConfig(r=2), model, targets))
+    adapted_names = {n.rsplit(".", 4)[-4] for n, p in adapted.named_parameters() if p.requires_grad}
+    assert adapted_names == set(targets)
+
+
+def test_architecture_without_default_targets_asks_for_them():
+    shape = ModelConfig(arch="llama", n_layer=1, n_head=2, n_embd=16, block_size=32)
+    model = build_model(shape, 64, eos_id=0, pad_id=1, seed=0)
+    model.config.model_type = "mystery"
+    with pytest.raises(ConfigError, match=r"no default for architecture 'mystery'.*set it explicitly"):
+        lora.target_modules(model, None)
+
+
+def test_chat_jsonl_with_packing_trains(tmp_path, base_dir):
+    path = tmp_path / "chat.jsonl"
+    with open(path, "w", encoding="utf-8") as fh:
+        for i in range(60):
+            chat = [{"role": "user", "content": f"Say {i} twice."}, {"role": "assistant", "content": f"{i} {i}"}]
+            fh.write(json.dumps({"messages": chat}) + "\n")
+    cfg = CFG.model_copy(
+        update={"packing": True, "train": CFG.train.model_copy(update={"max_steps": 6, "eval_interval": 6})}
+    )
+    result = lora.run(cfg, base_dir, path, tmp_path / "adapter", tmp_path / "merged")
+    assert result.metrics["tuned_heldout_loss"] < result.metrics["base_heldout_loss"]
+    assert read_manifest(tmp_path / "adapter")["config"]["packing"] is True

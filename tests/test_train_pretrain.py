@@ -67,8 +67,8 @@ def test_output_manifest_records_inputs_config_and_metrics(trained):
     assert set(manifest["inputs"]) == {"shards", "tokenizer"}
     assert manifest["config"]["train"]["max_steps"] == 30
     assert set(manifest["metrics"]) == {
-        "train_loss", "val_loss", "val_perplexity", "tokens_per_sec", "parameters", "steps",
-    }  # fmt: skip
+        "train_loss", "val_loss", "val_perplexity", "tokens_per_sec", "parameters", "steps", "bad_steps", "world_size",
+    }  # fmt: skip  # no "mfu": the CPU has no configured peak
     assert result.html.count("<img") == 2
 
 
@@ -90,3 +90,14 @@ def test_occupied_output_is_refused_before_training(tmp_path, inputs, monkeypatc
     with pytest.raises(InputDataError, match="already exists and is not empty"):
         pretrain.run(CFG, *inputs, tmp_path / "out")
     assert (tmp_path / "out" / "keep.txt").read_text() == "earlier result"
+
+
+def test_tensorboard_event_files_are_written_next_to_the_model(trained):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, out = trained
+    events = EventAccumulator(str(out / pretrain.TENSORBOARD_DIR))
+    events.Reload()
+    assert {"loss/train", "loss/eval", "lr", "grad_norm", "tokens_per_sec"} <= set(events.Tags()["scalars"])
+    assert [e.step for e in events.Scalars("loss/eval")] == [0, 10, 20, 30]

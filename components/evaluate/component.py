@@ -15,12 +15,16 @@ def evaluate(
     int8_dynamic: Input[Model],
     int8_qdq: Input[Model],
     engine: Input[Artifact],
+    cleaned: Input[Dataset],
     evaluation: Output[Artifact],
     metrics: Output[Metrics],
     report: Output[HTML],
     summary: Output[Markdown],
+    qa_uri: str = "",
+    release_root: str = "",
     preset: str = "tiny-cpu",
     overrides: str = "{}",
+    promote_overrides: str = "{}",
 ) -> bool:
     """Held-out perplexity, size and latency of teacher, student, ONNX FP32, INT8 and engine; gate decision.
 
@@ -32,12 +36,16 @@ def evaluate(
         int8_dynamic: Dynamic INT8 ONNX model.
         int8_qdq: Calibrated Q/DQ INT8 ONNX model.
         engine: TensorRT engine directory (or its ``skipped`` status).
+        cleaned: Cleaned corpus; its stats feed the report's data summary.
         evaluation: results.json, report.html, report.md and manifest.
         metrics: Per-model perplexity, size, p99 latency and ``passed``.
         report: Self-contained HTML report.
         summary: Markdown summary for the Kubeflow UI.
+        qa_uri: Q&A data; the held-out pairs LoRA never trained on are used for EM/F1/BLEU/ROUGE-L.
+        release_root: Registry root; the candidate is compared with the release its ``latest.json`` names.
         preset: lmforge preset the stage config starts from.
         overrides: JSON object of EvaluateConfig fields, e.g. {"gate.max_student_perplexity": 50.0}.
+        promote_overrides: The promote stage's overrides, for the release name to compare against.
 
     Returns:
         Whether every gate check passed (``promote`` runs only then).
@@ -61,6 +69,10 @@ def evaluate(
         },
         engine_dir=Path(engine.path),
         output_dir=Path(evaluation.path),
+        qa_uri=qa_uri or None,
+        release_root=release_root or None,
+        model_name=resolve_stage_config("promote", preset, promote_overrides).model_name,
+        cleaned_dir=Path(cleaned.path),
     )
     markdown = (Path(evaluation.path) / "report.md").read_text(encoding="utf-8")
     publish(result, metrics=metrics, html=report, markdown=summary, markdown_text=markdown)

@@ -276,11 +276,138 @@ class ModelConfig(StrictModel):
         return self
 
 
+class CheckpointConfig(StrictModel):
+    """Resumable training checkpoints: full state, atomic, to a local path or ``s3://``."""
+
+    dir: str | None = Field(
+        None,
+        min_length=1,
+        description="Where checkpoints go: a local directory or s3://bucket/prefix; null disables checkpoints. "
+        "Multi-node runs need s3:// or a shared filesystem.",
+    )
+    every_steps: int = Field(0, ge=0, description="Write a checkpoint every N optimizer steps (0: by time only).")
+    every_minutes: float = Field(
+        5.0, ge=0.0, description="Write a checkpoint when this many minutes passed since the last one (0: off)."
+    )
+    keep_last: int = Field(3, ge=1, description="Complete checkpoints kept; older ones are deleted.")
+    resume: Literal["auto", "never"] = Field(
+        "auto",
+        description="auto: continue from the newest complete checkpoint in dir (start fresh if none); "
+        "never: start fresh and refuse a dir that already holds checkpoints.",
+    )
+    on_sigterm: bool = Field(
+        True, description="On SIGTERM (preemption) write a final checkpoint, then stop with TrainingPreempted."
+    )
+
+    @model_validator(mode="after")
+    def _check_dir(self) -> CheckpointConfig:
+        if self.dir is not None and self.dir.startswith("s3://") and not self.dir[len("s3://") :].strip("/"):
+            raise ValueError(f"dir: s3 URI {self.dir!r} has no bucket")
+        if self.dir is not None and self.every_steps == 0 and self.every_minutes == 0 and not self.on_sigterm:
+            raise ValueError("dir is set but every_steps, every_minutes and on_sigterm are all off: nothing is saved")
+        return self
+
+
+class ZeroConfig(StrictModel):
+    """DeepSpeed ZeRO settings (the ``zero_optimization`` section of the generated DeepSpeed JSON)."""
+
+    stage: int = Field(2, ge=0, le=3, description="ZeRO stage: 0 off, 1 optimizer, 2 +gradients, 3 +parameters.")
+    overlap_comm: bool = Field(True, description="Overlap gradient reduction with the backward pass.")
+    contiguous_gradients: bool = Field(True, description="Copy gradients into one buffer as they are produced.")
+    reduce_scatter: bool = Field(True, description="Reduce gradients with reduce-scatter instead of all-reduce.")
+    reduce_bucket_size: int = Field(
+        500_000_000, gt=0, description="Elements reduced at a time (an integer; booleans are rejected)."
+    )
+    allgather_bucket_size: int = Field(500_000_000, gt=0, description="Elements all-gathered at a time (stage 1/2).")
+    stage3_prefetch_bucket_size: int = Field(50_000_000, ge=0, description="Stage 3: elements prefetched ahead.")
+    stage3_param_persistence_threshold: int = Field(
+        100_000, ge=0, description="Stage 3: parameters smaller than this stay unpartitioned."
+    )
+    stage3_max_live_parameters: int = Field(
+        1_000_000_000, gt=0, description="Stage 3: most parameter elements resident at once on a rank."
+    )
+    stage3_max_reuse_distance: int = Field(
+        1_000_000_000, ge=0, description="Stage 3: keep a parameter gathered if reused within this many elements."
+    )
+    offload_optimizer: Literal["none", "cpu"] = Field(
+        "none", description="ZeRO-Offload: keep optimizer state in CPU memory (stage >= 1)."
+    )
+    offload_param: Literal["none", "cpu"] = Field(
+        "none", description="ZeRO-Infinity: keep parameters in CPU memory (stage 3 only)."
+    )
+
+    @model_validator(mode="after")
+    def _stage_options(self) -> ZeroConfig:
+        if self.offload_param != "none" and self.stage != 3:
+            raise ValueError(f"offload_param needs stage 3 (stage is {self.stage})")
+        if self.offload_optimizer != "none" and self.stage == 0:
+            raise ValueError("offload_optimizer needs stage >= 1 (stage is 0)")
+        # Compared with the defaults, not with the keys given, so that a dumped config validates again.
+        stage3_only = sorted(
+            name
+            for name, info in type(self).model_fields.items()
+            if name.startswith("stage3_") and getattr(self, name) != info.default
+        )
+        if stage3_only and self.stage != 3:
+            raise ValueError(f"{', '.join(stage3_only)} apply to stage 3 only (stage is {self.stage})")
+        return self
+
+
+class DeepSpeedFp16Config(StrictModel):
+    """DeepSpeed dynamic loss scaling; only meaningful with ``precision: fp16``."""
+
+    initial_scale_power: int = Field(16, ge=0, le=32, description="Initial loss scale is 2**this.")
+    loss_scale_window: int = Field(1000, gt=0, description="Steps without overflow before the scale grows.")
+    hysteresis: int = Field(2, gt=0, description="Overflows tolerated before the scale shrinks.")
+    min_loss_scale: float = Field(1.0, gt=0.0, description="Lower bound of the dynamic loss scale.")
+
+
+class DeepSpeedConfig(StrictModel):
+    """DeepSpeed options; the DeepSpeed JSON is generated from these plus the loop settings."""
+
+    zero: ZeroConfig = Field(default_factory=ZeroConfig, description="ZeRO sharding.")
+    fp16: DeepSpeedFp16Config | None = Field(
+        None, description="Loss-scaling options; allowed only with train.precision fp16 (never with bf16)."
+    )
+    zero3_init: bool = Field(
+        True,
+        description="Stage 3: construct the model under zero.Init via HfDeepSpeedConfig, so no rank holds it "
+        "whole and the Hugging Face initialization is kept.",
+    )
+    communication_data_type: Literal["fp32", "bf16", "fp16"] | None = Field(
+        None, description="Dtype of gradient communication; null follows the training precision."
+    )
+
+
+class DistributedConfig(StrictModel):
+    """How the loop runs across processes (launched by ``torchrun`` or the Kubeflow Trainer)."""
+
+    backend: Literal["torch", "deepspeed"] = Field(
+        "torch",
+        description="torch: one process, or DistributedDataParallel when launched with WORLD_SIZE > 1; "
+        "deepspeed: DeepSpeed ZeRO (needs the deepspeed extra).",
+    )
+    process_group: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="Collective backend; auto picks nccl on GPU and gloo on CPU."
+    )
+    timeout_minutes: float = Field(
+        30.0, gt=0.0, description="Collective (NCCL) timeout: a rank stuck this long fails the job."
+    )
+    find_unused_parameters: bool = Field(False, description="DDP: tolerate parameters that get no gradient.")
+    deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig, description="DeepSpeed options.")
+
+    @model_validator(mode="after")
+    def _deepspeed_only_with_backend(self) -> DistributedConfig:
+        if self.backend != "deepspeed" and self.deepspeed != DeepSpeedConfig():
+            raise ValueError("deepspeed options are set but backend is 'torch'; set backend: deepspeed")
+        return self
+
+
 class TrainConfig(StrictModel):
     """Optimizer, schedule and loop settings shared by pretraining, fine-tuning and distillation."""
 
     max_steps: int = Field(200, gt=0, description="Optimizer steps.")
-    batch_size: int = Field(8, gt=0, description="Sequences per micro-batch.")
+    batch_size: int = Field(8, gt=0, description="Sequences per micro-batch on each rank.")
     grad_accum: int = Field(1, gt=0, description="Micro-batches accumulated per optimizer step.")
     seq_len: int = Field(128, gt=1, description="Tokens per training sequence (≤ the model's block size).")
     lr: float = Field(3e-3, gt=0.0, description="Peak learning rate.")
@@ -295,6 +422,29 @@ class TrainConfig(StrictModel):
     eval_interval: int = Field(50, gt=0, description="Evaluate on the validation split every N steps.")
     eval_batches: int = Field(4, gt=0, description="Validation micro-batches per evaluation.")
     log_interval: int = Field(10, gt=0, description="Log loss and throughput every N steps.")
+    grad_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward pass (less memory, about 30% more compute)."
+    )
+    compile: bool = Field(False, description="torch.compile the model (GPU; first steps are slow).")
+    tf32: bool = Field(True, description="Allow TF32 matmuls and convolutions on Ampere+ GPUs (no effect on CPU).")
+    deterministic: bool = Field(
+        False, description="torch.use_deterministic_algorithms for bitwise-reproducible runs (slower)."
+    )
+    max_bad_steps: int = Field(
+        3,
+        gt=0,
+        description="Steps with a non-finite loss or gradient norm are skipped and counted; this many in a row "
+        "abort the run.",
+    )
+    peak_flops: float | None = Field(
+        None,
+        gt=0.0,
+        description="Peak FLOP/s of one device for MFU; null looks up known GPUs (bf16 dense) and skips MFU elsewhere.",
+    )
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Resumable checkpoints.")
+    distributed: DistributedConfig = Field(
+        default_factory=DistributedConfig, description="Single process, DDP or DeepSpeed."
+    )
 
     @model_validator(mode="after")
     def _check_schedule(self) -> TrainConfig:
@@ -302,6 +452,20 @@ class TrainConfig(StrictModel):
             raise ValueError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
         if self.warmup_steps > self.max_steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) must not exceed max_steps ({self.max_steps})")
+        return self
+
+    @model_validator(mode="after")
+    def _check_backend_options(self) -> TrainConfig:
+        deepspeed = self.distributed.deepspeed
+        if deepspeed.fp16 is not None and self.precision != "fp16":
+            raise ValueError(
+                f"distributed.deepspeed.fp16: loss scaling is for fp16 only, but precision is {self.precision} "
+                "(fp16 and bf16 never together)"
+            )
+        if self.distributed.backend == "deepspeed" and deepspeed.zero.stage == 3 and self.compile:
+            raise ValueError("compile: torch.compile is not supported with ZeRO stage 3 here; set compile: false")
+        if self.distributed.backend == "deepspeed" and deepspeed.zero.offload_param != "none" and self.compile:
+            raise ValueError("compile: not supported together with distributed.deepspeed.zero.offload_param")
         return self
 
 
@@ -318,37 +482,127 @@ class PretrainConfig(StrictModel):
         return self
 
 
-class LoraConfig(StrictModel):
-    """The ``finetune_lora`` stage (peft LoRA on prompt/response pairs)."""
+# Named LoRA shapes for ``LoraConfig.preset``; fields set explicitly win over them.
+LORA_PRESETS: dict[str, dict[str, Any]] = {
+    "seeds": {"r": 64, "alpha": 16, "dropout": 0.1},
+    "tiny": {"r": 8, "alpha": 16, "dropout": 0.05},
+}
 
-    r: int = Field(8, gt=0, description="LoRA rank.")
-    alpha: int = Field(16, gt=0, description="LoRA alpha; the update is scaled by alpha/r.")
-    dropout: float = Field(0.05, ge=0.0, lt=1.0, description="Dropout on the LoRA branch.")
+
+class LoraConfig(StrictModel):
+    """The ``finetune_lora`` stage (peft LoRA on prompt/response or chat data, answer tokens only in the loss)."""
+
+    preset: Literal["seeds", "tiny"] | None = Field(
+        None,
+        description="Named LoRA shape filling r/alpha/dropout when they are not set: seeds = r 64, alpha 16, "
+        "dropout 0.1 (scaling alpha/r = 0.25); tiny = r 8, alpha 16, dropout 0.05.",
+    )
+    r: int = Field(8, gt=0, le=4096, description="LoRA rank of the update B·A.")
+    alpha: int = Field(16, gt=0, description="LoRA alpha; the update is scaled by alpha/r (alpha/sqrt(r) with rsLoRA).")
+    dropout: float = Field(0.05, ge=0.0, lt=1.0, description="Dropout on the LoRA branch's input.")
+    use_rslora: bool = Field(
+        False, description="Rank-stabilized LoRA: scale by alpha/sqrt(r) instead of alpha/r (Kalajdzievski 2023)."
+    )
     target_modules: list[str] | None = Field(
-        None, description="Module names to adapt; null picks the architecture's attention/MLP projections."
+        None,
+        min_length=1,
+        description="Module names (last name component) to adapt; null picks the architecture's attention and "
+        "MLP projections (gpt2: c_attn, c_proj, c_fc; llama-like: q/k/v/o/gate/up/down_proj).",
+    )
+    layers_to_transform: list[int] | None = Field(
+        None, min_length=1, description="Adapt only these transformer block indices; null adapts every block."
+    )
+    bias: Literal["none", "all", "lora_only"] = Field(
+        "none", description="Biases trained too: none, all biases of the model, or those of adapted modules only."
+    )
+    modules_to_save: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="Extra modules trained in full and stored in the adapter (e.g. a norm or a new head).",
+    )
+    chat_template: Literal["auto", "default"] = Field(
+        "auto",
+        description="How chat `messages` are rendered: auto = the tokenizer's chat template when it has one, "
+        "else the default 'User: …/Assistant: …' template; default = always the default template.",
+    )
+    packing: bool = Field(
+        False,
+        description="Concatenate training examples into full seq_len rows (no padding; examples may attend to "
+        "the previous one). Held-out loss is always computed on unpacked examples.",
     )
     heldout_fraction: float = Field(
-        0.1, gt=0.0, lt=1.0, description="Fraction of Q&A pairs held out for eval loss (by hash)."
+        0.1, gt=0.0, lt=1.0, description="Fraction of examples held out for eval loss (by hash of the prompt)."
     )
     train: TrainConfig = Field(
         default_factory=lambda: TrainConfig(max_steps=60, lr=2e-3, min_lr=2e-4, warmup_steps=5),
         description="Training loop.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") in LORA_PRESETS:
+            data = {**LORA_PRESETS[data["preset"]], **data}
+        return data
+
+    @model_validator(mode="after")
+    def _check_modules(self) -> LoraConfig:
+        for name, values in (("target_modules", self.target_modules), ("modules_to_save", self.modules_to_save)):
+            if values is not None and len(set(values)) != len(values):
+                raise ValueError(f"{name} lists a module twice: {values}")
+        both = set(self.target_modules or []) & set(self.modules_to_save or [])
+        if both:
+            raise ValueError(f"modules {sorted(both)} are both LoRA targets and in modules_to_save; pick one")
+        if self.layers_to_transform is not None and min(self.layers_to_transform) < 0:
+            raise ValueError(f"layers_to_transform must be block indices >= 0, got {self.layers_to_transform}")
+        return self
+
+    @property
+    def scaling(self) -> float:
+        """The factor applied to B·A: alpha/r, or alpha/sqrt(r) with rsLoRA."""
+        return self.alpha / (self.r**0.5 if self.use_rslora else self.r)
+
 
 class DistillConfig(StrictModel):
-    """The ``distill`` stage: student shape and the KD loss."""
+    """The ``distill`` stage: student shape and initialization, and the KD loss."""
 
     student_layer_fraction: float = Field(
-        0.5, gt=0.0, le=1.0, description="Student depth as a fraction of the teacher's layers."
+        0.5, gt=0.0, le=1.0, description="Student depth as a fraction of the teacher's layers (same width)."
     )
-    init: Literal["teacher_layers", "random"] = Field(
+    init: Literal["teacher_layers", "random", "pretrained"] = Field(
         "teacher_layers",
-        description="Initialize from every k-th teacher layer (DistilBERT-style) or randomly.",
+        description="Student initialization: every k-th teacher layer plus embeddings (DistilBERT-style), "
+        "random, or the existing model at student_uri.",
+    )
+    student_uri: str | None = Field(
+        None,
+        min_length=1,
+        description="With init=pretrained: an HF causal LM directory (local or s3://) used as the student; it "
+        "must share the teacher's tokenizer.",
     )
     temperature: float = Field(2.0, gt=0.0, description="Softmax temperature T for the KL term.")
     alpha: float = Field(0.5, ge=0.0, le=1.0, description="Weight of the T²·KL term; CE gets 1 − alpha.")
+    divergence: Literal["forward", "reverse"] = Field(
+        "forward",
+        description="forward = KL(teacher‖student) (mean-seeking, Hinton); reverse = KL(student‖teacher) "
+        "(mode-seeking, MiniLLM).",
+    )
+    chunk_tokens: int = Field(
+        256,
+        gt=0,
+        description="Positions per chunk of the KD loss; bounds the fp32 full-vocabulary temporaries to "
+        "chunk_tokens × vocab floats.",
+    )
+    teacher_dtype: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="Teacher weights dtype; auto = bf16 on a GPU that supports it, else fp32."
+    )
     train: TrainConfig = Field(default_factory=TrainConfig, description="Training loop.")
+
+    @model_validator(mode="after")
+    def _student_source(self) -> DistillConfig:
+        if (self.init == "pretrained") != (self.student_uri is not None):
+            raise ValueError("student_uri is required with init=pretrained and only allowed with it")
+        return self
 
 
 class ExportConfig(StrictModel):
@@ -358,33 +612,115 @@ class ExportConfig(StrictModel):
     parity_tolerance: float = Field(
         1e-3, gt=0.0, description="Maximum |logit| difference allowed between ONNX Runtime and PyTorch."
     )
+    with_past: bool = Field(
+        True,
+        description="Also export decoder_with_past.onnx (KV cache in and out, for generation) next to model.onnx.",
+    )
+
+
+QuantOpType = Literal[
+    "all",
+    "Add",
+    "AveragePool",
+    "BatchNormalization",
+    "Clip",
+    "Conv",
+    "ConvTranspose",
+    "CumSum",
+    "Flatten",
+    "Gather",
+    "GatherElements",
+    "Gemm",
+    "InstanceNormalization",
+    "LayerNormalization",
+    "MatMul",
+    "MaxPool",
+    "Mul",
+    "Pad",
+    "Relu",
+    "Reshape",
+    "Resize",
+    "Slice",
+    "Split",
+    "Squeeze",
+    "TopK",
+    "Transpose",
+    "Unsqueeze",
+    "Where",
+]
+"""Op types with a Q/DQ rule in ONNX Runtime's QDQ registry, plus Add and Mul; ``all`` means every op type
+ONNX Runtime can quantize (including those without a rule of their own, such as Softmax)."""
 
 
 class QuantizeConfig(StrictModel):
-    """The ``quantize_int8`` stage."""
+    """The ``quantize_int8`` stage: dynamic INT8, calibrated Q/DQ INT8 and the accuracy gate."""
 
     calibration_sequences: int = Field(128, gt=0, description="Calibration sequences drawn from token shards.")
     calibration_seq_len: int = Field(64, gt=1, description="Tokens per calibration sequence.")
     calibrate_method: Literal["minmax", "entropy", "percentile"] = Field(
         "minmax", description="Static calibration method for the Q/DQ model."
     )
-    op_types: list[Literal["MatMul", "Gemm", "Conv", "Add", "Mul"]] = Field(
-        default_factory=lambda: ["MatMul", "Gemm"], min_length=1, description="ONNX op types to quantize."
+    percentile: float = Field(
+        99.999, gt=90.0, le=100.0, description="percentile calibration: the |activation| percentile kept in range."
+    )
+    histogram_bins: int = Field(
+        2048, ge=128, description="entropy/percentile calibration: histogram bins per tensor (entropy uses >= 128)."
+    )
+    op_types: list[QuantOpType] = Field(
+        default_factory=lambda: ["MatMul", "Gemm"],
+        min_length=1,
+        description="ONNX op types the Q/DQ model quantizes; ['all'] quantizes every op ONNX Runtime can "
+        "(costs ~15% perplexity on GPT-2 shapes).",
     )
     per_channel: bool = Field(True, description="Per-channel weight scales in the Q/DQ model.")
+    exclude_unsafe_nodes: bool = Field(
+        True,
+        description="Leave unquantized every node touching a tensor whose calibrated range is non-finite or beyond "
+        "unsafe_range_limit (e.g. the attention-mask fill value), which would ruin its int8 scale.",
+    )
+    unsafe_range_limit: float = Field(
+        1e6, gt=0.0, description="A calibrated |activation| above this marks the tensor unsafe to quantize."
+    )
+    max_perplexity_delta: float = Field(
+        0.02,
+        ge=0.0,
+        description="Accuracy gate: an INT8 model whose held-out perplexity exceeds the FP32 model's (same "
+        "runtime) by more than this fraction is marked rejected.",
+    )
+    gate_context: int = Field(128, gt=1, description="Accuracy gate: window length (clamped to the model's positions).")
+    gate_eval_tokens: int = Field(
+        16_384, gt=1, description="Accuracy gate: held-out (val split) tokens scored per model."
+    )
 
 
 class TensorRTConfig(StrictModel):
     """The ``build_tensorrt`` stage (needs a GPU and the tensorrt package)."""
 
     precision: Literal["int8", "fp16", "fp32"] = Field("int8", description="Engine precision.")
+    graph: Literal["auto", "model", "decoder_with_past"] = Field(
+        "auto",
+        description="Graph to build: model.onnx (no cache) or decoder_with_past.onnx; auto takes the cache graph "
+        "when the directory has one.",
+    )
+    builder: Literal["python", "trtexec"] = Field(
+        "python", description="Build with the TensorRT Python API or by running the trtexec command line tool."
+    )
+    trtexec: str = Field("trtexec", min_length=1, description="trtexec executable (builder: trtexec).")
     min_batch: int = Field(1, gt=0, description="Optimization profile: minimum batch.")
     opt_batch: int = Field(4, gt=0, description="Optimization profile: optimal batch.")
     max_batch: int = Field(8, gt=0, description="Optimization profile: maximum batch.")
-    min_seq: int = Field(1, gt=0, description="Optimization profile: minimum sequence length.")
-    opt_seq: int = Field(64, gt=0, description="Optimization profile: optimal sequence length.")
-    max_seq: int = Field(128, gt=0, description="Optimization profile: maximum sequence length.")
+    min_seq: int = Field(1, gt=0, description="Optimization profile: minimum new tokens per call.")
+    opt_seq: int = Field(64, gt=0, description="Optimization profile: optimal new tokens per call.")
+    max_seq: int = Field(128, gt=0, description="Optimization profile: maximum new tokens per call.")
+    min_past: int = Field(0, ge=0, description="Optimization profile (cache graph): minimum cached tokens.")
+    opt_past: int = Field(64, ge=0, description="Optimization profile (cache graph): optimal cached tokens.")
+    max_past: int = Field(128, ge=0, description="Optimization profile (cache graph): maximum cached tokens.")
     workspace_gib: float = Field(4.0, gt=0.0, description="Builder workspace limit in GiB.")
+    timing_cache: str | None = Field(
+        None,
+        description="Timing-cache file read before and rewritten after each build, so later builds on the same GPU "
+        "and TensorRT version reuse kernel timings; null disables it.",
+    )
 
     @model_validator(mode="after")
     def _ordered_profiles(self) -> TensorRTConfig:
@@ -392,11 +728,13 @@ class TensorRTConfig(StrictModel):
             raise ValueError("profile batch sizes must satisfy min_batch <= opt_batch <= max_batch")
         if not self.min_seq <= self.opt_seq <= self.max_seq:
             raise ValueError("profile sequence lengths must satisfy min_seq <= opt_seq <= max_seq")
+        if not self.min_past <= self.opt_past <= self.max_past:
+            raise ValueError("profile past lengths must satisfy min_past <= opt_past <= max_past")
         return self
 
 
 class GateConfig(StrictModel):
-    """Thresholds the candidate must meet to be promoted."""
+    """Thresholds the candidate must meet to be promoted, alone and against the production release."""
 
     max_student_perplexity: float = Field(
         1e4, gt=0.0, description="Fail when the student's held-out perplexity is above this."
@@ -409,15 +747,78 @@ class GateConfig(StrictModel):
     max_latency_ms: float = Field(
         1e4, gt=0.0, description="Fail when the served model's p99 forward latency (batch 1) exceeds this."
     )
+    min_student_exact_match: float | None = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Fail when the student's exact match on the held-out Q&A set is below this fraction "
+        "(null: no check).",
+    )
+    max_bits_per_byte_regression: float | None = Field(
+        0.02,
+        ge=0.0,
+        description="Fail when the student's bits per byte exceeds the production release's by more than this "
+        "fraction (tokenizer-independent; null: no comparison).",
+    )
+    max_exact_match_regression: float | None = Field(
+        0.05,
+        ge=0.0,
+        le=1.0,
+        description="Fail when the student's exact match is below the production release's by more than this "
+        "(absolute; null: no comparison).",
+    )
+
+
+class GenerationEvalConfig(StrictModel):
+    """Greedy generation on the held-out Q&A prompts (EM, F1, BLEU, ROUGE-L)."""
+
+    enabled: bool = Field(True, description="Generate answers to held-out Q&A prompts and score them.")
+    models: list[str] = Field(
+        default_factory=lambda: ["teacher", "student"],
+        description="PyTorch models that generate (by name); ONNX models have no KV-cache decoder to generate with.",
+    )
+    heldout_fraction: float | None = Field(
+        None,
+        gt=0.0,
+        lt=1.0,
+        description="Held-out fraction for the prompt-hash split; null takes the one recorded in the LoRA-tuned "
+        "teacher's manifest, so the prompts are ones LoRA never trained on.",
+    )
+    max_prompts: int = Field(
+        32, gt=0, description="Held-out prompts scored (all responses of a prompt are references)."
+    )
+    max_new_tokens: int = Field(24, gt=0, description="Greedy decoding stops at EOS or after this many tokens.")
+    batch_size: int = Field(8, gt=0, description="Prompts per generate call (left padded).")
+    stop_at_newline: bool = Field(True, description="Cut each answer at its first newline.")
+    bleu_tokenize: Literal["13a", "intl", "zh", "char", "none"] = Field(
+        "13a", description="sacrebleu tokenizer (13a is sacrebleu's default; zh for Chinese)."
+    )
+    seed: int = Field(0, ge=0, description="Seed set before generation (greedy decoding is deterministic).")
+    samples: int = Field(8, ge=0, description="Prompts with every model's answer shown in the report.")
 
 
 class EvaluateConfig(StrictModel):
     """The ``evaluate`` stage."""
 
-    context: int = Field(128, gt=1, description="Window length for perplexity.")
+    context: int = Field(128, gt=1, description="Tokens per forward pass for perplexity (clamped to the models).")
+    stride: int | None = Field(
+        None,
+        gt=0,
+        description="New tokens scored per pass after the first; null = context (non-overlapping, lm-eval's "
+        "rolling log-likelihood). Smaller gives each token more history at context/stride times the cost.",
+    )
     max_eval_tokens: int = Field(20_000, gt=0, description="Held-out tokens scored per model.")
     latency_runs: int = Field(20, gt=0, description="Timed forward passes per model (after warm-up).")
+    generation: GenerationEvalConfig = Field(
+        default_factory=GenerationEvalConfig, description="Generation metrics on held-out Q&A."
+    )
     gate: GateConfig = Field(default_factory=GateConfig, description="Promotion thresholds.")
+
+    @model_validator(mode="after")
+    def _stride_within_context(self) -> EvaluateConfig:
+        if self.stride is not None and self.stride > self.context:
+            raise ValueError(f"stride ({self.stride}) must not exceed context ({self.context})")
+        return self
 
 
 class PromoteConfig(StrictModel):
@@ -529,3 +930,136 @@ def resolve_stage_config(
     section = load_preset(preset).get(stage, {})
     model = PipelineConfig.model_fields[stage].annotation
     return validate_config(model, deep_merge(section, parse_overrides(overrides)), prefix=stage)
+
+
+# --- lmforge.launch: multi-node training jobs on Kubernetes -------------------------------------------------------
+
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+# An env var whose name says it holds a credential must come from a Secret, never as a literal in a manifest.
+_SECRET_LIKE = ("SECRET", "PASSWORD", "TOKEN", "ACCESS_KEY", "PRIVATE_KEY", "CREDENTIAL")
+
+
+class TolerationConfig(StrictModel):
+    """One pod toleration (Kubernetes ``Toleration``) for the training nodes' taints."""
+
+    key: str | None = Field(None, description="Taint key to tolerate; null with operator Exists tolerates all.")
+    operator: Literal["Exists", "Equal"] = Field("Exists", description="Exists (any value) or Equal (value).")
+    value: str | None = Field(None, description="Taint value (operator Equal only).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        "NoSchedule", description="Taint effect to tolerate; null tolerates every effect."
+    )
+
+    @model_validator(mode="after")
+    def _value_needs_equal(self) -> TolerationConfig:
+        if self.operator == "Exists" and self.value is not None:
+            raise ValueError("value must be null when operator is Exists")
+        return self
+
+
+class SecretEnvConfig(StrictModel):
+    """Environment variables read from a Kubernetes Secret by reference (the value never enters a manifest)."""
+
+    name: str = Field("lmforge-s3", pattern=_DNS_SUBDOMAIN, description="Secret name in the job's namespace.")
+    keys: list[str] = Field(
+        default_factory=lambda: ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"],
+        min_length=1,
+        description="Secret keys; each becomes the env var of the same name (the names boto3 reads).",
+    )
+    optional: bool = Field(False, description="Start the pods even when the Secret or a key is missing.")
+
+    @model_validator(mode="after")
+    def _keys_are_env_names(self) -> SecretEnvConfig:
+        import re
+
+        bad = [k for k in self.keys if not re.match(_ENV_NAME, k)]
+        if bad:
+            raise ValueError(f"keys must be valid env var names, got {bad}")
+        return self
+
+
+def _default_tolerations() -> list[TolerationConfig]:
+    return [TolerationConfig(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")]
+
+
+class LaunchConfig(StrictModel):
+    """Multi-node training as a Kubeflow Trainer ``TrainJob`` or a Training Operator ``PyTorchJob``."""
+
+    backend: Literal["trainjob", "pytorchjob"] = Field(
+        "trainjob",
+        description="trainjob (Kubeflow Trainer v2, trainer.kubeflow.org/v1alpha1) or pytorchjob (Training "
+        "Operator v1, kubeflow.org/v1) for older clusters.",
+    )
+    runtime: Literal["torch-distributed", "deepspeed-distributed"] = Field(
+        "torch-distributed",
+        description="TrainJob runtime: torch-distributed (torchrun; DeepSpeed runs under it too) or "
+        "deepspeed-distributed (MPI launcher). A PyTorchJob always launches with torchrun.",
+    )
+    runtime_kind: Literal["ClusterTrainingRuntime", "TrainingRuntime"] = Field(
+        "ClusterTrainingRuntime", description="Kind of the referenced runtime (TrainingRuntime: namespaced)."
+    )
+    namespace: str = Field("lmforge", pattern=_DNS_LABEL, max_length=63, description="Namespace of the job.")
+    service_account: str | None = Field(
+        "lmforge", pattern=_DNS_SUBDOMAIN, description="Service account of the training pods (null: default)."
+    )
+    num_nodes: int = Field(1, ge=1, description="Training nodes (pods); more than 1 launches a job.")
+    gpus_per_node: int = Field(1, ge=0, description="nvidia.com/gpu per node; also the processes per node.")
+    cpu_per_node: str | None = Field(None, pattern=_QUANTITY, description="CPU request per node, e.g. '32'.")
+    memory_per_node: str | None = Field(None, pattern=_QUANTITY, description="Memory request per node, e.g. '200Gi'.")
+    shm_size: str | None = Field(
+        "16Gi", pattern=_QUANTITY, description="Size of the in-memory /dev/shm (NCCL, data loaders); null: none."
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=lambda: {"lmforge.io/pool": "gpu"}, description="Node labels the training pods need."
+    )
+    tolerations: list[TolerationConfig] = Field(
+        default_factory=_default_tolerations, description="Taints of the GPU node pool the pods tolerate."
+    )
+    priority_class: str | None = Field(
+        "lmforge-training",
+        pattern=_DNS_SUBDOMAIN,
+        description="PriorityClass of PyTorchJob pods (a TrainJob takes it from its runtime: its patches "
+        "cannot set it).",
+    )
+    s3_credentials: SecretEnvConfig | None = Field(
+        default_factory=SecretEnvConfig, description="S3 credentials as env vars from a Secret (null: none, e.g. IRSA)."
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Plain env vars for the training processes (e.g. AWS_ENDPOINT_URL); never credentials.",
+    )
+    backoff_limit: int = Field(3, ge=0, description="PyTorchJob pod restarts before the job fails.")
+    active_deadline_s: int | None = Field(None, gt=0, description="Server-side limit on the job's run time.")
+    wait_timeout_s: int | None = Field(
+        None, gt=0, description="Give up waiting (and delete the job) after this many seconds; null: never."
+    )
+    watch_window_s: int = Field(
+        30, gt=0, description="Seconds per watch request; pods and their logs are looked for between them."
+    )
+    delete_on_success: bool = Field(False, description="Delete the job (and its pods) once it has succeeded.")
+    recreate_failed: bool = Field(
+        True, description="A retried step finding its job Failed deletes and resubmits it (resume: auto)."
+    )
+    log_tail_lines: int = Field(50, gt=0, description="Log lines per pod carried in a failure's error message.")
+
+    @model_validator(mode="after")
+    def _check(self) -> LaunchConfig:
+        if self.backend == "pytorchjob" and self.runtime != "torch-distributed":
+            raise ValueError(
+                f"runtime {self.runtime!r} is a TrainJob runtime; a PyTorchJob always launches with torchrun "
+                "(DeepSpeed runs under it): use runtime 'torch-distributed' or backend 'trainjob'"
+            )
+        import re
+
+        for name in self.env:
+            if not re.match(_ENV_NAME, name):
+                raise ValueError(f"env: {name!r} is not a valid env var name")
+            secret_keys = self.s3_credentials.keys if self.s3_credentials else []
+            if name in secret_keys or any(word in name.upper() for word in _SECRET_LIKE):
+                raise ValueError(
+                    f"env: {name!r} looks like a credential; pass it by Secret reference (s3_credentials), "
+                    "never as a value in the manifest"
+                )
+        return self

@@ -1,40 +1,59 @@
-"""The ``promote`` stage: copy gated artifacts into an immutable, versioned release.
+"""The ``promote`` stage: copy gated artifacts into an immutable, versioned release; read the registry.
 
 Layout under ``release_root`` (a local path or ``s3://bucket/prefix``)::
 
+    models/<name>/<version>/.promotion.json    the claim on the version, written first
     models/<name>/<version>/<artifact>/...     one folder per artifact, its own manifest.json last
     models/<name>/<version>/evaluation/...     the evaluation report and results
     models/<name>/<version>/manifest.json      the release manifest (lineage), written last
     models/<name>/latest.json                  {"version", "manifest_uri", "created_at"}, after it
 
-A release whose ``manifest.json`` exists is complete. A version is never overwritten: if anything
-exists at the target (a complete release, or the remains of an interrupted promotion), promotion
-is refused and a new version must be chosen. Only :mod:`lmforge.storage` touches the target, so the
-same code writes to local disk and S3.
+Protocol. A release whose ``manifest.json`` exists is complete. A promotion first *claims* its version
+by creating ``.promotion.json`` with a conditional create (S3 ``PUT`` with ``If-None-Match: *``; locally
+a hard link, which fails if the name exists): of two concurrent promotions of one version exactly one
+gets the claim, the other fails with :class:`ReleaseExistsError` before writing anything. Anything
+already at the target (a complete release, a claim, the remains of an interrupted promotion) also
+refuses the promotion: a version is never overwritten. The release manifest is created the same
+conditional way, after every artifact. ``latest.json`` is then moved by compare-and-swap (S3 ``If-Match``
+on the ETag read, ``If-None-Match: *`` when absent; locally under a file lock), and only forward: to a
+release whose ``(created_at, version)`` is greater than the one it names, so concurrent promotions of
+different versions all land and ``latest.json`` ends at the newest complete one, whatever the order in
+which their writes interleave. Readers (:func:`latest_release`) never report a release without its
+manifest: a ``latest.json`` naming one is ignored in favour of the newest complete release.
+
+Conditional writes need an S3 server that implements them (AWS S3, MinIO, SeaweedFS ≥ 3.8x; the test
+server checks it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import re
+import tempfile
 import time
-from collections.abc import Mapping
+import uuid
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from lmforge import __version__, storage
 from lmforge.artifacts import MANIFEST, fingerprint, read_manifest
 from lmforge.config import PromoteConfig
-from lmforge.errors import ConfigError, InputDataError, ReleaseExistsError
+from lmforge.errors import ConfigError, InputDataError, ReleaseExistsError, StorageError
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.promote")
 
 VERSION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 LATEST = "latest.json"
+CLAIM = ".promotion.json"
 EVALUATION = "evaluation"
 RESULTS_FILE = "results.json"
+_CAS_ATTEMPTS = 20
+_PRECONDITION_CODES = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
 
 
 def default_version() -> str:
@@ -68,6 +87,210 @@ def _read_results(evaluation_dir: Path) -> dict[str, Any]:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise InputDataError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
+
+
+def _is_precondition_failure(exc: Exception) -> bool:
+    from botocore.exceptions import ClientError
+
+    return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in _PRECONDITION_CODES
+
+
+def create_if_absent(uri: str, data: bytes) -> bool:
+    """Create ``uri`` with ``data`` unless it exists; True when this call created it.
+
+    S3: ``PUT`` with ``If-None-Match: *`` (the server decides atomically). Local: the data goes to a
+    temporary file that is hard-linked to the name, which fails atomically if the name exists.
+    """
+    if storage.is_s3(uri):
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        bucket, key = storage.split_s3(uri)
+        try:
+            storage.s3_client().put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+        except ClientError as exc:
+            if _is_precondition_failure(exc):
+                return False
+            raise StorageError(f"conditional put {uri}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise StorageError(f"conditional put {uri}: {exc}") from exc
+        return True
+    path = Path(uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _read_tagged(uri: str) -> tuple[bytes | None, str | None]:
+    """Content and S3 ETag of ``uri`` (``(None, None)`` when absent; the tag is ``None`` locally)."""
+    if not storage.is_s3(uri):
+        path = Path(uri)
+        return (path.read_bytes(), None) if path.is_file() else (None, None)
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = storage.split_s3(uri)
+    try:
+        resp = storage.s3_client().get_object(Bucket=bucket, Key=key)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+            return None, None
+        raise StorageError(f"get {uri}: {exc}") from exc
+    except BotoCoreError as exc:
+        raise StorageError(f"get {uri}: {exc}") from exc
+    return resp["Body"].read(), resp["ETag"]
+
+
+def _swap(uri: str, data: bytes, etag: str | None, existed: bool) -> bool:
+    """Write ``uri`` only if it is unchanged since read (S3 ``If-Match`` / ``If-None-Match``)."""
+    if not storage.is_s3(uri):
+        storage.write_bytes(uri, data)  # the caller holds the local lock
+        return True
+    if not existed:
+        return create_if_absent(uri, data)
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = storage.split_s3(uri)
+    try:
+        storage.s3_client().put_object(Bucket=bucket, Key=key, Body=data, IfMatch=etag)
+    except ClientError as exc:
+        if _is_precondition_failure(exc):
+            return False
+        raise StorageError(f"conditional put {uri}: {exc}") from exc
+    except BotoCoreError as exc:
+        raise StorageError(f"conditional put {uri}: {exc}") from exc
+    return True
+
+
+@contextlib.contextmanager
+def _local_lock(model_root: str) -> Iterator[None]:
+    """An exclusive lock for the read-decide-write of a local ``latest.json`` (no-op on S3)."""
+    if storage.is_s3(model_root):
+        yield
+        return
+    import fcntl
+
+    Path(model_root).mkdir(parents=True, exist_ok=True)
+    with open(Path(model_root, ".latest.lock"), "a+b") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _order(entry: Mapping[str, Any]) -> tuple[str, str]:
+    """Release order: completion time, then version (ties within a second)."""
+    return str(entry.get("created_at") or ""), str(entry.get("version") or "")
+
+
+def _parse_json(data: bytes, uri: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        log.warning("%s: not valid JSON; ignored", uri)
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def update_latest(model_root: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """Point ``latest.json`` at ``entry`` unless it already names a newer release; returns what it names.
+
+    Compare-and-swap: read (with ETag), decide, write only if unchanged, else read again.
+    """
+    uri = storage.join(model_root, LATEST)
+    data = json.dumps(dict(entry), indent=2).encode()
+    with _local_lock(model_root):
+        for _ in range(_CAS_ATTEMPTS):
+            raw, etag = _read_tagged(uri)
+            current = _parse_json(raw, uri) if raw is not None else None
+            if current is not None and _order(current) >= _order(entry) and _complete(current):
+                log.info("latest.json stays at %s (newer than %s)", current.get("version"), entry.get("version"))
+                return current
+            if _swap(uri, data, etag, existed=raw is not None):
+                return dict(entry)
+            time.sleep(0.05)
+    raise StorageError(f"{uri}: changed concurrently {_CAS_ATTEMPTS} times in a row; latest.json not updated")
+
+
+def _complete(latest: Mapping[str, Any]) -> bool:
+    """True when the release ``latest`` names has its manifest, of kind release, for that version."""
+    uri = latest.get("manifest_uri")
+    if not isinstance(uri, str) or not storage.is_file(uri):
+        return False
+    manifest = _parse_json(storage.read_bytes(uri), uri)
+    return bool(manifest) and manifest.get("kind") == "release" and manifest.get("version") == latest.get("version")
+
+
+def list_releases(release_root: str, model_name: str) -> list[dict[str, Any]]:
+    """Manifests of the complete releases of ``model_name`` (those with ``manifest.json``), oldest first."""
+    model_root = storage.join(release_root, "models", model_name)
+    if not storage.exists(model_root):
+        return []
+    releases = []
+    for name in storage.list_files(model_root):
+        version, _, rest = name.partition("/")
+        if rest != MANIFEST:
+            continue
+        uri = storage.join(model_root, version, MANIFEST)
+        manifest = _parse_json(storage.read_bytes(uri), uri)
+        if manifest and manifest.get("kind") == "release" and manifest.get("version") == version:
+            releases.append({**manifest, "manifest_uri": uri})
+    return sorted(releases, key=_order)
+
+
+def latest_release(release_root: str, model_name: str) -> dict[str, Any] | None:
+    """The current production release's manifest (plus ``manifest_uri``), or ``None`` when there is none.
+
+    ``latest.json`` decides; if it is missing, unreadable or names a release without a manifest, the
+    newest complete release is returned instead (with a warning): an incomplete release is never latest.
+    """
+    model_root = storage.join(release_root, "models", model_name)
+    uri = storage.join(model_root, LATEST)
+    raw, _ = _read_tagged(uri)
+    latest = _parse_json(raw, uri) if raw is not None else None
+    if latest is not None and _complete(latest):
+        manifest = _parse_json(storage.read_bytes(latest["manifest_uri"]), latest["manifest_uri"]) or {}
+        return {**manifest, "manifest_uri": latest["manifest_uri"]}
+    releases = list_releases(release_root, model_name)
+    if latest is not None:
+        log.warning(
+            "%s names %s, which has no complete release manifest; using the newest complete release (%s)",
+            uri,
+            latest.get("version"),
+            releases[-1]["version"] if releases else "none",
+        )
+    return releases[-1] if releases else None
+
+
+def production_summary(release_root: str | None, model_name: str) -> dict[str, Any]:
+    """What the gate compares against: the latest release's version and evaluation metrics.
+
+    ``{"status": "none", "reason": ...}`` when there is no registry or no release yet, else
+    ``{"status": "found", "version", "manifest_uri", "created_at", "metrics"}``.
+    """
+    if not release_root:
+        return {"status": "none", "reason": "no release registry given"}
+    release = latest_release(release_root, model_name)
+    if release is None:
+        return {"status": "none", "reason": f"no release of {model_name!r} in {release_root} yet"}
+    return {
+        "status": "found",
+        "version": release.get("version"),
+        "manifest_uri": release.get("manifest_uri"),
+        "created_at": release.get("created_at"),
+        "metrics": dict((release.get("evaluation") or {}).get("metrics") or {}),
+    }
 
 
 def promote(
@@ -122,13 +345,14 @@ def promote(
     target = storage.join(model_root, version)
     release_manifest_uri = storage.join(target, MANIFEST)
     if _occupied(target):
-        state = (
-            "a complete release"
-            if storage.is_file(release_manifest_uri)
-            else f"an incomplete release (no {MANIFEST}; an earlier promotion was interrupted)"
-        )
         raise ReleaseExistsError(
-            f"release {target} already exists as {state}; releases are never overwritten, choose a new version"
+            f"release {target} already exists as {_state(target)}; releases are never overwritten, choose a new version"
+        )
+    claim = {"run_id": run_id, "claim_id": uuid.uuid4().hex, "claimed_at": _now()}
+    if not create_if_absent(storage.join(target, CLAIM), json.dumps(claim).encode()):
+        raise ReleaseExistsError(
+            f"release {target} was claimed by a concurrent promotion; releases are never overwritten, "
+            "choose a new version"
         )
 
     lineage: dict[str, Any] = {}
@@ -146,7 +370,7 @@ def promote(
             "files": len(copied),
         }
 
-    created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    created_at = _now()
     release = {
         "kind": "release",
         "model_name": cfg.model_name,
@@ -163,11 +387,32 @@ def promote(
         },
     }
     # The release manifest goes last: a reader that sees it sees a complete release.
-    storage.write_bytes(release_manifest_uri, json.dumps(release, indent=2, sort_keys=True).encode())
-    latest = {"version": version, "manifest_uri": release_manifest_uri, "created_at": created_at}
-    storage.write_bytes(storage.join(model_root, LATEST), json.dumps(latest, indent=2).encode())
-    log.info("released %s %s at %s", cfg.model_name, version, target)
+    if not create_if_absent(release_manifest_uri, json.dumps(release, indent=2, sort_keys=True).encode()):
+        raise ReleaseExistsError(f"{release_manifest_uri} appeared during the promotion; the claim was bypassed")
+    latest = update_latest(
+        model_root, {"version": version, "manifest_uri": release_manifest_uri, "created_at": created_at}
+    )
+    log.info("released %s %s at %s; latest is %s", cfg.model_name, version, target, latest.get("version"))
     return StageResult(
         metrics={},
-        summary={"release_uri": target, "version": version, "manifest_uri": release_manifest_uri},
+        summary={
+            "release_uri": target,
+            "version": version,
+            "manifest_uri": release_manifest_uri,
+            "latest_version": latest.get("version"),
+        },
     )
+
+
+def _now() -> str:
+    """UTC time with milliseconds (ISO 8601), so releases a second apart still order."""
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+
+
+def _state(target: str) -> str:
+    if storage.is_file(storage.join(target, MANIFEST)):
+        return "a complete release"
+    if storage.is_file(storage.join(target, CLAIM)):
+        return f"an incomplete release (claimed, no {MANIFEST}: a promotion is running or was interrupted)"
+    return f"an incomplete release (no {MANIFEST}; an earlier promotion was interrupted)"

@@ -38,6 +38,9 @@ def _evaluate(cfg: Any, **kw: str) -> StageResult:
         onnx_models={k: Path(kw[k]) for k in ("onnx_fp32", "int8_dynamic", "int8_qdq") if kw.get(k)},
         engine_dir=Path(kw["engine"]) if kw.get("engine") else None,
         output_dir=Path(kw["evaluation"]),
+        qa_uri=kw.get("qa_uri") or None,
+        release_root=kw.get("release_root") or None,
+        cleaned_dir=Path(kw["cleaned"]) if kw.get("cleaned") else None,
     )
 
 
@@ -105,9 +108,9 @@ STAGE_SPECS: dict[str, StageSpec] = {
         lambda c, **k: _module("export.tensorrt").run(c, k["int8_qdq"], k["engine"]),
     ),
     "evaluate": StageSpec(
-        ("shards", "teacher", "student", "onnx_fp32", "int8_dynamic", "int8_qdq", "engine"),
+        ("shards", "teacher", "student", "onnx_fp32", "int8_dynamic", "int8_qdq", "engine", "cleaned", "qa_uri"),
         ("evaluation",),
-        (),
+        ("release_root",),
         _evaluate,
     ),
     "promote": StageSpec(
@@ -124,7 +127,7 @@ def run_stage(name: str, cfg: Any, paths: dict[str, str]) -> StageResult:
     if name not in STAGE_SPECS:
         raise ConfigError(f"unknown stage {name!r}; stages: {', '.join(STAGE_SPECS)}")
     spec = STAGE_SPECS[name]
-    optional = {"engine", "onnx_fp32", "int8_dynamic", "int8_qdq", "version"}
+    optional = {"engine", "onnx_fp32", "int8_dynamic", "int8_qdq", "version", "cleaned", "qa_uri"}
     required = [n for n in (*spec.inputs, *spec.outputs, *spec.params) if n not in optional]
     if missing := [n for n in required if not paths.get(n)]:
         raise ConfigError(f"stage {name}: missing {', '.join(missing)} (pass --io NAME=PATH)")

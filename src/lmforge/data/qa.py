@@ -1,9 +1,20 @@
-"""Question/answer data for fine-tuning and generation checks.
+"""Question/answer and chat data for fine-tuning.
 
-Input is JSONL with ``prompt``/``response`` strings per line (or a ``demo://`` corpus). The split into
-train and held-out pairs is by a hash of the prompt, so every stage (``finetune_lora``, ``evaluate``)
-that calls :func:`split_pairs` with the same fraction gets the same held-out set, and all answers to
-one question fall on the same side.
+Input is JSONL (local, ``s3://`` or a ``demo://`` corpus), one example per line, either
+
+* ``{"prompt": "...", "response": "..."}``, rendered with :data:`PROMPT_TEMPLATE`
+  (``"Question: {prompt}\\nAnswer:"``) and the response after a space, then EOS; or
+* ``{"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}``, rendered through the
+  tokenizer's chat template when it has one, else through the default template documented at
+  :func:`default_chat_segments`.
+
+An example is rendered into :class:`Segment` s of text, each marked scored or not: only assistant answers
+(with their end-of-turn marker) are scored, everything else is masked from the loss. Segments are tokenized
+separately so that the boundary between prompt and answer is exact.
+
+The split into train and held-out examples is by a hash of the prompt side of an example, so every stage
+that calls :func:`split_examples` with the same fraction gets the same held-out set, and all answers to one
+question fall on the same side.
 """
 
 from __future__ import annotations
@@ -11,14 +22,27 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from transformers import PreTrainedTokenizerBase
 
 from lmforge import storage
 from lmforge.data.demo import is_demo, materialize
 from lmforge.errors import InputDataError
 
 PROMPT_TEMPLATE = "Question: {prompt}\nAnswer:"
+ROLES = ("system", "user", "assistant")
+IGNORE_INDEX = -100  # the label of a position not scored (PyTorch's cross-entropy default)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A piece of rendered text and whether its tokens are scored by the loss."""
+
+    text: str
+    scored: bool
 
 
 @dataclass(frozen=True)
@@ -27,6 +51,11 @@ class QAPair:
 
     prompt: str
     response: str
+
+    @property
+    def key(self) -> str:
+        """What decides the held-out split: the prompt."""
+        return self.prompt
 
     def prompt_text(self) -> str:
         """The prompt as the model sees it (the documented default template)."""
@@ -37,19 +66,37 @@ class QAPair:
         return f" {self.response}{eos_token}"
 
 
-def load_pairs(uri: str) -> list[QAPair]:
-    """Read all pairs from a JSONL file (local, ``s3://`` or ``demo://``); errors name file and line."""
+@dataclass(frozen=True)
+class Chat:
+    """A conversation: ``(role, content)`` messages with at least one assistant answer."""
+
+    messages: tuple[tuple[str, str], ...]
+
+    @property
+    def key(self) -> str:
+        """What decides the held-out split: every non-assistant message."""
+        return json.dumps([m for m in self.messages if m[0] != "assistant"])
+
+    def as_dicts(self) -> list[dict[str, str]]:
+        return [{"role": role, "content": content} for role, content in self.messages]
+
+
+Example = QAPair | Chat
+
+
+def load_examples(uri: str) -> list[Example]:
+    """Read all examples from a JSONL file (local, ``s3://`` or ``demo://``); errors name file and line."""
     with tempfile.TemporaryDirectory(prefix="lmforge-qa-") as workdir:
         path = materialize(uri, workdir) if is_demo(uri) else storage.localize(uri, workdir)
         if path.is_dir():
             raise InputDataError(f"Q&A data {uri}: expected a JSONL file, got a directory")
-        pairs = list(_parse_jsonl(path, uri))
-    if not pairs:
-        raise InputDataError(f"Q&A data {uri}: no prompt/response pairs")
-    return pairs
+        examples = list(_parse_jsonl(path, uri))
+    if not examples:
+        raise InputDataError(f"Q&A data {uri}: no examples (the file is empty)")
+    return examples
 
 
-def _parse_jsonl(path: Path, name: str):
+def _parse_jsonl(path: Path, name: str) -> Iterator[Example]:
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
@@ -60,25 +107,128 @@ def _parse_jsonl(path: Path, name: str):
                 raise InputDataError(f"{name}:{lineno}: not valid JSON ({exc.msg})") from exc
             if not isinstance(record, dict):
                 raise InputDataError(f"{name}:{lineno}: expected a JSON object")
-            for field in ("prompt", "response"):
-                if not isinstance(record.get(field), str) or not record[field].strip():
-                    raise InputDataError(f"{name}:{lineno}: field {field!r} missing or not a non-empty string")
-            yield QAPair(record["prompt"].strip(), record["response"].strip())
+            yield _parse_record(record, f"{name}:{lineno}")
 
 
-def is_heldout(prompt: str, fraction: float) -> bool:
-    """Deterministic membership of a prompt in the held-out split."""
-    bucket = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:8], "big") / 2**64
+def _parse_record(record: dict, where: str) -> Example:
+    if "messages" in record:
+        messages = record["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise InputDataError(f"{where}: 'messages' must be a non-empty list")
+        parsed = []
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict):
+                raise InputDataError(f"{where}: messages[{i}] is not an object")
+            role, content = message.get("role"), message.get("content")
+            if role not in ROLES:
+                raise InputDataError(f"{where}: messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}")
+            if not isinstance(content, str):
+                raise InputDataError(f"{where}: messages[{i}].content missing or not a string")
+            parsed.append((role, content.strip()))
+        if not any(role == "assistant" and content for role, content in parsed):
+            raise InputDataError(f"{where}: 'messages' has no non-empty assistant message to learn from")
+        return Chat(tuple(parsed))
+    for field in ("prompt", "response"):
+        if not isinstance(record.get(field), str) or not record[field].strip():
+            raise InputDataError(
+                f"{where}: field {field!r} missing or not a non-empty string (expected prompt/response or messages)"
+            )
+    return QAPair(record["prompt"].strip(), record["response"].strip())
+
+
+def is_heldout(key: str, fraction: float) -> bool:
+    """Deterministic membership of a prompt (or example key) in the held-out split."""
+    bucket = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
     return bucket < fraction
 
 
-def split_pairs(pairs: list[QAPair], heldout_fraction: float) -> tuple[list[QAPair], list[QAPair]]:
-    """``(train, heldout)`` by prompt hash; raises if either side ends up empty."""
-    train = [p for p in pairs if not is_heldout(p.prompt, heldout_fraction)]
-    heldout = [p for p in pairs if is_heldout(p.prompt, heldout_fraction)]
+def split_examples(examples: list[Example], heldout_fraction: float) -> tuple[list[Example], list[Example]]:
+    """``(train, heldout)`` by hash of each example's key; raises if either side ends up empty."""
+    train = [e for e in examples if not is_heldout(e.key, heldout_fraction)]
+    heldout = [e for e in examples if is_heldout(e.key, heldout_fraction)]
     if not train or not heldout:
         raise InputDataError(
             f"Q&A split with heldout_fraction={heldout_fraction} leaves {len(train)} train and "
-            f"{len(heldout)} held-out pairs; need at least one of each"
+            f"{len(heldout)} held-out examples; need at least one of each"
         )
     return train, heldout
+
+
+def default_chat_segments(chat: Chat, eos_token: str) -> list[Segment]:
+    """The default chat template, for tokenizers without one.
+
+    Each message becomes one line: ``"System: {content}\\n"``, ``"User: {content}\\n"``, and for the
+    assistant ``"Assistant:"`` (not scored) followed by ``" {content}{eos}"`` (scored) and ``"\\n"``. A
+    single user/assistant exchange therefore reads ``"User: hi\\nAssistant: hello<eos>"``; at inference
+    the prompt ends with ``"Assistant:"``.
+    """
+    segments: list[Segment] = []
+    for i, (role, content) in enumerate(chat.messages):
+        if role == "assistant":
+            segments += [Segment("Assistant:", False), Segment(f" {content}{eos_token}", True)]
+            if i + 1 < len(chat.messages):
+                segments.append(Segment("\n", False))
+        else:
+            segments.append(Segment(f"{role.capitalize()}: {content}\n", False))
+    return segments
+
+
+def template_chat_segments(chat: Chat, tokenizer: PreTrainedTokenizerBase) -> list[Segment]:
+    """Segments of a conversation rendered with the tokenizer's chat template.
+
+    Each assistant answer is the text the template adds between the conversation up to it (with the
+    generation prompt) and the conversation including it, so template markers such as the end-of-turn
+    token are scored with the answer. Templates must render a conversation as an extension of its
+    prefixes, which every common template does.
+    """
+    messages = chat.as_dicts()
+
+    def render(n: int, generation_prompt: bool) -> str:
+        if n == 0:
+            return ""
+        return tokenizer.apply_chat_template(messages[:n], tokenize=False, add_generation_prompt=generation_prompt)
+
+    segments: list[Segment] = []
+    done = ""
+    for i, (role, _) in enumerate(chat.messages):
+        if role != "assistant":
+            continue
+        prompt, full = render(i, True), render(i + 1, False)
+        if not (prompt.startswith(done) and full.startswith(prompt)):
+            raise InputDataError(
+                f"chat template of {tokenizer.name_or_path or 'the tokenizer'} does not render message {i} as an "
+                "extension of the conversation before it; use chat_template=default"
+            )
+        segments += [Segment(prompt[len(done) :], False), Segment(full[len(prompt) :], True)]
+        done = full
+    rest = render(len(messages), False)[len(done) :]
+    if rest:
+        segments.append(Segment(rest, False))
+    return [s for s in segments if s.text]
+
+
+def render_segments(example: Example, tokenizer: PreTrainedTokenizerBase, chat_template: str = "auto") -> list[Segment]:
+    """The scored/unscored text segments of one example (see the module docstring)."""
+    if isinstance(example, QAPair):
+        return [Segment(example.prompt_text(), False), Segment(example.response_text(tokenizer.eos_token), True)]
+    if chat_template == "auto" and tokenizer.chat_template:
+        return template_chat_segments(example, tokenizer)
+    return default_chat_segments(example, tokenizer.eos_token)
+
+
+def encode_example(
+    tokenizer: PreTrainedTokenizerBase, example: Example, max_len: int, *, chat_template: str = "auto"
+) -> tuple[list[int], list[int]]:
+    """``(input_ids, labels)`` of one example truncated to ``max_len``; unscored labels are ``IGNORE_INDEX``.
+
+    Special tokens (a BOS) are added before the first segment only, and not at all for chat templates,
+    which write their own.
+    """
+    use_template = isinstance(example, Chat) and chat_template == "auto" and bool(tokenizer.chat_template)
+    ids: list[int] = []
+    labels: list[int] = []
+    for i, segment in enumerate(render_segments(example, tokenizer, chat_template)):
+        piece = tokenizer(segment.text, add_special_tokens=i == 0 and not use_template)["input_ids"]
+        ids += piece
+        labels += piece if segment.scored else [IGNORE_INDEX] * len(piece)
+    return ids[:max_len], labels[:max_len]

@@ -1,10 +1,13 @@
-"""The ``evaluate`` stage: score every model on held-out tokens, time it, gate it, report it.
+"""The ``evaluate`` stage: score every model on held-out tokens and Q&A, time it, gate it, report it.
 
 Every model (PyTorch teacher and student, ONNX FP32 / INT8 dynamic / INT8 Q/DQ) is scored with the
-same perplexity and latency code through a logits adapter, on the same held-out tokens and the same
-window length (the configured context, clamped to the smallest model's maximum positions so the
-numbers stay comparable). The TensorRT engine is not run here; its ``status.json`` (built, or
-skipped with a reason) is reported as is.
+same perplexity and latency code through a logits adapter, on the same held-out tokens with the same
+window (the configured context and stride, clamped to the smallest model's maximum positions so the
+numbers stay comparable); the documents' EOS separator is the prefix, so every held-out token is
+scored, and bits per byte come from the tokenizer found in a model directory. PyTorch models also
+answer the held-out Q&A prompts (:mod:`lmforge.evaluate.generation`). The gate compares the result
+with fixed thresholds and with the production release read from the registry. The TensorRT engine is
+not run here; its ``status.json`` (built, or skipped with a reason) is reported as is.
 """
 
 from __future__ import annotations
@@ -13,19 +16,29 @@ import gc
 import json
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lmforge.artifacts import input_record, staged_output, write_manifest
-from lmforge.config import EvaluateConfig
-from lmforge.data.shards import TokenShards
+from lmforge.artifacts import MANIFEST, input_record, staged_output, write_manifest
+from lmforge.config import EvaluateConfig, LoraConfig, PromoteConfig
+from lmforge.data.shards import INDEX, TokenShards
 from lmforge.errors import InputDataError
 from lmforge.evaluate.gate import check_gate
+from lmforge.evaluate.generation import evaluate_generation, group_by_prompt, prompt_and_reference, samples
 from lmforge.evaluate.latency import latency_profile
-from lmforge.evaluate.perplexity import LogitsFn, onnx_logits_fn, perplexity, torch_logits_fn
+from lmforge.evaluate.perplexity import (
+    LogitsFn,
+    onnx_logits_fn,
+    perplexity,
+    scored_bytes,
+    scored_ids,
+    torch_logits_fn,
+)
 from lmforge.evaluate.report import comparison_rows, html_report, markdown_summary, read_history
+from lmforge.release import production_summary
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.evaluate")
@@ -67,11 +80,18 @@ def _check_vocab(name: str, config: Mapping[str, Any], tokens: np.ndarray) -> No
         )
 
 
-def _score(
-    name: str, logits_fn: LogitsFn, size_bytes: int, tokens: np.ndarray, *, context: int, cfg: EvaluateConfig
-) -> dict[str, Any]:
-    ppl = perplexity(logits_fn, tokens, context=context)
-    latency = latency_profile(logits_fn, tokens, context=context, runs=cfg.latency_runs, warmup=LATENCY_WARMUP)
+def _score(name: str, logits_fn: LogitsFn, size_bytes: int, text: HeldOutText, cfg: EvaluateConfig) -> dict[str, Any]:
+    ppl = perplexity(
+        logits_fn,
+        text.tokens,
+        context=text.context,
+        stride=text.stride,
+        prefix=text.prefix,
+        byte_count=text.bytes,
+    )
+    latency = latency_profile(
+        logits_fn, text.tokens, context=text.context, runs=cfg.latency_runs, warmup=LATENCY_WARMUP
+    )
     b1 = latency[1]
     log.info(
         "%s: perplexity %.4g over %d tokens, %.2f MB, p50 %.2f ms, p99 %.2f ms (batch 1)",
@@ -87,35 +107,165 @@ def _score(
         "size_bytes": int(size_bytes),
         "size_mb": size_bytes / _MB,
         "p50_ms": b1.p50_ms,
+        "p90_ms": b1.p90_ms,
         "p99_ms": b1.p99_ms,
         "tokens_per_s": b1.tokens_per_s,
         "latency": {str(b): r.to_dict() for b, r in latency.items()},
     }
 
 
-def _evaluate_torch(name: str, path: Path, tokens: np.ndarray, *, context: int, cfg: EvaluateConfig) -> dict:
-    from lmforge.model.build import load_causal_lm
+@dataclass(frozen=True)
+class HeldOutText:
+    """The held-out tokens and how every model scores them."""
+
+    tokens: np.ndarray
+    context: int
+    stride: int
+    prefix: int | None
+    bytes: int | None
+
+
+@dataclass(frozen=True)
+class QASet:
+    """Held-out Q&A prompts, each with all its reference answers, and where they came from."""
+
+    groups: list[tuple[str, list[str]]]
+    uri: str
+    heldout_fraction: float
+    fraction_source: str
+
+
+def _evaluate_torch(
+    name: str, path: Path, text: HeldOutText, cfg: EvaluateConfig, qa: QASet | None
+) -> tuple[dict[str, Any], list[str] | None]:
+    from lmforge.model.build import load_causal_lm, load_tokenizer
 
     model = load_causal_lm(path)
     size = sum(p.stat().st_size for p in path.glob("*.safetensors"))
+    answers = None
     try:
-        result = _score(name, torch_logits_fn(model), size, tokens, context=context, cfg=cfg)
+        result = {"format": "pytorch", **_score(name, torch_logits_fn(model), size, text, cfg)}
+        if qa is not None and name in cfg.generation.models:
+            gen = cfg.generation
+            scores, answers = evaluate_generation(
+                model,
+                load_tokenizer(path),
+                qa.groups,
+                max_new_tokens=gen.max_new_tokens,
+                batch_size=gen.batch_size,
+                stop_at_newline=gen.stop_at_newline,
+                bleu_tokenize=gen.bleu_tokenize,
+                seed=gen.seed,
+            )
+            log.info(
+                "%s: EM %.3f, F1 %.3f, BLEU %.2f, ROUGE-L %.3f on %d held-out prompts",
+                name,
+                scores.exact_match,
+                scores.f1,
+                scores.bleu,
+                scores.rouge_l,
+                scores.prompts,
+            )
+            result.update(
+                exact_match=scores.exact_match,
+                f1=scores.f1,
+                bleu=scores.bleu,
+                rouge_l=scores.rouge_l,
+                generation=scores.to_dict(),
+            )
     finally:
         del model
         gc.collect()
-    return {"format": "pytorch", **result}
+    return result, answers
 
 
-def _evaluate_onnx(name: str, path: Path, tokens: np.ndarray, *, context: int, cfg: EvaluateConfig) -> dict:
+def _evaluate_onnx(name: str, path: Path, text: HeldOutText, cfg: EvaluateConfig) -> dict:
     from lmforge.export.ort import OrtCausalLM
 
     model = OrtCausalLM(path)
     try:
-        result = _score(name, onnx_logits_fn(model), model.size_bytes, tokens, context=context, cfg=cfg)
+        result = _score(name, onnx_logits_fn(model), model.size_bytes, text, cfg)
     finally:
         del model
         gc.collect()
     return {"format": "onnx", **result}
+
+
+def _find_tokenizer(paths: Mapping[str, Path]) -> Any | None:
+    """The HF tokenizer of the first model directory holding one (all models share the shards' vocabulary)."""
+    from lmforge.model.build import load_tokenizer
+
+    for path in paths.values():
+        if (path / "tokenizer.json").is_file():
+            return load_tokenizer(path)
+    return None
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise InputDataError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
+    return data if isinstance(data, dict) else None
+
+
+def _qa_lineage(models: Mapping[str, Path]) -> tuple[str | None, float | None, str]:
+    """Q&A URI, held-out fraction and chat template recorded by the LoRA stage in the teacher's manifest."""
+    for path in models.values():
+        manifest = _read_json(path / MANIFEST) or {}
+        qa = (manifest.get("inputs") or {}).get("qa")
+        config = manifest.get("config") or {}
+        fraction = config.get("heldout_fraction")
+        if isinstance(qa, dict) and isinstance(fraction, int | float):
+            return qa.get("uri"), float(fraction), str(config.get("chat_template") or "auto")
+    return None, None, "auto"
+
+
+def load_qa_set(
+    cfg: EvaluateConfig, models: Mapping[str, Path], qa_uri: str | None, tokenizer: Any | None
+) -> QASet | None:
+    """The held-out Q&A prompts: the split LoRA made (its recorded fraction) unless the config overrides it."""
+    from lmforge.data.qa import load_examples, split_examples
+
+    recorded_uri, recorded_fraction, chat_template = _qa_lineage(models)
+    uri = qa_uri or recorded_uri
+    if uri is None:
+        log.warning("no Q&A data given and none recorded in the models' manifests; generation metrics skipped")
+        return None
+    if cfg.generation.heldout_fraction is not None:
+        fraction, source = cfg.generation.heldout_fraction, "evaluate.generation.heldout_fraction"
+    elif recorded_fraction is not None:
+        fraction, source = recorded_fraction, "the LoRA stage's manifest"
+    else:
+        fraction, source = LoraConfig().heldout_fraction, "the finetune_lora default"
+    if tokenizer is None:
+        log.warning("no tokenizer.json in any model directory; generation metrics skipped")
+        return None
+    _, heldout = split_examples(load_examples(str(uri)), fraction)
+    asked = [prompt_and_reference(example, tokenizer, chat_template) for example in heldout]
+    groups = group_by_prompt(asked, cfg.generation.max_prompts)
+    log.info("Q&A: %d held-out prompts from %s (heldout_fraction %g from %s)", len(groups), uri, fraction, source)
+    return QASet(groups=groups, uri=str(uri), heldout_fraction=fraction, fraction_source=source)
+
+
+def data_summary(shards_dir: Path, cleaned_dir: Path | None) -> dict[str, Any]:
+    """Token counts per split (``index.json``) and, given a cleaned corpus, its ``stats.json`` figures."""
+    summary: dict[str, Any] = {}
+    index = _read_json(shards_dir / INDEX) or {}
+    if isinstance(index.get("splits"), dict):
+        summary["tokens"] = {"vocab_size": index.get("vocab_size"), "splits": index["splits"]}
+    if cleaned_dir is not None:
+        stats = _read_json(Path(cleaned_dir) / "stats.json")
+        if stats is None:
+            raise InputDataError(f"cleaned corpus {cleaned_dir}: no stats.json")
+        summary["clean"] = {
+            "input": stats.get("input"),
+            "metrics": stats.get("metrics") or {},
+            "removed": stats.get("removed") or {},
+        }
+    return summary
 
 
 def read_engine_status(engine_dir: Path | None) -> dict[str, Any]:
@@ -159,6 +309,22 @@ def served_model(models: Mapping[str, Mapping[str, Any]]) -> str | None:
     return None
 
 
+MODEL_METRICS: tuple[str, ...] = (
+    "perplexity",
+    "bits_per_token",
+    "bits_per_byte",
+    "size_mb",
+    "p50_ms",
+    "p99_ms",
+    "tokens_per_s",
+    "exact_match",
+    "f1",
+    "bleu",
+    "rouge_l",
+)
+"""Per-model figures logged as ``<model>_<metric>`` KFP metrics (and kept in the release manifest)."""
+
+
 def run(
     cfg: EvaluateConfig,
     *,
@@ -167,16 +333,24 @@ def run(
     onnx_models: Mapping[str, str | Path],
     engine_dir: str | Path | None,
     output_dir: str | Path,
+    qa_uri: str | None = None,
+    release_root: str | None = None,
+    model_name: str | None = None,
+    cleaned_dir: str | Path | None = None,
 ) -> StageResult:
     """Evaluate every given model and write ``report.html``, ``report.md``, ``results.json``.
 
     Args:
-        cfg: context, token budget, latency runs and the gate thresholds.
+        cfg: context, stride, token budget, latency runs, generation settings and the gate thresholds.
         shards_dir: token shards; the ``val`` split is the held-out text.
         models: Hugging Face model directories by name (``teacher``, ``student``).
         onnx_models: ONNX model directories by name (``onnx_fp32``, ``int8_dynamic``, ``int8_qdq``).
         engine_dir: the TensorRT stage's output (with ``status.json``), or ``None``.
         output_dir: where the evaluation artifact is committed (manifest kind ``evaluation``).
+        qa_uri: Q&A JSONL for generation metrics; ``None`` takes the one recorded in the teacher's manifest.
+        release_root: the model registry; its ``latest.json`` release is what the gate compares with.
+        model_name: release name in the registry (default: :class:`PromoteConfig`'s).
+        cleaned_dir: the ``clean`` stage's output, for the data summary in the report (``stats.json``).
     """
     overlap = set(models) & set(onnx_models)
     if overlap:
@@ -185,11 +359,12 @@ def run(
         raise InputDataError("evaluate: no models given")
     shards = TokenShards.open(shards_dir)
     tokens = np.asarray(shards.tokens("val")[: cfg.max_eval_tokens]).astype(np.int64)
-    if tokens.size < 2:
-        raise InputDataError(f"{shards_dir}: the val split has {tokens.size} token(s); need at least 2")
+    if tokens.size < 1:
+        raise InputDataError(f"{shards_dir}: the val split has no tokens")
 
     trt = read_engine_status(Path(engine_dir) if engine_dir is not None else None)
-    paths = {name: Path(p) for name, p in {**models, **onnx_models}.items()}
+    torch_paths = {name: Path(p) for name, p in models.items()}
+    paths = {**torch_paths, **{name: Path(p) for name, p in onnx_models.items()}}
     configs = {name: _model_config(path) for name, path in paths.items()}
     for name, config in configs.items():
         _check_vocab(name, config, tokens)
@@ -197,23 +372,60 @@ def run(
     context = min([cfg.context, *limits])
     if context < cfg.context:
         log.warning("context %d exceeds a model's maximum positions; using %d for all models", cfg.context, context)
+    stride = min(cfg.stride or context, context)
+    tokenizer = _find_tokenizer(paths)
+    prefix = shards.eos_id
+    n_bytes = scored_bytes(tokenizer, scored_ids(tokens, prefix=prefix)) if tokenizer is not None else None
+    if tokenizer is None:
+        log.warning("no tokenizer.json in any model directory; bits per byte not computed")
+    text = HeldOutText(tokens=tokens, context=context, stride=stride, prefix=prefix, bytes=n_bytes)
+    qa = load_qa_set(cfg, torch_paths, qa_uri, tokenizer) if cfg.generation.enabled else None
 
     evaluated: dict[str, dict[str, Any]] = {}
+    answers: dict[str, list[str]] = {}
     for name, path in paths.items():
         log.info("evaluating %s (%s)", name, path)
-        score_model = _evaluate_torch if name in models else _evaluate_onnx
-        evaluated[name] = {"uri": str(path), **score_model(name, path, tokens, context=context, cfg=cfg)}
+        if name in models:
+            entry, generated = _evaluate_torch(name, path, text, cfg, qa)
+            if generated is not None:
+                answers[name] = generated
+        else:
+            entry = _evaluate_onnx(name, path, text, cfg)
+        evaluated[name] = {"uri": str(path), **entry}
 
     if (engine := _engine_entry(trt)) is not None:
         evaluated["tensorrt"] = {"uri": str(engine_dir), **engine}
 
+    generation: dict[str, Any] = {"status": "skipped", "reason": "disabled in config"}
+    if cfg.generation.enabled and qa is None:
+        generation = {"status": "skipped", "reason": "no Q&A data given or recorded in the teacher's manifest"}
+    elif qa is not None:
+        signature = next((e["generation"]["bleu_signature"] for e in evaluated.values() if "generation" in e), None)
+        generation = {
+            "status": "evaluated" if answers else "skipped",
+            "reason": None if answers else f"none of {cfg.generation.models} was given as a PyTorch model",
+            "qa_uri": qa.uri,
+            "heldout_fraction": qa.heldout_fraction,
+            "heldout_fraction_source": qa.fraction_source,
+            "prompts": len(qa.groups),
+            "max_new_tokens": cfg.generation.max_new_tokens,
+            "bleu_signature": signature,
+            "samples": samples(qa.groups, answers, cfg.generation.samples),
+        }
+
     results: dict[str, Any] = {
         "context": context,
+        "stride": stride,
+        "prefix_token": prefix,
         "eval_tokens": int(tokens.size),
+        "eval_bytes": n_bytes,
         "latency_runs": cfg.latency_runs,
         "models": evaluated,
         "served_model": served_model(evaluated),
         "tensorrt": trt,
+        "generation": generation,
+        "production": production_summary(release_root, model_name or PromoteConfig().model_name),
+        "data": data_summary(Path(shards_dir), Path(cleaned_dir) if cleaned_dir is not None else None),
     }
     decision = check_gate(cfg.gate, results)
     results["gate"] = decision.to_dict()
@@ -226,14 +438,18 @@ def run(
     report = html_report(results, histories)
     metrics: dict[str, float] = {}
     for name, entry in evaluated.items():
-        for key, metric in (("perplexity", "perplexity"), ("size_mb", "size_mb"), ("p99_ms", "p99_ms")):
-            if entry.get(key) is not None:
-                metrics[f"{name}_{metric}"] = float(entry[key])
+        for key in MODEL_METRICS:
+            if isinstance(entry.get(key), int | float):
+                metrics[f"{name}_{key}"] = float(entry[key])
     metrics["passed"] = 1.0 if decision.passed else 0.0
 
     inputs = {"shards": input_record(Path(shards_dir)), **{name: input_record(path) for name, path in paths.items()}}
     if engine_dir is not None:
         inputs["tensorrt"] = {"uri": str(engine_dir), "status": trt["status"]}
+    if qa is not None:
+        inputs["qa"] = {"uri": qa.uri, "heldout_fraction": qa.heldout_fraction, "prompts": len(qa.groups)}
+    if results["production"].get("status") == "found":
+        inputs["production"] = {k: results["production"][k] for k in ("version", "manifest_uri")}
     with staged_output(output_dir) as scratch:
         (scratch / REPORT_HTML).write_text(report, encoding="utf-8")
         (scratch / REPORT_MD).write_text(markdown_summary(results), encoding="utf-8")

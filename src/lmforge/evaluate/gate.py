@@ -1,16 +1,22 @@
-"""The promotion gate: thresholds a candidate must meet, checked against evaluation results.
+"""The promotion gate: thresholds a candidate must meet, alone and against the production release.
 
 ``results`` is the mapping written as ``results.json`` by :mod:`lmforge.evaluate.evaluate`; the gate
 reads only::
 
-    {"models": {"student": {"perplexity": ...},
+    {"models": {"student": {"perplexity": ..., "bits_per_byte": ..., "exact_match": ...},
                 "onnx_fp32": {"perplexity": ...},
                 "int8_dynamic": {"perplexity": ...},
                 "<served model>": {"p99_ms": ...}},      # batch-1 forward pass
-     "served_model": "<served model>"}
+     "served_model": "<served model>",
+     "production": {"status": "found", "version": ..., "metrics": {"student_bits_per_byte": ...,
+                                                                   "student_exact_match": ...}}
+                   | {"status": "none", "reason": ...}}
 
 A value that is missing (model not evaluated, key absent, ``None``) or not a finite number fails its
-check with a reason; nothing passes by default.
+check with a reason; nothing passes by default. Two things pass explicitly, with a reason saying so: a
+check whose threshold is configured as null (disabled), and a comparison with production when there is
+no production release yet (the first promotion). Production is compared on bits per byte, not
+perplexity, because a retrained tokenizer changes what a token is but not what a byte is.
 """
 
 from __future__ import annotations
@@ -29,11 +35,11 @@ INT8 = "int8_dynamic"
 
 @dataclass(frozen=True)
 class Check:
-    """One gate criterion: ``value`` must be ≤ ``threshold``."""
+    """One gate criterion: ``value`` compared with ``threshold`` (``≤`` or ``≥`` as the reason says)."""
 
     name: str
     value: float | None
-    threshold: float
+    threshold: float | None
     passed: bool
     reason: str
 
@@ -50,6 +56,14 @@ class GateDecision:
         return {"passed": self.passed, "checks": [asdict(c) for c in self.checks]}
 
 
+def _finite(value: Any, where: str) -> tuple[float | None, str]:
+    if value is None:
+        return None, f"{where} is missing"
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None, f"{where} is not a finite number ({value!r})"
+    return float(value), ""
+
+
 def _number(results: Mapping[str, Any], model: str | None, key: str) -> tuple[float | None, str]:
     """``results["models"][model][key]`` as a finite float, or ``None`` and why not."""
     if not model:
@@ -57,12 +71,7 @@ def _number(results: Mapping[str, Any], model: str | None, key: str) -> tuple[fl
     entry = (results.get("models") or {}).get(model)
     if entry is None:
         return None, f"model {model!r} was not evaluated"
-    value = entry.get(key)
-    if value is None:
-        return None, f"{model}.{key} is missing"
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None, f"{model}.{key} is not a finite number ({value!r})"
-    return float(value), ""
+    return _finite(entry.get(key), f"{model}.{key}")
 
 
 def _at_most(name: str, value: float | None, threshold: float, missing: str, what: str) -> Check:
@@ -72,6 +81,19 @@ def _at_most(name: str, value: float | None, threshold: float, missing: str, wha
     relation = "≤" if passed else ">"
     verdict = "ok" if passed else "too high"
     return Check(name, value, threshold, passed, f"{what} {value:.6g} {relation} {threshold:.6g}: {verdict}")
+
+
+def _at_least(name: str, value: float | None, threshold: float, missing: str, what: str) -> Check:
+    if value is None:
+        return Check(name, None, threshold, False, f"{missing}; cannot check {what}")
+    passed = value >= threshold
+    relation = "≥" if passed else "<"
+    verdict = "ok" if passed else "too low"
+    return Check(name, value, threshold, passed, f"{what} {value:.6g} {relation} {threshold:.6g}: {verdict}")
+
+
+def _disabled(name: str, setting: str) -> Check:
+    return Check(name, None, None, True, f"disabled ({setting} is null)")
 
 
 def check_student_perplexity(cfg: GateConfig, results: Mapping[str, Any]) -> Check:
@@ -112,11 +134,84 @@ def check_served_latency(cfg: GateConfig, results: Mapping[str, Any]) -> Check:
     return _at_most("served_p99_latency_ms", value, cfg.max_latency_ms, missing, what)
 
 
+def check_student_exact_match(cfg: GateConfig, results: Mapping[str, Any]) -> Check:
+    """The student's exact match on held-out Q&A is at least ``min_student_exact_match``."""
+    name = "student_exact_match"
+    if cfg.min_student_exact_match is None:
+        return _disabled(name, "min_student_exact_match")
+    value, missing = _number(results, STUDENT, "exact_match")
+    return _at_least(name, value, cfg.min_student_exact_match, missing, "student exact match")
+
+
+def _production(results: Mapping[str, Any], metric: str) -> tuple[float | None, str, str | None]:
+    """``(value, why missing, version)`` of a production metric; version ``None`` when there is no release."""
+    production = results.get("production") or {}
+    status = production.get("status")
+    if status == "none":
+        return None, str(production.get("reason") or "no production release"), None
+    if status != "found":
+        return None, "the production release was not looked up", ""
+    version = str(production.get("version"))
+    value, missing = _finite((production.get("metrics") or {}).get(metric), f"production {version} {metric}")
+    return value, missing, version
+
+
+def _no_production_yet(name: str, threshold: float, reason: str) -> Check:
+    return Check(name, None, threshold, True, f"{reason}: nothing to compare with (first release)")
+
+
+def check_bits_per_byte_vs_production(cfg: GateConfig, results: Mapping[str, Any]) -> Check:
+    """Student bits per byte is at most production's times ``1 + max_bits_per_byte_regression``.
+
+    The value is the relative regression ``(bpb - bpb_production) / bpb_production``; better is negative.
+    """
+    name = "bits_per_byte_vs_production"
+    margin = cfg.max_bits_per_byte_regression
+    if margin is None:
+        return _disabled(name, "max_bits_per_byte_regression")
+    prod, prod_missing, version = _production(results, "student_bits_per_byte")
+    if version is None:
+        return _no_production_yet(name, margin, prod_missing)
+    cand, cand_missing = _number(results, STUDENT, "bits_per_byte")
+    value: float | None = None
+    missing = "; ".join(m for m in (cand_missing, prod_missing) if m)
+    if cand is not None and prod is not None:
+        if prod > 0:
+            value = (cand - prod) / prod
+        else:
+            missing = f"production {version} student_bits_per_byte is {prod}, not positive"
+    what = f"student bits/byte regression vs production {version}"
+    return _at_most(name, value, margin, missing, what)
+
+
+def check_exact_match_vs_production(cfg: GateConfig, results: Mapping[str, Any]) -> Check:
+    """Student exact match is at most ``max_exact_match_regression`` below production's (absolute)."""
+    name = "exact_match_vs_production"
+    margin = cfg.max_exact_match_regression
+    if margin is None:
+        return _disabled(name, "max_exact_match_regression")
+    prod, prod_missing, version = _production(results, "student_exact_match")
+    if version is None:
+        return _no_production_yet(name, margin, prod_missing)
+    cand, cand_missing = _number(results, STUDENT, "exact_match")
+    value = prod - cand if cand is not None and prod is not None else None
+    missing = "; ".join(m for m in (cand_missing, prod_missing) if m)
+    what = f"student exact-match drop vs production {version}"
+    return _at_most(name, value, margin, missing, what)
+
+
+CHECKS = (
+    check_student_perplexity,
+    check_int8_delta,
+    check_served_latency,
+    check_student_exact_match,
+    check_bits_per_byte_vs_production,
+    check_exact_match_vs_production,
+)
+"""Every check, in report order."""
+
+
 def check_gate(cfg: GateConfig, results: Mapping[str, Any]) -> GateDecision:
     """Run every check; the gate passes only when all do."""
-    checks = [
-        check_student_perplexity(cfg, results),
-        check_int8_delta(cfg, results),
-        check_served_latency(cfg, results),
-    ]
+    checks = [check(cfg, results) for check in CHECKS]
     return GateDecision(passed=all(c.passed for c in checks), checks=checks)

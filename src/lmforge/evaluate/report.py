@@ -1,4 +1,9 @@
-"""The evaluation report: one self-contained HTML page and a Markdown summary of ``results.json``."""
+"""The evaluation report: one self-contained HTML page and a Markdown summary of ``results.json``.
+
+The page has no external scripts, styles or fonts: plots are embedded PNGs, styles inline. Sections:
+summary, gate checks, model comparison (table and bar charts of quality, size and speed), generation
+metrics and samples, loss curves, data-stage summary, TensorRT status, method.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.model.build import HISTORY_FILE
-from lmforge.report_html import bar_plot, line_plot, page, table
+from lmforge.report_html import bar_plot, figure_png, line_plot, page, table
 
 log = logging.getLogger("lmforge.evaluate")
 
@@ -29,7 +34,11 @@ TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("label", "model"),
     ("status", "status"),
     ("perplexity", "perplexity"),
-    ("bits_per_token", "bits/token"),
+    ("bits_per_byte", "bits/byte"),
+    ("exact_match", "EM"),
+    ("f1", "F1"),
+    ("bleu", "BLEU"),
+    ("rouge_l", "ROUGE-L"),
     ("size_mb", "size MB"),
     ("p50_ms", "p50 ms (b1)"),
     ("p99_ms", "p99 ms (b1)"),
@@ -113,6 +122,11 @@ def comparison_rows(results: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "status": _status(results, name),
                 "perplexity": entry.get("perplexity"),
                 "bits_per_token": entry.get("bits_per_token"),
+                "bits_per_byte": entry.get("bits_per_byte"),
+                "exact_match": entry.get("exact_match"),
+                "f1": entry.get("f1"),
+                "bleu": entry.get("bleu"),
+                "rouge_l": entry.get("rouge_l"),
                 "size_mb": entry.get("size_mb"),
                 "p50_ms": entry.get("p50_ms"),
                 "p99_ms": entry.get("p99_ms"),
@@ -135,10 +149,12 @@ def _gate_html(gate: Mapping[str, Any]) -> str:
         value = check.get("value")
         shown = "—" if value is None else f"{value:.4g}"
         ok = "pass" if check.get("passed") else "fail"
+        threshold = check.get("threshold")
+        limit = "—" if not _finite(threshold) else f"{threshold:.4g}"
         rows.append(
-            f"<tr><td>{html.escape(str(check.get('name')))}</td><td>{shown}</td>"
-            f"<td>{check.get('threshold', float('nan')):.4g}</td>"
-            f'<td class="{ok}">{ok.upper()}</td><td>{html.escape(str(check.get("reason", "")))}</td></tr>'
+            f"<tr><td>{html.escape(str(check.get('name')))}</td><td>{shown}</td><td>{limit}</td>"
+            f'<td class="{ok}">{ok.upper()}</td>'
+            f'<td style="text-align:left">{html.escape(str(check.get("reason", "")))}</td></tr>'
         )
     head = "".join(f"<th>{h}</th>" for h in ("check", "value", "threshold", "result", "reason"))
     return (
@@ -160,24 +176,153 @@ def _tensorrt_html(trt: Mapping[str, Any]) -> str:
     return body
 
 
+def grouped_bar_plot(groups: Mapping[str, Mapping[str, float]], *, title: str, ylabel: str) -> str:
+    """Bars per model (x) and series (colour): ``{series: {model: value}}``, as an embedded PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(m for series in groups.values() for m in series))
+    width = 0.8 / max(len(groups), 1)
+    fig, ax = plt.subplots(figsize=(7.5, 3.4))
+    for i, (series, values) in enumerate(groups.items()):
+        xs = [j + (i - (len(groups) - 1) / 2) * width for j, m in enumerate(models) if m in values]
+        ax.bar(xs, [values[m] for m in models if m in values], width=width, label=series)
+    ax.set_xticks(range(len(models)), models, rotation=20)
+    ax.set(title=title, ylabel=ylabel)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend()
+    return figure_png(fig)
+
+
 def _comparison_html(rows: Sequence[Mapping[str, Any]]) -> str:
     body = table([h for _, h in TABLE_COLUMNS], [[row[k] for k, _ in TABLE_COLUMNS] for row in rows])
-    evaluated = [r for r in rows if _finite(r["perplexity"])]
-    if evaluated:
-        body += bar_plot(
-            {r["label"]: r["perplexity"] for r in evaluated}, title="Held-out perplexity", ylabel="perplexity"
+    charts = []
+    quality = {
+        series: {r["label"]: r[key] for r in rows if _finite(r[key])}
+        for key, series in (("perplexity", "perplexity"), ("bits_per_byte", "bits/byte"))
+    }
+    if quality["perplexity"]:
+        charts.append(
+            bar_plot(quality["perplexity"], title="Quality: held-out perplexity (lower is better)", ylabel="perplexity")
         )
-    sized = [r for r in rows if _finite(r["size_mb"])]
+    if quality["bits/byte"]:
+        charts.append(
+            bar_plot(quality["bits/byte"], title="Quality: bits per byte (lower is better)", ylabel="bits/byte")
+        )
+    answers = {
+        series: {r["label"]: r[key] for r in rows if _finite(r[key])}
+        for key, series in (("exact_match", "EM"), ("f1", "F1"), ("rouge_l", "ROUGE-L"))
+    }
+    if any(answers.values()):
+        charts.append(
+            grouped_bar_plot(
+                {k: v for k, v in answers.items() if v},
+                title="Quality: held-out Q&A (higher is better)",
+                ylabel="score",
+            )
+        )
+    sized = {r["label"]: r["size_mb"] for r in rows if _finite(r["size_mb"])}
     if sized:
-        body += bar_plot({r["label"]: r["size_mb"] for r in sized}, title="Model size", ylabel="MB")
-    latency: dict[str, float] = {}
-    for r in rows:
-        for key, tag in (("p50_ms", "p50"), ("p99_ms", "p99")):
-            if _finite(r[key]):
-                latency[f"{r['label']} {tag}"] = r[key]
-    if latency:
-        body += bar_plot(latency, title="Forward latency, batch 1", ylabel="ms")
+        charts.append(bar_plot(sized, title="Size: weight files", ylabel="MB"))
+    latency = {
+        series: {r["label"]: r[key] for r in rows if _finite(r[key])}
+        for key, series in (("p50_ms", "p50"), ("p99_ms", "p99"))
+    }
+    if any(latency.values()):
+        charts.append(
+            grouped_bar_plot(
+                {k: v for k, v in latency.items() if v},
+                title="Speed: forward latency, batch 1 (lower is better)",
+                ylabel="ms",
+            )
+        )
+    throughput = {r["label"]: r["tokens_per_s"] for r in rows if _finite(r["tokens_per_s"])}
+    if throughput:
+        charts.append(bar_plot(throughput, title="Speed: tokens/s at batch 8 (higher is better)", ylabel="tokens/s"))
+    return body + _grid(charts)
+
+
+def _grid(charts: Sequence[str]) -> str:
+    """Charts two per row (inline style: the page stays self-contained)."""
+    cells = "".join(f'<div class="chart">{c}</div>' for c in charts)
+    return f'<div style="display:grid;grid-template-columns:repeat(2,minmax(0,1fr));gap:1rem">{cells}</div>'
+
+
+def _generation_html(results: Mapping[str, Any]) -> str:
+    gen = results.get("generation") or {}
+    if gen.get("status") != "evaluated":
+        reason = html.escape(str(gen.get("reason") or "not run"))
+        return f'<p>Generation metrics: <span class="skip">skipped: {reason}</span></p>'
+    models = results.get("models") or {}
+    scored = {name: e["generation"] for name, e in models.items() if isinstance(e.get("generation"), dict)}
+    source = html.escape(str(gen.get("heldout_fraction_source")))
+    body = (
+        f"<p>{gen.get('prompts')} held-out prompts from <code>{html.escape(str(gen.get('qa_uri')))}</code> "
+        f"(heldout_fraction {gen.get('heldout_fraction')}, from {source}); "
+        f"greedy decoding, at most {gen.get('max_new_tokens')} new tokens.</p>"
+    )
+    body += table(
+        ["model", "prompts", "EM", "F1", "BLEU", "ROUGE-L", "empty answers"],
+        [
+            [
+                MODEL_LABELS.get(n, n),
+                g["prompts"],
+                g["exact_match"],
+                g["f1"],
+                g["bleu"],
+                g["rouge_l"],
+                g["empty_predictions"],
+            ]
+            for n, g in scored.items()
+        ],
+    )
+    body += f'<p class="note">sacrebleu signature: <code>{html.escape(str(gen.get("bleu_signature")))}</code></p>'
+    sample_rows = gen.get("samples") or []
+    if sample_rows:
+        names = list(dict.fromkeys(m for row in sample_rows for m in row.get("answers", {})))
+        body += "<h3>Samples</h3>" + table(
+            ["prompt", "reference(s)", *[MODEL_LABELS.get(n, n) for n in names]],
+            [
+                [row["prompt"], " | ".join(row["references"]), *[row["answers"].get(n) or "(empty)" for n in names]]
+                for row in sample_rows
+            ],
+        )
     return body
+
+
+def _data_html(data: Mapping[str, Any]) -> str:
+    parts = []
+    clean = data.get("clean")
+    if clean:
+        metrics = clean.get("metrics") or {}
+        keys = ("docs_in", "docs_out", "bytes_in", "bytes_out", "duplicate_rate")
+        parts.append(f"<p>Cleaned corpus from <code>{html.escape(str(clean.get('input')))}</code>.</p>")
+        parts.append(table(["figure", "value"], [[k, metrics.get(k)] for k in keys if k in metrics]))
+        removed = {k: v for k, v in (clean.get("removed") or {}).items() if v}
+        if removed:
+            parts.append(table(["rule", "documents removed"], [[k, v] for k, v in removed.items()]))
+    else:
+        parts.append('<p class="note">No cleaned-corpus statistics given to the evaluation.</p>')
+    tokens = data.get("tokens")
+    if tokens:
+        splits = tokens.get("splits") or {}
+        parts.append(
+            table(
+                ["split", "tokens", "documents"],
+                [[name, s.get("tokens"), s.get("documents")] for name, s in splits.items()],
+            )
+        )
+        parts.append(f'<p class="note">Vocabulary size {tokens.get("vocab_size")}.</p>')
+    return "\n".join(parts)
+
+
+def _production_text(results: Mapping[str, Any]) -> str:
+    production = results.get("production") or {}
+    if production.get("status") == "found":
+        return f"production release {production.get('version')}"
+    return f"no production release ({production.get('reason') or 'not looked up'})"
 
 
 def _curves_html(histories: Mapping[str, Mapping[str, Any]]) -> str:
@@ -188,16 +333,26 @@ def _curves_html(histories: Mapping[str, Mapping[str, Any]]) -> str:
             parts.append(line_plot(series, title=f"{MODEL_LABELS.get(name, name)}: loss", xlabel="step", ylabel="loss"))
     if not parts:
         return '<p class="note">No training history found next to the evaluated models.</p>'
-    return "\n".join(parts)
+    return _grid(parts)
 
 
 def _method_html(results: Mapping[str, Any]) -> str:
+    context, stride = results.get("context", "?"), results.get("stride", results.get("context", "?"))
+    overlap = "non-overlapping" if stride == context else f"sliding, stride {stride}"
     return (
-        f'<p class="note">Perplexity over the first {results.get("eval_tokens", "?")} held-out tokens in '
-        f"non-overlapping windows of {results.get('context', '?')} tokens; each window's first token is "
-        "context only, the rest are scored, NLL summed in float64. Latency: full forward passes of "
-        f"context-length inputs, {results.get('latency_runs', '?')} timed runs after warm-up, at batch 1 "
-        "and 8. Size: bytes of the weight files (safetensors / ONNX incl. external data).</p>"
+        f'<p class="note">Perplexity: rolling log-likelihood over the first {results.get("eval_tokens", "?")} '
+        f"held-out tokens ({results.get('eval_bytes') or '?'} bytes), preceded by the EOS token so every token is "
+        f"scored once; forward passes of at most {context} tokens, {overlap}. Each pass after the first scores "
+        f"the next {stride} tokens with the {context} tokens before them as history (the last pass ends at the "
+        "end of the text); with stride = context this is lm-evaluation-harness's loglikelihood_rolling. NLL is "
+        "summed in float64; perplexity = exp(mean NLL per token), bits per byte = NLL / (ln 2 · UTF-8 bytes). "
+        "Generation: greedy decoding with the KV cache, batched with left padding, on held-out Q&A prompts "
+        "(prompt-hash split, the pairs LoRA never trained on); EM and token F1 after SQuAD normalization, best "
+        "reference per prompt; corpus BLEU by sacrebleu (signature above); ROUGE-L F by rouge-score with Porter "
+        f"stemming. Latency: full forward passes of {context}-token inputs, {results.get('latency_runs', '?')} "
+        "timed runs after warm-up, at batch 1 and 8; indicative only on shared machines. Size: bytes of the "
+        "weight files (safetensors / ONNX incl. external data). Metric differences between runs can be noise: "
+        "seeds and data are fixed, but small held-out sets move by whole answers.</p>"
     )
 
 
@@ -208,13 +363,15 @@ def html_report(results: Mapping[str, Any], histories: Mapping[str, Mapping[str,
     served = results.get("served_model") or "none"
     summary = (
         f'<p>Gate <span class="{"pass" if results.get("passed") else "fail"}">{verdict}</span>; '
-        f"served model: {html.escape(str(served))}.</p>"
+        f"served model: {html.escape(str(served))}; compared with {html.escape(_production_text(results))}.</p>"
     )
     sections = [
         ("Summary", summary),
         ("Gate", _gate_html(gate)),
         ("Model comparison", _comparison_html(comparison_rows(results))),
+        ("Generation", _generation_html(results)),
         ("Loss curves", _curves_html(histories or {})),
+        ("Data", _data_html(results.get("data") or {})),
         ("TensorRT", _tensorrt_html(results.get("tensorrt") or {})),
         ("Method", _method_html(results)),
     ]
@@ -226,7 +383,8 @@ def _md(value: Any) -> str:
         return "—"
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value).replace("|", "\\|")
+    # one table cell or list line: no pipes, newlines or raw HTML from model output
+    return " ".join(str(value).split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def markdown_summary(results: Mapping[str, Any]) -> str:
@@ -235,8 +393,8 @@ def markdown_summary(results: Mapping[str, Any]) -> str:
     lines = [
         f"# lmforge evaluation: {'PASSED' if results.get('passed') else 'FAILED'}",
         "",
-        f"Served model: `{results.get('served_model') or 'none'}`; TensorRT: "
-        f"{tensorrt_status_text(results.get('tensorrt') or {})}.",
+        f"Served model: `{results.get('served_model') or 'none'}`; compared with {_production_text(results)}; "
+        f"TensorRT: {tensorrt_status_text(results.get('tensorrt') or {})}.",
         "",
         "| " + " | ".join(h for _, h in TABLE_COLUMNS) + " |",
         "|" + "---|" * len(TABLE_COLUMNS),
@@ -247,4 +405,14 @@ def markdown_summary(results: Mapping[str, Any]) -> str:
     for check in gate.get("checks", []):
         mark = "PASS" if check.get("passed") else "FAIL"
         lines.append(f"- **{mark}** `{check.get('name')}`: {check.get('reason')}")
+    gen = results.get("generation") or {}
+    if gen.get("bleu_signature"):
+        lines += ["", f"BLEU signature: `{gen['bleu_signature']}`"]
+    samples = gen.get("samples") or []
+    if samples:
+        lines += ["", "## Generation samples", ""]
+        for row in samples[:3]:
+            lines.append(f"- **{_md(row['prompt'])}** — reference: {_md(row['references'][0])}")
+            for name, answer in row.get("answers", {}).items():
+                lines.append(f"  - {name}: {_md(answer) if answer else '(empty)'}")
     return "\n".join(lines) + "\n"

@@ -1,9 +1,23 @@
 """The ``export_onnx`` stage: a Hugging Face causal LM to an ONNX model directory, checked for parity.
 
-Output directory (the ONNX model contract other stages rely on): ``model.onnx`` (plus external data
-when the weights exceed 2 GB), the tokenizer and config files copied from the source model, and
-``manifest.json``. Graph inputs ``input_ids`` and ``attention_mask`` (int64 ``[batch, seq]``), output
-``logits`` (float32 ``[batch, seq, vocab]``); batch and sequence are dynamic.
+Output directory (the ONNX model contract other stages rely on):
+
+* ``model.onnx`` — the decoder without a KV cache. Inputs ``input_ids`` and ``attention_mask`` (int64
+  ``[batch, seq]``), output ``logits`` (float32 ``[batch, seq, vocab]``); batch and sequence are dynamic.
+  Scoring (perplexity, latency) uses this graph.
+* ``decoder_with_past.onnx`` — the decoder with a KV cache, for generation. Inputs ``input_ids`` (int64
+  ``[batch, seq]``), ``attention_mask`` (int64 ``[batch, past + seq]``: the mask of the cached and the new
+  tokens) and per layer ``i`` ``past_key_values.{i}.key`` / ``past_key_values.{i}.value`` (float32
+  ``[batch, kv_heads, past, head_dim]``); outputs ``logits`` and ``present.{i}.key`` /
+  ``present.{i}.value`` (``[batch, kv_heads, past + seq, head_dim]``). Batch, sequence and past length are
+  dynamic and the past may be empty (``past = 0``), so the same graph does the prefill and every decode
+  step. Written unless ``ExportConfig.with_past`` is false.
+* external data (``<graph>.onnx.data``) when the weights exceed 2 GB; the tokenizer and config files
+  copied from the source model; ``manifest.json``.
+
+Both graphs derive the position ids from the attention mask (``cumsum(mask) - 1``, clamped at 0, the
+last ``seq`` of them with a past), so a left-padded row gets the same logits as the unpadded sequence and
+callers never pass positions.
 """
 
 from __future__ import annotations
@@ -11,11 +25,14 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from transformers.cache_utils import DynamicCache
 
 from lmforge.artifacts import (
     input_record,
@@ -24,7 +41,15 @@ from lmforge.artifacts import (
 )
 from lmforge.config import ExportConfig
 from lmforge.errors import InputDataError, LmforgeError
-from lmforge.export.ort import MODEL_FILE, OrtCausalLM, model_size_bytes
+from lmforge.export.ort import (
+    MODEL_FILE,
+    WITH_PAST_FILE,
+    OrtCausalLM,
+    OrtDecoderWithPast,
+    model_size_bytes,
+    past_input_names,
+    present_output_names,
+)
 from lmforge.model.build import load_causal_lm
 from lmforge.results import StageResult
 
@@ -53,6 +78,18 @@ class ParityError(LmforgeError):
     """The exported ONNX model does not reproduce the PyTorch model's logits."""
 
 
+def positions_from_mask(attention_mask: torch.Tensor, seq: int | torch.SymInt) -> torch.Tensor:
+    """Position ids of the last ``seq`` tokens: ``cumsum(mask) - 1`` clamped at 0 (left padding safe)."""
+    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return positions[:, attention_mask.shape[1] - seq :]
+
+
+def _cache_of(output: Any) -> Any:
+    """The KV cache of a model output (``cache`` in transformers 5, ``past_key_values`` before)."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
+
+
 class LogitsOnly(torch.nn.Module):
     """Wrap a causal LM so that it takes ``(input_ids, attention_mask)`` and returns only the logits."""
 
@@ -61,7 +98,58 @@ class LogitsOnly(torch.nn.Module):
         self.model = model
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        positions = positions_from_mask(attention_mask, input_ids.shape[1])
+        return self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False
+        ).logits
+
+
+class DecoderWithPast(torch.nn.Module):
+    """Wrap a causal LM as ``(input_ids, attention_mask, [past k, past v per layer]) -> (logits, *present)``.
+
+    The cache travels as flat tensors (``[batch, kv_heads, past, head_dim]``, key then value per layer) so
+    the exported graph has one named input and output per tensor.
+    """
+
+    def __init__(self, model: torch.nn.Module, n_layers: int) -> None:
+        super().__init__()
+        self.model = model
+        self.n_layers = n_layers
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, ...]:
+        cache = DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(self.n_layers)])
+        positions = positions_from_mask(attention_mask, input_ids.shape[1])
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, cache=cache, use_cache=True
+        )
+        present: list[torch.Tensor] = []
+        for layer in _cache_of(out).layers:
+            present += [layer.keys, layer.values]
+        return (out.logits, *present)
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """Shape of one layer's cached keys (and values): ``[batch, kv_heads, past, head_dim]``."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+    def empty(self, batch: int, past: int = 0) -> list[torch.Tensor]:
+        """Zero past tensors (key, value per layer)."""
+        return [torch.zeros(batch, self.kv_heads, past, self.head_dim) for _ in range(2 * self.layers)]
+
+
+def cache_layout(model: torch.nn.Module) -> CacheLayout:
+    """Read the KV-cache layout off one forward pass (works for any architecture ``DynamicCache`` serves)."""
+    with torch.no_grad():
+        out = model(input_ids=torch.zeros(1, 2, dtype=torch.long), use_cache=True)
+    layers = _cache_of(out).layers
+    _, heads, _, head_dim = layers[0].keys.shape
+    return CacheLayout(layers=len(layers), kv_heads=int(heads), head_dim=int(head_dim))
 
 
 def copy_model_files(src: str | Path, dst: str | Path) -> list[str]:
@@ -90,20 +178,60 @@ def parity_cases(vocab_size: int, max_positions: int, seed: int = 0) -> list[tup
     return cases
 
 
-def _export(wrapper: torch.nn.Module, example: tuple[torch.Tensor, ...], path: Path, opset: int) -> str:
+@dataclass(frozen=True)
+class GraphSpec:
+    """Names and dynamic axes of one exported graph."""
+
+    input_names: list[str]
+    output_names: list[str]
+    dynamic_shapes: tuple[Any, ...]
+    """Per ``forward`` argument, in its structure (dynamo exporter)."""
+    dynamic_axes: dict[str, dict[int, str]]
+    """Per flat input and output name (TorchScript exporter)."""
+
+
+def no_cache_spec() -> GraphSpec:
+    """``model.onnx``: ``input_ids``/``attention_mask`` ``[batch, seq]`` -> ``logits``."""
+    axes = {0: "batch", 1: "seq"}
+    return GraphSpec(
+        input_names=list(INPUT_NAMES),
+        output_names=[OUTPUT_NAME],
+        dynamic_shapes=(axes, axes),
+        dynamic_axes={**{name: axes for name in INPUT_NAMES}, OUTPUT_NAME: axes},
+    )
+
+
+def with_past_spec(layers: int) -> GraphSpec:
+    """``decoder_with_past.onnx``: new tokens, the whole mask and the past -> logits and the present."""
+    past_names, present_names = past_input_names(layers), present_output_names(layers)
+    past_axes = {0: "batch", 2: "past"}
+    return GraphSpec(
+        input_names=[*INPUT_NAMES, *past_names],
+        output_names=[OUTPUT_NAME, *present_names],
+        dynamic_shapes=({0: "batch", 1: "seq"}, {0: "batch", 1: "past_seq"}, [past_axes] * len(past_names)),
+        dynamic_axes={
+            "input_ids": {0: "batch", 1: "seq"},
+            "attention_mask": {0: "batch", 1: "past_seq"},
+            OUTPUT_NAME: {0: "batch", 1: "seq"},
+            **{name: past_axes for name in past_names},
+            **{name: {0: "batch", 2: "past_seq"} for name in present_names},
+        },
+    )
+
+
+def _export(wrapper: torch.nn.Module, example: tuple[Any, ...], path: Path, opset: int, spec: GraphSpec) -> str:
     """Write ``wrapper`` to ``path`` with the dynamo exporter, or the TorchScript one if dynamo fails."""
     n_bytes = sum(p.numel() * p.element_size() for p in wrapper.parameters())
     external = n_bytes > EXTERNAL_DATA_BYTES
-    axes = {0: "batch", 1: "seq"}
     try:
         program = torch.onnx.export(
             wrapper,
             example,
             dynamo=True,
             opset_version=opset,
-            input_names=list(INPUT_NAMES),
-            output_names=[OUTPUT_NAME],
-            dynamic_shapes={name: axes for name in INPUT_NAMES},
+            input_names=spec.input_names,
+            output_names=spec.output_names,
+            dynamic_shapes=spec.dynamic_shapes,
             verbose=False,
         )
         program.save(path, external_data=external)
@@ -118,10 +246,15 @@ def _export(wrapper: torch.nn.Module, example: tuple[torch.Tensor, ...], path: P
         str(path),
         dynamo=False,
         opset_version=opset,
-        input_names=list(INPUT_NAMES),
-        output_names=[OUTPUT_NAME],
-        dynamic_axes={**{name: axes for name in INPUT_NAMES}, OUTPUT_NAME: axes},
+        input_names=spec.input_names,
+        output_names=spec.output_names,
+        dynamic_axes=spec.dynamic_axes,
     )
+    if external:
+        import onnx
+
+        model = onnx.load(str(path))
+        onnx.save_model(model, str(path), save_as_external_data=True, location=f"{path.name}.data")
     return "torchscript"
 
 
@@ -144,6 +277,64 @@ def check_parity(
     return results
 
 
+def with_past_cases(vocab_size: int, max_positions: int, seed: int = 1) -> list[tuple[np.ndarray, int]]:
+    """Chained ``(new input_ids, past length)`` steps on a left-padded batch of 2: prefill, one token, a chunk."""
+    rng = np.random.default_rng(seed)
+    prefill = max(2, min(12, max_positions - 5))
+    steps = [(2, prefill, 0), (2, 1, prefill), (2, 4, prefill + 1)]
+    return [(rng.integers(0, vocab_size, size=(b, s), dtype=np.int64), past) for b, s, past in steps]
+
+
+def check_parity_with_past(
+    wrapper: DecoderWithPast, session: OrtDecoderWithPast, steps: Sequence[tuple[np.ndarray, int]], pad: int = 3
+) -> list[dict[str, Any]]:
+    """Max |difference| of logits and present tensors between PyTorch and ONNX Runtime per step.
+
+    The steps run chained on one batch whose second row is left-padded by ``pad`` tokens; both runtimes get
+    PyTorch's present of the previous step as their past, so each step is compared on identical inputs.
+    """
+    results = []
+    past = session.empty_past(int(steps[0][0].shape[0]))
+    mask = np.zeros((steps[0][0].shape[0], 0), dtype=np.int64)
+    for ids, past_len in steps:
+        if past[0].shape[2] != past_len:
+            raise ValueError(f"step expects past length {past_len}, the chain holds {past[0].shape[2]}")
+        new_mask = np.ones_like(ids)
+        if past_len == 0:
+            new_mask[1:, : min(pad, ids.shape[1] - 1)] = 0
+        mask = np.concatenate([mask, new_mask], axis=1)
+        with torch.no_grad():
+            expected = [
+                t.float().numpy()
+                for t in wrapper(torch.from_numpy(ids), torch.from_numpy(mask), [torch.from_numpy(p) for p in past])
+            ]
+        logits, present = session.step(ids, mask, past)
+        keep = new_mask.astype(bool)
+        logit_diff = float(np.max(np.abs(logits[keep] - expected[0][keep])))
+        kv_keep = mask.astype(bool)  # cached tensors of padded positions are never attended to
+        kv_diff = max(
+            float(np.max(np.abs(np.moveaxis(a, 2, 1)[kv_keep] - np.moveaxis(e, 2, 1)[kv_keep])))
+            for a, e in zip(present, expected[1:], strict=True)
+        )
+        if not (np.isfinite(logit_diff) and np.isfinite(kv_diff)):
+            raise ParityError(f"non-finite ONNX output with past for input shape {ids.shape}, past {past_len}")
+        results.append(
+            {"shape": list(ids.shape), "past": past_len, "max_abs_diff": logit_diff, "present_max_abs_diff": kv_diff}
+        )
+        past = expected[1:]
+    return results
+
+
+def _raise_if_over(name: str, results: list[dict[str, Any]], tolerance: float, what: str) -> float:
+    worst = max(max(r["max_abs_diff"], r.get("present_max_abs_diff", 0.0)) for r in results)
+    if worst > tolerance:
+        raise ParityError(
+            f"ONNX export of {name}: max |difference| {worst:.3g} exceeds parity_tolerance {tolerance:g} "
+            f"({what}; per case: {results})"
+        )
+    return worst
+
+
 def run(cfg: ExportConfig, model_dir: str | Path, output_dir: str | Path) -> StageResult:
     """Export ``model_dir`` to an ONNX model directory at ``output_dir`` and verify it against PyTorch."""
     start = time.perf_counter()
@@ -161,39 +352,65 @@ def run(cfg: ExportConfig, model_dir: str | Path, output_dir: str | Path) -> Sta
         shape = (2, min(8, max_positions))
         example = (torch.zeros(shape, dtype=torch.long), torch.ones(shape, dtype=torch.long))
         with torch.no_grad():
-            exporter = _export(wrapper, example, path, cfg.opset)
+            exporter = _export(wrapper, example, path, cfg.opset, no_cache_spec())
         session = OrtCausalLM(path)  # runs onnx.checker on the file
         parity = check_parity(wrapper, session, parity_cases(vocab_size, max_positions))
-        worst = max(p["max_abs_diff"] for p in parity)
-        if worst > cfg.parity_tolerance:
-            raise ParityError(
-                f"ONNX export of {model_dir} ({exporter} exporter): max |logit| difference {worst:.3g} "
-                f"exceeds parity_tolerance {cfg.parity_tolerance:g} (per case: {parity})"
-            )
+        worst = _raise_if_over(f"{model_dir} ({exporter} exporter)", parity, cfg.parity_tolerance, MODEL_FILE)
         size = model_size_bytes(path)
         metrics = {
             "parity_max_abs_diff": worst,
             "onnx_size_mb": size / 1e6,
-            "export_seconds": time.perf_counter() - start,
         }
+        extra: dict[str, Any] = {"exporter": exporter, "opset": cfg.opset, "quantization": "none", "parity": parity}
+
+        if cfg.with_past:
+            layout = cache_layout(model)
+            decoder = DecoderWithPast(model, layout.layers).eval()
+            past_path = out / WITH_PAST_FILE
+            # Past length 4 and 3 new tokens: no dimension of size 0 or 1 for torch.export to specialize.
+            example_past = (
+                torch.zeros((2, 3), dtype=torch.long),
+                torch.ones((2, 7), dtype=torch.long),
+                layout.empty(2, past=4),
+            )
+            with torch.no_grad():
+                past_exporter = _export(decoder, example_past, past_path, cfg.opset, with_past_spec(layout.layers))
+            past_parity = check_parity_with_past(
+                decoder, OrtDecoderWithPast(past_path), with_past_cases(vocab_size, max_positions)
+            )
+            past_worst = _raise_if_over(
+                f"{model_dir} ({past_exporter} exporter)", past_parity, cfg.parity_tolerance, WITH_PAST_FILE
+            )
+            metrics["with_past_parity_max_abs_diff"] = past_worst
+            metrics["with_past_size_mb"] = model_size_bytes(past_path) / 1e6
+            extra["with_past"] = {
+                "file": WITH_PAST_FILE,
+                "exporter": past_exporter,
+                "layers": layout.layers,
+                "kv_heads": layout.kv_heads,
+                "head_dim": layout.head_dim,
+                "parity": past_parity,
+            }
+        metrics["export_seconds"] = time.perf_counter() - start
         write_manifest(
-            out,
-            "onnx-model",
-            inputs={"model": source},
-            config=cfg.model_dump(),
-            metrics=metrics,
-            extra={"exporter": exporter, "opset": cfg.opset, "quantization": "none", "parity": parity},
+            out, "onnx-model", inputs={"model": source}, config=cfg.model_dump(), metrics=metrics, extra=extra
         )
     log.info(
-        "exported %s -> %s (%s exporter, opset %d, %.2f MB, parity %.2e)",
+        "exported %s -> %s (%s exporter, opset %d, %.2f MB, parity %.2e%s)",
         model_dir,
         output_dir,
         exporter,
         cfg.opset,
         metrics["onnx_size_mb"],
         worst,
+        f", with past: parity {metrics['with_past_parity_max_abs_diff']:.2e}" if cfg.with_past else "",
     )
-    return StageResult(
-        metrics=metrics,
-        summary={"output_dir": str(output_dir), "exporter": exporter, "opset": cfg.opset, "parity": parity},
-    )
+    summary: dict[str, Any] = {
+        "output_dir": str(output_dir),
+        "exporter": exporter,
+        "opset": cfg.opset,
+        "parity": parity,
+    }
+    if cfg.with_past:
+        summary["with_past"] = extra["with_past"]
+    return StageResult(metrics=metrics, summary=summary)

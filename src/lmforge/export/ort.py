@@ -1,8 +1,9 @@
 """Run an exported causal LM with ONNX Runtime on CPU.
 
-The model directory follows the lmforge ONNX contract: ``model.onnx`` (plus external data when the
-weights exceed 2 GB) with inputs ``input_ids`` / ``attention_mask`` (int64 ``[batch, seq]``) and
-output ``logits`` (float32 ``[batch, seq, vocab]``).
+The model directory follows the lmforge ONNX contract (see :mod:`lmforge.export.onnx_export`):
+``model.onnx`` without a KV cache, run by :class:`OrtCausalLM` (inputs ``input_ids`` / ``attention_mask``
+int64 ``[batch, seq]``, output ``logits`` float32 ``[batch, seq, vocab]``), and ``decoder_with_past.onnx``
+with one, run by :class:`OrtDecoderWithPast` (prefill, decode steps, greedy generation).
 """
 
 from __future__ import annotations
@@ -20,6 +21,17 @@ from lmforge.errors import InputDataError
 log = logging.getLogger("lmforge.export")
 
 MODEL_FILE = "model.onnx"
+WITH_PAST_FILE = "decoder_with_past.onnx"
+
+
+def past_input_names(layers: int) -> list[str]:
+    """Graph inputs of the cache: key then value per layer."""
+    return [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+
+
+def present_output_names(layers: int) -> list[str]:
+    """Graph outputs of the updated cache, in the order of :func:`past_input_names`."""
+    return [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
 
 
 def resolve_model_file(model_dir_or_file: str | Path) -> Path:
@@ -54,6 +66,22 @@ def model_size_bytes(model_file: str | Path) -> int:
     return model_file.stat().st_size + sum(f.stat().st_size for f in external_data_files(model_file) if f.is_file())
 
 
+def cpu_session(path: Path, threads: int | None = None) -> ort.InferenceSession:
+    """An ONNX Runtime CPU session for ``path`` after ``onnx.checker`` accepted the file."""
+    try:
+        # Checking by path also validates external data and models over 2 GB.
+        onnx.checker.check_model(str(path))
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputDataError(f"{path}: not a valid ONNX model ({first})") from exc
+    options = ort.SessionOptions()
+    if threads is not None:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
 class OrtCausalLM:
     """A causal LM exported to ONNX, run by an ONNX Runtime CPU session.
 
@@ -64,18 +92,7 @@ class OrtCausalLM:
 
     def __init__(self, model_dir_or_file: str | Path, *, threads: int | None = None) -> None:
         self.path = resolve_model_file(model_dir_or_file)
-        try:
-            # Checking by path also validates external data and models over 2 GB.
-            onnx.checker.check_model(str(self.path))
-        except onnx.checker.ValidationError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise InputDataError(f"{self.path}: not a valid ONNX model ({first})") from exc
-        options = ort.SessionOptions()
-        if threads is not None:
-            options.intra_op_num_threads = threads
-            options.inter_op_num_threads = 1
-        options.log_severity_level = 3
-        self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+        self.session = cpu_session(self.path, threads)
         self.input_names = [i.name for i in self.session.get_inputs()]
         if "input_ids" not in self.input_names:
             raise InputDataError(f"{self.path}: graph has no 'input_ids' input (inputs: {self.input_names})")
@@ -101,3 +118,103 @@ class OrtCausalLM:
         feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
         (logits,) = self.session.run(["logits"], {k: v for k, v in feeds.items() if k in self.input_names})
         return logits
+
+
+class OrtDecoderWithPast:
+    """The KV-cache decoder (``decoder_with_past.onnx``) run by an ONNX Runtime CPU session.
+
+    Args:
+        model_dir_or_file: an ONNX model directory (holding ``decoder_with_past.onnx``) or the file.
+        threads: intra-op threads; ``None`` lets ONNX Runtime choose.
+    """
+
+    def __init__(self, model_dir_or_file: str | Path, *, threads: int | None = None) -> None:
+        path = Path(model_dir_or_file)
+        self.path = path / WITH_PAST_FILE if path.is_dir() else path
+        if not self.path.is_file():
+            raise InputDataError(f"ONNX decoder with KV cache not found: {self.path}")
+        self.session = cpu_session(self.path, threads)
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        self.layers = sum(name.startswith("past_key_values.") for name in inputs) // 2
+        self.past_names = past_input_names(self.layers)
+        if self.layers == 0 or any(name not in inputs for name in self.past_names):
+            raise InputDataError(f"{self.path}: graph inputs {list(inputs)} are not a decoder with past_key_values")
+        self.present_names = present_output_names(self.layers)
+        _, heads, _, head_dim = inputs[self.past_names[0]].shape
+        if not isinstance(heads, int) or not isinstance(head_dim, int):
+            raise InputDataError(
+                f"{self.path}: past_key_values heads and head size must be static, got {heads}, {head_dim}"
+            )
+        self.kv_heads, self.head_dim = heads, head_dim
+        self._size_bytes = model_size_bytes(self.path)
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes on disk: the model file plus its external data."""
+        return self._size_bytes
+
+    def empty_past(self, batch: int) -> list[np.ndarray]:
+        """A zero-length cache for ``batch`` rows (the prefill's past)."""
+        return [np.zeros((batch, self.kv_heads, 0, self.head_dim), dtype=np.float32) for _ in self.past_names]
+
+    def step(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, past: list[np.ndarray]
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Logits of the new tokens and the updated cache.
+
+        Args:
+            input_ids: new tokens ``[batch, seq]``.
+            attention_mask: mask of the cached and the new tokens ``[batch, past + seq]``.
+            past: the cache returned by the previous step (or :meth:`empty_past`).
+        """
+        input_ids = np.asarray(input_ids, dtype=np.int64)
+        attention_mask = np.asarray(attention_mask, dtype=np.int64)
+        past_len = past[0].shape[2]
+        if attention_mask.shape != (input_ids.shape[0], past_len + input_ids.shape[1]):
+            raise ValueError(
+                f"attention_mask shape {attention_mask.shape} must be [batch, past + seq] = "
+                f"[{input_ids.shape[0]}, {past_len + input_ids.shape[1]}]"
+            )
+        feeds = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            **dict(zip(self.past_names, past, strict=True)),
+        }
+        logits, *present = self.session.run(["logits", *self.present_names], feeds)
+        return logits, present
+
+    def generate(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray | None = None,
+        *,
+        max_new_tokens: int,
+        eos_token_id: int | None = None,
+        pad_token_id: int = 0,
+    ) -> np.ndarray:
+        """Greedy decoding with the cache; returns the new tokens ``[batch, max_new_tokens]``.
+
+        Prompts of different lengths are left-padded (mask 0 on the left). A row that produced
+        ``eos_token_id`` continues with ``pad_token_id``; decoding stops when every row has finished,
+        and the result is right-padded with ``pad_token_id`` to ``max_new_tokens`` (as ``transformers``
+        ``generate`` does for the new tokens).
+        """
+        input_ids = np.asarray(input_ids, dtype=np.int64)
+        mask = np.ones_like(input_ids) if attention_mask is None else np.asarray(attention_mask, dtype=np.int64)
+        batch = input_ids.shape[0]
+        out = np.full((batch, max_new_tokens), pad_token_id, dtype=np.int64)
+        finished = np.zeros(batch, dtype=bool)
+        logits, past = self.step(input_ids, mask, self.empty_past(batch))
+        for t in range(max_new_tokens):
+            token = logits[:, -1].argmax(-1)
+            token = np.where(finished, pad_token_id, token)
+            out[:, t] = token
+            if eos_token_id is not None:
+                finished |= token == eos_token_id
+                if finished.all():
+                    break
+            if t + 1 == max_new_tokens:
+                break
+            mask = np.concatenate([mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
+            logits, past = self.step(token[:, None], mask, past)
+        return out

@@ -1,22 +1,38 @@
-"""The ``quantize_int8`` stage: an FP32 ONNX model directory to two INT8 model directories.
+"""The ``quantize_int8`` stage: an FP32 ONNX model directory to two INT8 model directories, each gated.
 
-* dynamic INT8 (``quantize_dynamic``: int8 weights, activations quantized at run time) for CPU serving;
-* static Q/DQ INT8 (``quantize_static`` with calibration on training tokens, symmetric int8 activations
-  and weights, as TensorRT requires) for the ``build_tensorrt`` stage.
+* dynamic INT8 (``quantize_dynamic``: int8 weights of MatMul/Gemm, activations quantized at run time) for
+  CPU serving with ONNX Runtime;
+* static Q/DQ INT8 (symmetric int8 activations and per-channel weights, as TensorRT requires) for the
+  ``build_tensorrt`` stage, calibrated on windows of the training tokens with MinMax, entropy or
+  percentile. Before calibrating, a MinMax pass finds tensors whose range is non-finite or beyond
+  ``unsafe_range_limit`` (the attention-mask fill value ``finfo.min`` is the usual one: it makes a scale
+  useless and the histogram calibrators fail with "Too many bins"); the nodes touching them stay in float
+  and the histogram calibrators skip them.
 
-Both outputs follow the ONNX model directory contract of :mod:`lmforge.export.onnx_export`.
+Both graphs of the directory are quantized (``model.onnx`` and, when present, ``decoder_with_past.onnx``;
+the cache graph is calibrated with a real past: the first half of each window is prefilled by the FP32
+decoder, the second half is the new tokens).
+
+Accuracy gate: held-out perplexity (``val`` split, :func:`lmforge.evaluate.perplexity.perplexity`) of each
+INT8 ``model.onnx`` vs the FP32 ``model.onnx``, all in ONNX Runtime. An INT8 model whose relative delta is
+above ``max_perplexity_delta`` is still written (pipelines need the output) but its ``manifest.json`` says
+``accuracy_gate.accepted: false`` with the reason; :func:`select_serving_model` then falls back to FP32.
 """
 
 from __future__ import annotations
 
+import html
+import json
 import logging
+import math
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 from onnxruntime.quantization import (
     CalibrationDataReader,
     CalibrationMethod,
@@ -25,15 +41,30 @@ from onnxruntime.quantization import (
     quantize_dynamic,
     quantize_static,
 )
+from onnxruntime.quantization.calibrate import (
+    EntropyCalibrater,
+    MinMaxCalibrater,
+    PercentileCalibrater,
+    TensorsData,
+    save_tensors_data,
+)
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from lmforge.artifacts import input_record, staged_output, write_manifest
+from lmforge.artifacts import input_record, read_manifest, staged_output, write_manifest
 from lmforge.config import QuantizeConfig
 from lmforge.data.shards import TokenShards
 from lmforge.data.tokenizer import TOKENIZER_FILE, tokenizer_fingerprint
 from lmforge.errors import InputDataError, LmforgeError
+from lmforge.evaluate.perplexity import onnx_logits_fn, perplexity
 from lmforge.export.onnx_export import EXTERNAL_DATA_BYTES, copy_model_files
-from lmforge.export.ort import MODEL_FILE, OrtCausalLM, model_size_bytes, resolve_model_file
+from lmforge.export.ort import (
+    MODEL_FILE,
+    WITH_PAST_FILE,
+    OrtCausalLM,
+    OrtDecoderWithPast,
+    model_size_bytes,
+    resolve_model_file,
+)
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.export")
@@ -44,6 +75,10 @@ CALIBRATION_METHODS = {
     "percentile": CalibrationMethod.Percentile,
 }
 CALIBRATION_BATCH = 8
+DYNAMIC_OP_TYPES = ("MatMul", "Gemm")
+# ONNX Runtime's entropy calibrator searches thresholds over num_bins/2 candidates; 128 is its default.
+ENTROPY_BINS = 128
+GATE_KEY = "accuracy_gate"
 
 
 def calibration_windows(tokens: np.ndarray, count: int, seq_len: int) -> np.ndarray:
@@ -52,6 +87,12 @@ def calibration_windows(tokens: np.ndarray, count: int, seq_len: int) -> np.ndar
         raise InputDataError(f"train split has {len(tokens)} tokens, fewer than calibration_seq_len ({seq_len})")
     starts = np.linspace(0, len(tokens) - seq_len, num=count).astype(np.int64)
     return np.stack([np.asarray(tokens[s : s + seq_len], dtype=np.int64) for s in starts])
+
+
+def even_batch_size(count: int, at_most: int = CALIBRATION_BATCH) -> int:
+    """The largest batch size <= ``at_most`` dividing ``count``: ONNX Runtime's histogram calibrators stack
+    every batch's activations into one array and fail on a shorter last batch."""
+    return next(size for size in range(min(at_most, count), 0, -1) if count % size == 0)
 
 
 class TokenWindowReader(CalibrationDataReader):
@@ -66,6 +107,34 @@ class TokenWindowReader(CalibrationDataReader):
         for i in range(0, len(self.windows), self.batch_size):
             ids = self.windows[i : i + self.batch_size]
             yield {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._batches, None)
+
+    def rewind(self) -> None:
+        self._batches = self._iterate()
+
+
+class PastWindowReader(CalibrationDataReader):
+    """Feed the cache graph: the first half of each window goes through the FP32 decoder as the past."""
+
+    def __init__(self, windows: np.ndarray, fp32_decoder: OrtDecoderWithPast, batch_size: int = CALIBRATION_BATCH):
+        self.windows = windows
+        self.decoder = fp32_decoder
+        self.batch_size = batch_size
+        self._batches = self._iterate()
+
+    def _iterate(self) -> Iterator[dict[str, np.ndarray]]:
+        split = self.windows.shape[1] // 2
+        for i in range(0, len(self.windows), self.batch_size):
+            ids = self.windows[i : i + self.batch_size]
+            head, tail = ids[:, :split], ids[:, split:]
+            _, past = self.decoder.step(head, np.ones_like(head), self.decoder.empty_past(len(ids)))
+            yield {
+                "input_ids": tail,
+                "attention_mask": np.ones_like(ids),
+                **dict(zip(self.decoder.past_names, past, strict=True)),
+            }
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self._batches, None)
@@ -94,7 +163,122 @@ def _preprocess(src: Path, dst: Path, external: bool) -> bool:
         return True
     except Exception as exc:  # symbolic shape inference fails on some graphs; quantize the original then
         log.warning("quant_pre_process failed (%s: %s); quantizing the unprocessed model", type(exc).__name__, exc)
+        for leftover in dst.parent.glob(f"{dst.name}*"):
+            leftover.unlink()
         return False
+
+
+def _calibrator(
+    method: str,
+    model_file: Path,
+    op_types: Sequence[str] | None,
+    augmented: Path,
+    *,
+    skip: set[str],
+    cfg: QuantizeConfig,
+    external: bool,
+) -> MinMaxCalibrater:
+    """ONNX Runtime's calibrator for ``method``, collecting every candidate tensor except ``skip``."""
+    if method == "minmax":
+        base: type = MinMaxCalibrater
+        options: dict[str, Any] = {"symmetric": True}
+    elif method == "entropy":
+        base = EntropyCalibrater
+        options = {"symmetric": True, "num_bins": ENTROPY_BINS, "num_quantized_bins": ENTROPY_BINS}
+    else:
+        base = PercentileCalibrater
+        options = {"symmetric": True, "num_bins": cfg.histogram_bins, "percentile": cfg.percentile}
+
+    class Filtered(base):  # type: ignore[misc, valid-type]
+        def select_tensors_to_calibrate(self, model: onnx.ModelProto) -> tuple[set[str], dict[str, Any]]:
+            tensors, value_infos = super().select_tensors_to_calibrate(model)
+            return tensors - skip, value_infos
+
+    calibrator = Filtered(
+        str(model_file),
+        op_types_to_calibrate=list(op_types) if op_types else None,
+        augmented_model_path=str(augmented),
+        use_external_data_format=external,
+        **options,
+    )
+    calibrator.augment_graph()
+    calibrator.create_inference_session()
+    return calibrator
+
+
+def unsafe_tensors(ranges: TensorsData, limit: float) -> set[str]:
+    """Tensors whose calibrated range is non-finite or reaches beyond ``limit`` in magnitude."""
+    unsafe = set()
+    for name, data in ranges.data.items():
+        low, high = (np.asarray(v, dtype=np.float64) for v in data.range_value)
+        bounds = np.concatenate([low.ravel(), high.ravel()])
+        if not np.isfinite(bounds).all() or np.abs(bounds).max() > limit:
+            unsafe.add(name)
+    return unsafe
+
+
+def nodes_touching(model_file: Path, tensors: set[str], op_types: Sequence[str] | None) -> list[str]:
+    """Names of the nodes (of ``op_types``, all when ``None``) that read or write any of ``tensors``."""
+    graph = onnx.load(str(model_file), load_external_data=False).graph
+    return [
+        node.name
+        for node in graph.node
+        if (not op_types or node.op_type in op_types) and tensors.intersection([*node.input, *node.output])
+    ]
+
+
+def quantize_qdq(
+    src: Path,
+    dst: Path,
+    reader: CalibrationDataReader,
+    cfg: QuantizeConfig,
+    *,
+    external: bool,
+    workdir: Path,
+) -> dict[str, Any]:
+    """Calibrate ``src`` on ``reader`` and write the symmetric int8 Q/DQ model ``dst``; return the facts."""
+    op_types = None if "all" in cfg.op_types else list(cfg.op_types)
+    workdir.mkdir(parents=True, exist_ok=True)
+    minmax = _calibrator("minmax", src, op_types, workdir / "minmax.onnx", skip=set(), cfg=cfg, external=external)
+    minmax.collect_data(reader)
+    ranges = minmax.compute_data()
+    del minmax
+    unsafe = unsafe_tensors(ranges, cfg.unsafe_range_limit) if cfg.exclude_unsafe_nodes else set()
+    excluded = nodes_touching(src, unsafe, op_types) if unsafe else []
+    if excluded:
+        log.info(
+            "Q/DQ %s: %d node(s) stay float, they touch unsafe tensors %s", src.name, len(excluded), sorted(unsafe)
+        )
+    if cfg.calibrate_method != "minmax":
+        reader.rewind()
+        histogram = _calibrator(
+            cfg.calibrate_method, src, op_types, workdir / "hist.onnx", skip=unsafe, cfg=cfg, external=external
+        )
+        histogram.collect_data(reader)
+        ranges = histogram.compute_data()
+        del histogram
+    else:
+        ranges = TensorsData(CalibrationMethod.MinMax, {k: v for k, v in ranges.data.items() if k not in unsafe})
+    cache = workdir / "calibration.json"
+    save_tensors_data(ranges, cache)
+    quantize_static(
+        str(src),
+        str(dst),
+        None,
+        calibration_cache_path=str(cache),
+        quant_format=QuantFormat.QDQ,
+        op_types_to_quantize=op_types,
+        nodes_to_exclude=excluded,
+        per_channel=cfg.per_channel,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        calibrate_method=CALIBRATION_METHODS[cfg.calibrate_method],
+        use_external_data_format=external,
+        # TensorRT only accepts symmetric (zero-point 0) int8 scales, and fuses float biases itself (an int32
+        # DequantizeLinear on a bias is not an explicit-quantization pattern it supports).
+        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False},
+    )
+    return {"excluded_nodes": excluded, "unsafe_tensors": sorted(unsafe)}
 
 
 def _verify(model_dir: Path, sample: np.ndarray, reference: np.ndarray) -> float:
@@ -105,6 +289,94 @@ def _verify(model_dir: Path, sample: np.ndarray, reference: np.ndarray) -> float
     return float(np.max(np.abs(logits - reference)))
 
 
+def gate_decision(fp32_ppl: float, int8_ppl: float, threshold: float) -> dict[str, Any]:
+    """Accept an INT8 model when ``(int8 - fp32) / fp32 <= threshold``; the reason says which way and why."""
+    delta = (int8_ppl - fp32_ppl) / fp32_ppl if fp32_ppl > 0 else math.inf
+    accepted = math.isfinite(int8_ppl) and math.isfinite(delta) and delta <= threshold
+    relation = "<=" if accepted else ">"
+    reason = (
+        f"held-out perplexity {int8_ppl:.6g} vs FP32 {fp32_ppl:.6g}: delta {delta:+.2%} {relation} "
+        f"max_perplexity_delta {threshold:+.2%}"
+    )
+    if not math.isfinite(int8_ppl):
+        reason = f"held-out perplexity is not finite ({int8_ppl}); FP32 {fp32_ppl:.6g}"
+    return {
+        "accepted": bool(accepted),
+        "reason": ("accepted: " if accepted else "rejected: ") + reason,
+        "fp32_perplexity": fp32_ppl,
+        "perplexity": int8_ppl,
+        "perplexity_delta": delta,
+        "max_perplexity_delta": threshold,
+    }
+
+
+def gate_result(model_dir: str | Path) -> dict[str, Any]:
+    """The accuracy-gate record of an ONNX model directory; an unquantized model is always accepted."""
+    manifest = read_manifest(model_dir)
+    if manifest.get("quantization", "none") == "none":
+        return {"accepted": True, "reason": "FP32 model: not quantized, nothing to gate"}
+    gate = manifest.get(GATE_KEY)
+    if not isinstance(gate, dict) or not isinstance(gate.get("accepted"), bool):
+        return {"accepted": False, "reason": f"{model_dir}: manifest has no accuracy-gate result"}
+    return gate
+
+
+def select_serving_model(candidates: Sequence[str | Path], fallback: str | Path) -> tuple[Path, str]:
+    """The first candidate INT8 directory its accuracy gate accepted, else ``fallback`` (the FP32 model).
+
+    Returns the chosen directory and why, e.g. ``(fp32_dir, "int8_dynamic rejected: ...; serving FP32")``.
+    """
+    reasons = []
+    for candidate in candidates:
+        gate = gate_result(candidate)
+        if gate["accepted"]:
+            return Path(candidate), f"{Path(candidate).name}: {gate['reason']}"
+        reasons.append(f"{Path(candidate).name}: {gate['reason']}")
+    return Path(fallback), "; ".join([*reasons, f"serving the FP32 model {Path(fallback).name}"])
+
+
+def heldout_tokens(shards: TokenShards, cfg: QuantizeConfig) -> np.ndarray:
+    """The first ``gate_eval_tokens`` tokens of the ``val`` split, int64."""
+    tokens = np.asarray(shards.tokens("val")[: cfg.gate_eval_tokens]).astype(np.int64)
+    if tokens.size < 2:
+        raise InputDataError(f"{shards.root}: the val split has {tokens.size} token(s); the accuracy gate needs 2+")
+    return tokens
+
+
+def _max_positions(onnx_dir: Path, default: int) -> int:
+
+    config = (
+        json.loads((onnx_dir / "config.json").read_text(encoding="utf-8"))
+        if (onnx_dir / "config.json").is_file()
+        else {}
+    )
+    for key in ("n_positions", "max_position_embeddings"):
+        if isinstance(config.get(key), int):
+            return int(config[key])
+    return default
+
+
+def html_section(metrics: dict[str, float], gates: dict[str, dict[str, Any]], facts: dict[str, Any]) -> str:
+    """A short self-contained HTML section for the report: sizes, perplexities and the gate per INT8 model."""
+    rows = [("fp32", metrics["fp32_size_mb"], metrics["fp32_perplexity"], "", "reference")]
+    for name in ("dynamic", "qdq"):
+        gate = gates[name]
+        verdict = "accepted" if gate["accepted"] else "REJECTED"
+        rows.append((name, metrics[f"{name}_size_mb"], gate["perplexity"], f"{gate['perplexity_delta']:+.2%}", verdict))
+    body = "".join(
+        f"<tr><td>{n}</td><td>{s:.2f}</td><td>{p:.4g}</td><td>{d}</td><td>{v}</td></tr>" for n, s, p, d, v in rows
+    )
+    reasons = "".join(f"<li>{html.escape(name)}: {html.escape(g['reason'])}</li>" for name, g in gates.items())
+    excluded = facts.get("excluded_nodes") or []
+    return (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>INT8 quantization</title></head><body>"
+        "<h2>INT8 quantization</h2><table border='1'><tr><th>model</th><th>size MB</th><th>perplexity</th>"
+        f"<th>delta</th><th>gate</th></tr>{body}</table><ul>{reasons}</ul>"
+        f"<p>Q/DQ: {html.escape(str(facts.get('calibrate_method')))} calibration on "
+        f"{facts.get('calibration_sequences')} sequences; {len(excluded)} node(s) left in float.</p></body></html>"
+    )
+
+
 def run(
     cfg: QuantizeConfig,
     onnx_dir: str | Path,
@@ -112,7 +384,7 @@ def run(
     dynamic_dir: str | Path,
     qdq_dir: str | Path,
 ) -> StageResult:
-    """Write a dynamic-INT8 model to ``dynamic_dir`` and a calibrated Q/DQ INT8 model to ``qdq_dir``."""
+    """Write a dynamic-INT8 model to ``dynamic_dir`` and a calibrated Q/DQ INT8 model to ``qdq_dir``, gated."""
     start = time.perf_counter()
     onnx_dir = Path(onnx_dir)
     fp32_file = resolve_model_file(onnx_dir)
@@ -120,10 +392,16 @@ def run(
     shards = TokenShards.open(shards_dir)
     check_tokenizer_match(onnx_dir, shards)
     windows = calibration_windows(shards.tokens("train"), cfg.calibration_sequences, cfg.calibration_seq_len)
+    heldout = heldout_tokens(shards, cfg)
+    graphs = [MODEL_FILE] + ([WITH_PAST_FILE] if (onnx_dir / WITH_PAST_FILE).is_file() else [])
     fp32_bytes = model_size_bytes(fp32_file)
     external = fp32_bytes > EXTERNAL_DATA_BYTES
     sample = windows[: min(len(windows), 2)]
-    reference = OrtCausalLM(fp32_file).logits(sample)
+    fp32_model = OrtCausalLM(fp32_file)
+    reference = fp32_model.logits(sample)
+    context = min(cfg.gate_context, _max_positions(onnx_dir, cfg.gate_context))
+    fp32_ppl = perplexity(onnx_logits_fn(fp32_model), heldout, context=context).perplexity
+    del fp32_model
     inputs = {"onnx_model": source, "shards": input_record(shards.root)}
 
     with (
@@ -131,44 +409,56 @@ def run(
         staged_output(dynamic_dir) as dyn_out,
         staged_output(qdq_dir) as qdq_out,
     ):
-        prepared = Path(tmp) / MODEL_FILE
-        preprocessed = _preprocess(fp32_file, prepared, external)
-        src = prepared if preprocessed else fp32_file
+        qdq_facts_by_graph: dict[str, Any] = {}
+        batch = even_batch_size(len(windows))
+        for graph in graphs:
+            prepared = Path(tmp) / graph
+            preprocessed = _preprocess(onnx_dir / graph, prepared, external)
+            src = prepared if preprocessed else onnx_dir / graph
+            quantize_dynamic(
+                str(src),
+                str(dyn_out / graph),
+                op_types_to_quantize=list(DYNAMIC_OP_TYPES),
+                weight_type=QuantType.QInt8,
+                use_external_data_format=external,
+            )
+            if graph == MODEL_FILE:
+                reader: CalibrationDataReader = TokenWindowReader(windows, batch)
+            else:
+                reader = PastWindowReader(windows, OrtDecoderWithPast(onnx_dir / graph), batch)
+            facts = quantize_qdq(
+                src, qdq_out / graph, reader, cfg, external=external, workdir=Path(tmp) / f"{graph}.calib"
+            )
+            qdq_facts_by_graph[graph] = {"preprocessed": preprocessed, **facts}
 
-        quantize_dynamic(
-            str(src),
-            str(dyn_out / MODEL_FILE),
-            op_types_to_quantize=["MatMul", "Gemm"],
-            weight_type=QuantType.QInt8,
-            use_external_data_format=external,
-        )
-        quantize_static(
-            str(src),
-            str(qdq_out / MODEL_FILE),
-            TokenWindowReader(windows),
-            quant_format=QuantFormat.QDQ,
-            op_types_to_quantize=list(cfg.op_types),
-            per_channel=cfg.per_channel,
-            activation_type=QuantType.QInt8,
-            weight_type=QuantType.QInt8,
-            calibrate_method=CALIBRATION_METHODS[cfg.calibrate_method],
-            use_external_data_format=external,
-            # TensorRT only accepts symmetric (zero-point 0) int8 scales.
-            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
-        )
-        dynamic_diff = _verify(dyn_out, sample, reference)
-        qdq_diff = _verify(qdq_out, sample, reference)
+        gates = {}
+        for name, out in (("dynamic", dyn_out), ("qdq", qdq_out)):
+            ppl = perplexity(onnx_logits_fn(OrtCausalLM(out)), heldout, context=context).perplexity
+            gates[name] = {
+                **gate_decision(fp32_ppl, ppl, cfg.max_perplexity_delta),
+                "context": context,
+                "tokens": int(heldout.size),
+            }
+            log.log(
+                logging.INFO if gates[name]["accepted"] else logging.WARNING, "INT8 %s %s", name, gates[name]["reason"]
+            )
         metrics = {
             "fp32_size_mb": fp32_bytes / 1e6,
             "dynamic_size_mb": model_size_bytes(dyn_out / MODEL_FILE) / 1e6,
             "qdq_size_mb": model_size_bytes(qdq_out / MODEL_FILE) / 1e6,
             "calibration_sequences": float(len(windows)),
-            "dynamic_max_abs_diff": dynamic_diff,
-            "qdq_max_abs_diff": qdq_diff,
-            "quantize_seconds": time.perf_counter() - start,
+            "dynamic_max_abs_diff": _verify(dyn_out, sample, reference),
+            "qdq_max_abs_diff": _verify(qdq_out, sample, reference),
+            "fp32_perplexity": fp32_ppl,
+            "qdq_excluded_nodes": float(len(qdq_facts_by_graph[MODEL_FILE]["excluded_nodes"])),
         }
-        common: dict[str, Any] = {"preprocessed": preprocessed, "weight_type": "int8"}
-        dynamic_facts = {"quantization": "dynamic-int8", "op_types": ["MatMul", "Gemm"], "per_channel": False}
+        for name, gate in gates.items():
+            metrics[f"{name}_perplexity"] = gate["perplexity"]
+            metrics[f"{name}_perplexity_delta"] = gate["perplexity_delta"]
+            metrics[f"{name}_accepted"] = 1.0 if gate["accepted"] else 0.0
+        metrics["quantize_seconds"] = time.perf_counter() - start
+        common: dict[str, Any] = {"graphs": graphs, "weight_type": "int8"}
+        dynamic_facts = {"quantization": "dynamic-int8", "op_types": list(DYNAMIC_OP_TYPES), "per_channel": False}
         qdq_facts = {
             "quantization": "qdq-int8",
             "op_types": list(cfg.op_types),
@@ -178,22 +468,38 @@ def run(
             "calibrate_method": cfg.calibrate_method,
             "calibration_sequences": len(windows),
             "calibration_seq_len": cfg.calibration_seq_len,
+            "calibration": qdq_facts_by_graph,
         }
-        for out, facts in ((dyn_out, dynamic_facts), (qdq_out, qdq_facts)):
+        for out, facts, gate in ((dyn_out, dynamic_facts, gates["dynamic"]), (qdq_out, qdq_facts, gates["qdq"])):
             copy_model_files(onnx_dir, out)
             write_manifest(
-                out, "onnx-model", inputs=inputs, config=cfg.model_dump(), metrics=metrics, extra={**common, **facts}
+                out,
+                "onnx-model",
+                inputs=inputs,
+                config=cfg.model_dump(),
+                metrics=metrics,
+                extra={**common, **facts, GATE_KEY: gate},
             )
     log.info(
-        "quantized %s: fp32 %.2f MB, dynamic %.2f MB, qdq %.2f MB (%d calibration sequences, %s)",
+        "quantized %s: fp32 %.2f MB, dynamic %.2f MB (%s), qdq %.2f MB (%s), %d calibration sequences, %s",
         onnx_dir,
         metrics["fp32_size_mb"],
         metrics["dynamic_size_mb"],
+        "accepted" if gates["dynamic"]["accepted"] else "rejected",
         metrics["qdq_size_mb"],
+        "accepted" if gates["qdq"]["accepted"] else "rejected",
         len(windows),
         cfg.calibrate_method,
     )
+    report_facts = {**qdq_facts, "excluded_nodes": qdq_facts_by_graph[MODEL_FILE]["excluded_nodes"]}
     return StageResult(
         metrics=metrics,
-        summary={"dynamic_dir": str(dynamic_dir), "qdq_dir": str(qdq_dir), "preprocessed": preprocessed},
+        html=html_section(metrics, gates, report_facts),
+        summary={
+            "dynamic_dir": str(dynamic_dir),
+            "qdq_dir": str(qdq_dir),
+            "graphs": graphs,
+            "accuracy_gate": gates,
+            "calibration": qdq_facts_by_graph,
+        },
     )

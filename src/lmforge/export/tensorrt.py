@@ -1,11 +1,17 @@
 """The ``build_tensorrt`` stage: a Q/DQ INT8 ONNX model directory to a TensorRT engine.
 
 Output directory: ``engine.plan`` + ``build_record.json`` (TensorRT version, GPU, precision, profiles,
-build time, smoke-test result) + ``manifest.json``. Without the ``tensorrt`` package or a CUDA GPU the
-stage writes ``status.json`` ``{"status": "skipped", "reason": ...}`` and a manifest instead; it never
-writes a placeholder engine.
+build time, timing cache, smoke-test result) + ``status.json`` + ``manifest.json``. Without the
+``tensorrt`` package or a CUDA GPU the stage writes ``status.json`` ``{"status": "skipped", "reason": ...}``
+and a manifest instead; it never writes a placeholder engine.
 
-Only :func:`_build_engine` and :func:`_run_engine` touch ``tensorrt``; everything else is plain Python.
+The graph is ``decoder_with_past.onnx`` when the directory has one (``TensorRTConfig.graph``), with one
+optimization profile over batch, new tokens and cached tokens; else ``model.onnx`` over batch and
+sequence. The engine is built by the TensorRT Python API or by ``trtexec`` (``TensorRTConfig.builder``).
+
+Only :func:`_build_engine`, :func:`_run_engine` and :func:`_run_trtexec` touch TensorRT; profile
+derivation, the ``trtexec`` command line, its output parsing, the timing-cache record and the build
+record are plain Python.
 """
 
 from __future__ import annotations
@@ -14,8 +20,11 @@ import importlib.util
 import json
 import logging
 import os
+import re
+import shutil
+import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +35,7 @@ import torch
 from lmforge.artifacts import input_record, staged_output, write_manifest
 from lmforge.config import TensorRTConfig
 from lmforge.errors import InputDataError, LmforgeError
-from lmforge.export.ort import OrtCausalLM, resolve_model_file
+from lmforge.export.ort import MODEL_FILE, WITH_PAST_FILE, cpu_session, resolve_model_file
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.export")
@@ -35,46 +44,138 @@ KIND = "tensorrt-engine"
 ENGINE_FILE = "engine.plan"
 BUILD_RECORD = "build_record.json"
 STATUS_FILE = "status.json"
-# Inputs whose shape is [batch, seq]; a KV-cache export will add rules for its past/present tensors.
-BATCH_SEQ_INPUTS = ("input_ids", "attention_mask")
+PAST_PREFIX = "past_key_values."
 
 Shape = tuple[int, ...]
+Dims = Sequence[int | str]
+"""A graph input's dimensions: an int where static, the symbol's name where dynamic."""
 
 
 class TensorRTBuildError(LmforgeError):
     """TensorRT could not parse the ONNX model or build an engine from it."""
 
 
-def optimization_profiles(cfg: TensorRTConfig, input_names: Sequence[str]) -> dict[str, tuple[Shape, Shape, Shape]]:
-    """``{input name: (min, opt, max) shape}`` of the single optimization profile, from ``cfg``."""
-    profiles = {}
-    for name in input_names:
-        if name not in BATCH_SEQ_INPUTS:
+def optimization_profiles(cfg: TensorRTConfig, inputs: Mapping[str, Dims]) -> dict[str, tuple[Shape, Shape, Shape]]:
+    """``{input name: (min, opt, max) shape}`` of the single optimization profile, from ``cfg``.
+
+    Rules: ``input_ids`` is ``[batch, seq]``; ``attention_mask`` is ``[batch, seq]`` without a cache and
+    ``[batch, past + seq]`` with one; ``past_key_values.*`` is ``[batch, heads, past, head_dim]`` with heads
+    and head size read from the graph.
+    """
+    with_past = any(name.startswith(PAST_PREFIX) for name in inputs)
+    batch = (cfg.min_batch, cfg.opt_batch, cfg.max_batch)
+    seq = (cfg.min_seq, cfg.opt_seq, cfg.max_seq)
+    past = (cfg.min_past, cfg.opt_past, cfg.max_past) if with_past else (0, 0, 0)
+    profiles: dict[str, tuple[Shape, Shape, Shape]] = {}
+    for name, dims in inputs.items():
+        if name == "input_ids":
+            shapes = [(b, s) for b, s in zip(batch, seq, strict=True)]
+        elif name == "attention_mask":
+            shapes = [(b, p + s) for b, p, s in zip(batch, past, seq, strict=True)]
+        elif name.startswith(PAST_PREFIX):
+            if len(dims) != 4 or not isinstance(dims[1], int) or not isinstance(dims[3], int):
+                raise InputDataError(f"graph input {name!r} must be [batch, heads, past, head_dim] with static heads")
+            shapes = [(b, dims[1], p, dims[3]) for b, p in zip(batch, past, strict=True)]
+        else:
             raise InputDataError(
-                f"no optimization-profile rule for graph input {name!r}; known inputs: {BATCH_SEQ_INPUTS}"
+                f"no optimization-profile rule for graph input {name!r}; known: input_ids, attention_mask, "
+                f"{PAST_PREFIX}*"
             )
-        profiles[name] = (
-            (cfg.min_batch, cfg.min_seq),
-            (cfg.opt_batch, cfg.opt_seq),
-            (cfg.max_batch, cfg.max_seq),
-        )
+        profiles[name] = (shapes[0], shapes[1], shapes[2])
     return profiles
 
 
-def unavailable_reason() -> str | None:
-    """Why an engine cannot be built here (no ``tensorrt`` package, no CUDA GPU), or ``None``."""
-    if importlib.util.find_spec("tensorrt") is None:
+def select_graph(cfg: TensorRTConfig, model_dir: Path) -> Path:
+    """The ONNX file to build: ``cfg.graph``, or with ``auto`` the cache graph when present."""
+    if cfg.graph == "model" or (cfg.graph == "auto" and not (model_dir / WITH_PAST_FILE).is_file()):
+        return resolve_model_file(model_dir / MODEL_FILE if model_dir.is_dir() else model_dir)
+    path = model_dir / WITH_PAST_FILE
+    if not path.is_file():
+        raise InputDataError(f"{model_dir}: graph decoder_with_past requested but {WITH_PAST_FILE} is missing")
+    return path
+
+
+def _shape_arg(profile: Mapping[str, Shape]) -> str:
+    return ",".join(f"{name}:{'x'.join(str(d) for d in shape)}" for name, shape in profile.items())
+
+
+def trtexec_command(
+    cfg: TensorRTConfig,
+    model_file: Path,
+    engine_file: Path,
+    profiles: Mapping[str, tuple[Shape, Shape, Shape]],
+    *,
+    timing_cache: Path | None,
+) -> list[str]:
+    """The ``trtexec`` argument list that builds (and times) the engine ``build_tensorrt`` would build."""
+    command = [
+        cfg.trtexec,
+        f"--onnx={model_file}",
+        f"--saveEngine={engine_file}",
+        f"--memPoolSize=workspace:{round(cfg.workspace_gib * 1024)}M",
+        f"--minShapes={_shape_arg({n: s[0] for n, s in profiles.items()})}",
+        f"--optShapes={_shape_arg({n: s[1] for n, s in profiles.items()})}",
+        f"--maxShapes={_shape_arg({n: s[2] for n, s in profiles.items()})}",
+    ]
+    # Q/DQ and FP32 graphs carry their own types (strongly typed); FP16 from an FP32 graph needs the flag.
+    command.append("--fp16" if cfg.precision == "fp16" else "--stronglyTyped")
+    if timing_cache is not None:
+        command.append(f"--timingCacheFile={timing_cache}")
+    return command
+
+
+_LATENCY = re.compile(r"\bLatency: (?P<body>.*)$", re.MULTILINE)
+_STAT = re.compile(r"(?P<key>min|max|mean|median|percentile\((?P<pct>[\d.]+)%\)) = (?P<value>[\d.eE+-]+) ms")
+
+
+def parse_trtexec_output(text: str) -> dict[str, Any]:
+    """Facts from ``trtexec``'s log: version, device, build seconds, latency (ms) and throughput, and status."""
+    facts: dict[str, Any] = {"passed": "&&&& PASSED" in text}
+    if m := re.search(r"TensorRT version: ([\d.]+)", text):
+        facts["tensorrt_version"] = m.group(1)
+    if m := re.search(r"Selected Device: (.+?)\s*$", text, re.MULTILINE):
+        facts["gpu"] = m.group(1)
+    if m := re.search(r"Engine built in ([\d.]+) sec", text):
+        facts["build_seconds"] = float(m.group(1))
+    if m := re.search(r"Throughput: ([\d.]+) qps", text):
+        facts["throughput_qps"] = float(m.group(1))
+    if m := _LATENCY.search(text):
+        latency = {}
+        for stat in _STAT.finditer(m.group("body")):
+            key = f"p{stat.group('pct').removesuffix('.0')}" if stat.group("pct") else stat.group("key")
+            latency[f"{key}_ms"] = float(stat.group("value"))
+        facts["latency"] = latency
+    return facts
+
+
+def timing_cache_record(path: Path | None) -> dict[str, Any] | None:
+    """What the build record says about the timing cache, taken before the build: path and whether reused."""
+    if path is None:
+        return None
+    return {"path": str(path), "reused": path.is_file() and path.stat().st_size > 0}
+
+
+def unavailable_reason(cfg: TensorRTConfig | None = None) -> str | None:
+    """Why an engine cannot be built here (no ``tensorrt`` package or ``trtexec``, no CUDA GPU), or ``None``."""
+    if cfg is not None and cfg.builder == "trtexec":
+        if shutil.which(cfg.trtexec) is None:
+            return f"{cfg.trtexec} is not on PATH (use the TensorRT image)"
+    elif importlib.util.find_spec("tensorrt") is None:
         return "the tensorrt Python package is not installed (use the TensorRT image)"
     if not torch.cuda.is_available():
         return "no CUDA GPU is visible (torch.cuda.is_available() is False)"
     return None
 
 
-def graph_inputs(model_file: Path) -> list[str]:
-    """Names of the ONNX graph's runtime inputs (initializers excluded)."""
+def graph_inputs(model_file: Path) -> dict[str, list[int | str]]:
+    """The ONNX graph's runtime inputs (initializers excluded) and their dims (int or symbol name)."""
     model = onnx.load(str(model_file), load_external_data=False)
     initializers = {i.name for i in model.graph.initializer}
-    return [i.name for i in model.graph.input if i.name not in initializers]
+    return {
+        i.name: [d.dim_value if d.HasField("dim_value") else d.dim_param for d in i.type.tensor_type.shape.dim]
+        for i in model.graph.input
+        if i.name not in initializers
+    }
 
 
 def count_qdq_nodes(model_file: Path) -> int:
@@ -152,7 +253,8 @@ def _build_engine(
     if timing_cache is not None:
         existing = timing_cache.read_bytes() if timing_cache.is_file() else b""
         config.set_timing_cache(config.create_timing_cache(existing), ignore_mismatch=False)
-        cache_info = {"path": str(timing_cache), "reused": bool(existing)}
+        cache_info = timing_cache_record(timing_cache)
+    log.info("building a TensorRT %s engine from %s (%d profile inputs)", precision, model_file, len(profiles))
     plan = builder.build_serialized_network(network, config)
     if plan is None:
         raise TensorRTBuildError(f"TensorRT failed to build an engine from {model_file} (see the log above)")
@@ -178,8 +280,10 @@ def _run_engine(plan: bytes, feeds: dict[str, np.ndarray]) -> np.ndarray:
     for name, array in feeds.items():
         buffers[name] = torch.from_numpy(array).cuda().contiguous()
         context.set_input_shape(name, tuple(array.shape))
-    out_shape = tuple(context.get_tensor_shape("logits"))
-    buffers["logits"] = torch.empty(out_shape, dtype=torch.float32, device="cuda")
+    for i in range(engine.num_io_tensors):
+        name = engine.get_tensor_name(i)
+        if engine.get_tensor_mode(name) == trt.TensorIOMode.OUTPUT:
+            buffers[name] = torch.empty(tuple(context.get_tensor_shape(name)), dtype=torch.float32, device="cuda")
     for name, tensor in buffers.items():
         context.set_tensor_address(name, tensor.data_ptr())
     stream = torch.cuda.Stream()
@@ -189,21 +293,46 @@ def _run_engine(plan: bytes, feeds: dict[str, np.ndarray]) -> np.ndarray:
     return buffers["logits"].cpu().numpy()
 
 
+def _run_trtexec(command: list[str]) -> str:
+    """Run ``trtexec``; return its log, or raise with the last lines when it failed."""
+    log.info("running %s", " ".join(command))
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    output = done.stdout + done.stderr
+    if done.returncode != 0 or "&&&& FAILED" in output:
+        tail = " | ".join(output.strip().splitlines()[-5:])
+        raise TensorRTBuildError(f"trtexec exited with status {done.returncode}: {tail}")
+    return output
+
+
 # -----------------------------------------------------------------------------------------------------
 
 
-def _smoke_test(plan: bytes, model_file: Path, cfg: TensorRTConfig, vocab_size: int) -> dict[str, Any]:
-    """Compare engine logits with ONNX Runtime on one deterministic batch at the profile's opt shape."""
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, vocab_size, size=(cfg.opt_batch, cfg.opt_seq), dtype=np.int64)
-    mask = np.ones_like(ids)
-    expected = OrtCausalLM(model_file).logits(ids, mask)
-    actual = _run_engine(plan, {"input_ids": ids, "attention_mask": mask})
+def smoke_feeds(
+    profiles: Mapping[str, tuple[Shape, Shape, Shape]], vocab_size: int, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """Deterministic inputs at the profile's opt shapes: random ids, an all-ones mask, a random past."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for name, (_, opt, _) in profiles.items():
+        if name == "input_ids":
+            feeds[name] = rng.integers(0, vocab_size, size=opt, dtype=np.int64)
+        elif name == "attention_mask":
+            feeds[name] = np.ones(opt, dtype=np.int64)
+        else:
+            feeds[name] = rng.standard_normal(opt).astype(np.float32)
+    return feeds
+
+
+def _smoke_test(plan: bytes, model_file: Path, profiles: Mapping, vocab_size: int) -> dict[str, Any]:
+    """Compare engine logits with ONNX Runtime on one deterministic batch at the profile's opt shapes."""
+    feeds = smoke_feeds(profiles, vocab_size)
+    (expected,) = cpu_session(model_file).run(["logits"], feeds)
+    actual = _run_engine(plan, feeds)
     if actual.shape != expected.shape or not np.isfinite(actual).all():
         raise TensorRTBuildError(f"engine logits shape {actual.shape} or values are wrong (ORT {expected.shape})")
     agree = float(np.mean(actual.argmax(-1) == expected.argmax(-1)))
     return {
-        "shape": list(ids.shape),
+        "shapes": {name: list(array.shape) for name, array in feeds.items()},
         "max_abs_diff_vs_ort": float(np.max(np.abs(actual - expected))),
         "top1_agreement_vs_ort": agree,
     }
@@ -220,17 +349,20 @@ def run(
 
     Args:
         timing_cache: a timing-cache file read before and rewritten after the build, so that later builds
-            on the same GPU and TensorRT version reuse kernel timings.
+            on the same GPU and TensorRT version reuse kernel timings (overrides ``cfg.timing_cache``).
     """
     qdq_dir = Path(qdq_dir)
-    model_file = resolve_model_file(qdq_dir)
+    resolve_model_file(qdq_dir)
+    model_file = select_graph(cfg, qdq_dir) if qdq_dir.is_dir() else qdq_dir
     source = input_record(qdq_dir)
     profiles = optimization_profiles(cfg, graph_inputs(model_file))
     if cfg.precision == "int8" and count_qdq_nodes(model_file) == 0:
         raise InputDataError(f"{model_file}: precision int8 needs a Q/DQ model, but the graph has no Q/DQ nodes")
     inputs = {"onnx_model": source}
+    cache = timing_cache if timing_cache is not None else cfg.timing_cache
+    cache_path = Path(cache) if cache is not None else None
 
-    reason = unavailable_reason()
+    reason = unavailable_reason(cfg)
     if reason is not None:
         log.warning("build_tensorrt skipped: %s", reason)
         metrics = {"built": 0.0}
@@ -239,36 +371,52 @@ def run(
             write_manifest(out, KIND, inputs=inputs, config=cfg.model_dump(), metrics=metrics, extra=status)
         return StageResult(metrics=metrics, summary=dict(status))
 
-    start = time.perf_counter()
-    plan, facts = _build_engine(
-        model_file,
-        profiles,
-        precision=cfg.precision,
-        workspace_bytes=int(cfg.workspace_gib * (1 << 30)),
-        timing_cache=Path(timing_cache) if timing_cache is not None else None,
-    )
-    build_seconds = time.perf_counter() - start
     vocab_size = int(json.loads((qdq_dir / "config.json").read_text(encoding="utf-8"))["vocab_size"])
-    smoke = _smoke_test(plan, model_file, cfg, vocab_size)
-    record = build_record(
-        cfg,
-        profiles,
-        tensorrt_version=facts["tensorrt_version"],
-        gpu_name=torch.cuda.get_device_name(0),
-        build_seconds=build_seconds,
-        strongly_typed=facts["strongly_typed"],
-        timing_cache=facts["timing_cache"],
-        smoke=smoke,
-    )
-    metrics = {
-        "built": 1.0,
-        "build_seconds": build_seconds,
-        "engine_size_mb": len(plan) / 1e6,
-        "smoke_max_abs_diff": smoke["max_abs_diff_vs_ort"],
-        "smoke_top1_agreement": smoke["top1_agreement_vs_ort"],
-    }
     with staged_output(output_dir) as out:
-        (out / ENGINE_FILE).write_bytes(plan)
+        start = time.perf_counter()
+        trtexec_facts: dict[str, Any] | None = None
+        if cfg.builder == "trtexec":
+            cache_info = timing_cache_record(cache_path)
+            text = _run_trtexec(trtexec_command(cfg, model_file, out / ENGINE_FILE, profiles, timing_cache=cache_path))
+            trtexec_facts = parse_trtexec_output(text)
+            plan = (out / ENGINE_FILE).read_bytes()
+            facts = {
+                "tensorrt_version": trtexec_facts.get("tensorrt_version", "unknown"),
+                "strongly_typed": cfg.precision != "fp16",
+                "timing_cache": cache_info,
+            }
+        else:
+            plan, facts = _build_engine(
+                model_file,
+                profiles,
+                precision=cfg.precision,
+                workspace_bytes=int(cfg.workspace_gib * (1 << 30)),
+                timing_cache=cache_path,
+            )
+            (out / ENGINE_FILE).write_bytes(plan)
+        build_seconds = time.perf_counter() - start
+        smoke = _smoke_test(plan, model_file, profiles, vocab_size)
+        record = build_record(
+            cfg,
+            profiles,
+            tensorrt_version=facts["tensorrt_version"],
+            gpu_name=torch.cuda.get_device_name(0),
+            build_seconds=build_seconds,
+            strongly_typed=facts["strongly_typed"],
+            timing_cache=facts["timing_cache"],
+            smoke=smoke,
+        )
+        record["graph"] = model_file.name
+        record["builder"] = cfg.builder
+        if trtexec_facts is not None:
+            record["trtexec"] = trtexec_facts
+        metrics = {
+            "built": 1.0,
+            "build_seconds": build_seconds,
+            "engine_size_mb": len(plan) / 1e6,
+            "smoke_max_abs_diff": smoke["max_abs_diff_vs_ort"],
+            "smoke_top1_agreement": smoke["top1_agreement_vs_ort"],
+        }
         (out / BUILD_RECORD).write_text(json.dumps(record, indent=2), encoding="utf-8")
         status = write_status(out, "built", f"TensorRT {record['tensorrt_version']} on {record['gpu']}")
         write_manifest(out, KIND, inputs=inputs, config=cfg.model_dump(), metrics=metrics, extra=status)

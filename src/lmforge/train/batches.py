@@ -1,9 +1,14 @@
 """Language-model batches cut from a flat token array.
 
 A batch is ``{"input_ids": (B, T), "targets": (B, T)}`` of int64 with ``targets`` the inputs shifted
-by one token; positions whose target is ``IGNORE_INDEX`` are not scored. Training windows are drawn
-at random positions with a generator seeded from ``(seed, step, micro)`` only, so the batch of any
-step can be recomputed (reproducible runs, resumption, several ranks agreeing on data).
+by one token; positions whose target is ``IGNORE_INDEX`` are not scored.
+
+Training windows of optimizer step ``step`` are the ``G = batch_size × grad_accum × world_size``
+windows whose start offsets a generator seeded from ``(seed, step)`` draws; micro-batch ``micro`` of
+rank ``rank`` takes rows ``[(micro·world_size + rank)·B, … + B)`` of them. So the batch of any step is a
+function of ``(seed, step, rank)`` only (resumption sees exactly the data an uninterrupted run would),
+and the global batch of a step is the same set of windows however it is split over ranks and
+accumulation steps (a 2-rank run matches a single process with twice the micro-batch).
 """
 
 from __future__ import annotations
@@ -39,14 +44,33 @@ def _windows(tokens: np.ndarray, starts: torch.Tensor, seq_len: int) -> dict[str
     return {"input_ids": windows[:, :-1], "targets": windows[:, 1:]}
 
 
+def global_starts(n_tokens: int, *, seq_len: int, global_batch: int, seed: int, step: int) -> torch.Tensor:
+    """Start offsets of the ``global_batch`` training windows of ``step``: uniform, from ``(seed, step)`` only."""
+    generator = batch_generator(seed, step, 0)
+    return torch.randint(0, n_tokens - seq_len, (global_batch,), generator=generator)
+
+
 def random_windows(
-    tokens: np.ndarray, *, batch_size: int, seq_len: int, seed: int, step: int, micro: int = 0
+    tokens: np.ndarray,
+    *,
+    batch_size: int,
+    seq_len: int,
+    seed: int,
+    step: int,
+    micro: int = 0,
+    grad_accum: int = 1,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> dict[str, torch.Tensor]:
-    """``batch_size`` windows of ``seq_len + 1`` tokens at uniform random offsets, as a shifted batch."""
+    """Rank ``rank``'s micro-batch ``micro`` of step ``step``: ``batch_size`` windows of the step's global batch."""
     _check_length(tokens, seq_len, "train")
-    generator = batch_generator(seed, step, micro)
-    starts = torch.randint(0, len(tokens) - seq_len, (batch_size,), generator=generator)
-    return _windows(tokens, starts, seq_len)
+    if not 0 <= micro < grad_accum or not 0 <= rank < world_size:
+        raise ValueError(f"micro {micro} / rank {rank} out of range for grad_accum {grad_accum}, world {world_size}")
+    starts = global_starts(
+        len(tokens), seq_len=seq_len, global_batch=batch_size * grad_accum * world_size, seed=seed, step=step
+    )
+    first = (micro * world_size + rank) * batch_size
+    return _windows(tokens, starts[first : first + batch_size], seq_len)
 
 
 def eval_windows(tokens: np.ndarray, *, batch_size: int, seq_len: int, n_batches: int) -> list[dict[str, torch.Tensor]]:
@@ -70,9 +94,13 @@ def open_matching_shards(shards_dir: str | Path, tokenizer_dir: str | Path) -> T
 
 
 def shard_batches(
-    shards: TokenShards, cfg: TrainConfig
+    shards: TokenShards, cfg: TrainConfig, *, rank: int = 0, world_size: int = 1
 ) -> tuple[Callable[[int, int], dict[str, torch.Tensor]], list[dict[str, torch.Tensor]]]:
-    """``(train_batch(step, micro), eval batches)`` over the train and val splits of ``shards``."""
+    """``(train_batch(step, micro), eval batches)`` over the train and val splits of ``shards``.
+
+    ``train_batch`` returns rank ``rank``'s part of the step's global batch (see the module docstring);
+    every rank gets the same evaluation batches.
+    """
     train_tokens = shards.tokens("train")
     val = eval_windows(shards.tokens("val"), batch_size=cfg.batch_size, seq_len=cfg.seq_len, n_batches=cfg.eval_batches)
     _check_length(train_tokens, cfg.seq_len, "train")
@@ -85,6 +113,9 @@ def shard_batches(
             seed=cfg.seed,
             step=step,
             micro=micro,
+            grad_accum=cfg.grad_accum,
+            rank=rank,
+            world_size=world_size,
         )
 
     return train_batch, val

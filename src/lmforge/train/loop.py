@@ -4,35 +4,62 @@ A stage hands :func:`train` a model, a :class:`~lmforge.config.TrainConfig` and 
 
 * ``loss_fn(model, batch) -> (loss, n_tokens)``: the scalar loss of one micro-batch (mean over its
   scored tokens) and how many tokens it scored;
-* ``train_batch(step, micro) -> batch``: the micro-batch ``micro`` of optimizer step ``step``,
-  deterministic in (seed, step, micro) so that a resumed run sees the same data;
+* ``train_batch(step, micro) -> batch``: this rank's micro-batch ``micro`` of optimizer step ``step``,
+  deterministic in (seed, step, micro, rank) so that a resumed run sees the same data;
 * ``eval_batches() -> iterable of batches``: the fixed validation set.
 
 The loop is AdamW with decoupled weight decay on matrices only, linear warmup then cosine decay,
-gradient accumulation, global-norm clipping and autocast (``GradScaler`` only for fp16). It returns
-a JSON-serializable history. Everything happens in :func:`train`, top to bottom, so that
-distributed training and resumption can be added in one place.
+gradient accumulation, global-norm clipping, autocast (``GradScaler`` only for fp16) and a guard that
+skips steps with a non-finite loss or gradient. It runs as one process, as DistributedDataParallel
+under ``torchrun``, or on a DeepSpeed ZeRO engine; it writes and resumes checkpoints (model,
+optimizer, step, scaler, RNG, data position, history) and stops cleanly on SIGTERM. Everything
+happens in :func:`train`, top to bottom; the backends differ in a handful of marked lines.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
+import random
+import resource
+import signal
+import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from lmforge.config import TrainConfig
+from lmforge.errors import ConfigError, LmforgeError
+from lmforge.train.distributed import DistContext
+from lmforge.train.mfu import device_peak_flops, mfu
 
 logger = logging.getLogger("lmforge.train")
 
 LossFn = Callable[[torch.nn.Module, Any], tuple[torch.Tensor, int]]
+OnStep = Callable[[int, dict[str, Any]], None]
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+TRAINER_STATE = "trainer_state.json"
+RNG_STATE = "rng.json"
+MODEL_STATE = "model.safetensors"
+OPTIMIZER_STATE = "optimizer.pt"
+DEEPSPEED_TAG = "deepspeed"
+
+
+class TrainingPreempted(LmforgeError):
+    """SIGTERM arrived; a final checkpoint was written (when configured) and training stopped."""
+
+
+class NonFiniteLossError(LmforgeError):
+    """Too many optimizer steps in a row had a non-finite loss or gradient norm."""
 
 
 def default_device() -> torch.device:
@@ -53,6 +80,11 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
 
 
+def _ndim(param: torch.Tensor) -> int:
+    # ZeRO-3 replaces a partitioned parameter's data by an empty 1-D tensor; ds_shape keeps the real shape.
+    return len(getattr(param, "ds_shape", param.shape))
+
+
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """AdamW groups: decay on trainable ≥2-D weights, none on biases, norms and embeddings.
 
@@ -67,7 +99,7 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
     for param in model.parameters():  # yields each shared (tied) tensor once
         if not param.requires_grad:
             continue
-        if param.ndim >= 2 and id(param) not in no_decay_ids:
+        if _ndim(param) >= 2 and id(param) not in no_decay_ids:
             decay.append(param)
         else:
             no_decay.append(param)
@@ -95,10 +127,24 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
+def _model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, loss_fn: LossFn, batches: Iterable[Any], *, precision: str) -> float:
-    """Token-weighted mean of ``loss_fn`` over ``batches``, in eval mode (the mode is restored)."""
-    device = next(model.parameters()).device
+def evaluate(
+    model: torch.nn.Module,
+    loss_fn: LossFn,
+    batches: Iterable[Any],
+    *,
+    precision: str,
+    device: torch.device | None = None,
+) -> float:
+    """Token-weighted mean of ``loss_fn`` over ``batches``, in eval mode (the mode is restored).
+
+    Every rank evaluates every batch (ZeRO-3 needs all ranks in each forward), so all agree.
+    """
+    device = device or _model_device(model)
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
@@ -113,6 +159,58 @@ def evaluate(model: torch.nn.Module, loss_fn: LossFn, batches: Iterable[Any], *,
     return total / count
 
 
+@contextlib.contextmanager
+def sigterm_flag(enabled: bool) -> Iterator[threading.Event]:
+    """An event set when SIGTERM arrives while inside the block (the previous handler is restored)."""
+    event = threading.Event()
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield event
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: event.set())
+    try:
+        yield event
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _rng_state(device: torch.device) -> dict[str, Any]:
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state().tolist(),
+        "cuda": torch.cuda.get_rng_state(device).tolist() if device.type == "cuda" else None,
+        "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+    }
+
+
+def _set_rng_state(state: Mapping[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if state["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(torch.tensor(state["cuda"], dtype=torch.uint8), device)
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def _memory_gb(device: torch.device) -> float:
+    """Peak memory of this process: CUDA allocations on GPU, resident set size on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+def _tensorboard(log_dir: str | Path | None, ctx: DistContext) -> Any:
+    if log_dir is None or not ctx.is_main:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        logger.info("tensorboard is not installed; no event files are written")
+        return None
+    return SummaryWriter(log_dir=str(log_dir))
+
+
 def train(
     model: torch.nn.Module,
     cfg: TrainConfig,
@@ -122,103 +220,338 @@ def train(
     *,
     eval_loss_fn: LossFn | None = None,
     desc: str = "train",
+    dist: DistContext | None = None,
+    flops_per_token: float | None = None,
+    tensorboard_dir: str | Path | None = None,
+    on_step: OnStep | None = None,
 ) -> dict[str, Any]:
     """Optimize ``model`` in place for ``cfg.max_steps`` steps; return the history.
 
     Args:
         model: parameters with ``requires_grad`` are trained, on the device the model is on.
-        cfg: optimizer, schedule, precision and logging settings.
+        cfg: optimizer, schedule, precision, checkpoint and backend settings.
         loss_fn: ``(model, batch) -> (mean loss, scored tokens)`` for training micro-batches.
-        train_batch: ``(step, micro) -> batch``; tensors are moved to the model's device here.
+        train_batch: ``(step, micro) -> batch`` of this rank; tensors are moved to the device here.
         eval_batches: returns the validation batches; evaluated before training (``eval_step`` 0),
             every ``cfg.eval_interval`` steps and after the last step.
         eval_loss_fn: loss for validation when it differs from the training loss (default ``loss_fn``).
         desc: progress-bar label.
+        dist: the process group (:func:`~lmforge.train.distributed.distributed_context`); None is one process.
+        flops_per_token: training FLOPs per token (:mod:`lmforge.train.mfu`) for the MFU figure.
+        tensorboard_dir: where rank 0 writes TensorBoard event files (when tensorboard is installed).
+        on_step: called as ``on_step(step, record)`` after each completed optimizer step (and checkpoint).
 
     Returns:
-        ``step``, ``train_loss``, ``lr``, ``grad_norm``, ``tokens_per_sec``, ``elapsed_s`` (one entry per
-        ``cfg.log_interval`` steps, losses averaged over the interval); ``eval_step``, ``eval_loss``;
-        ``total_tokens`` and ``train_seconds`` (training time without evaluation).
+        ``step``, ``train_loss``, ``lr``, ``grad_norm``, ``tokens_per_sec``, ``mfu``, ``memory_gb``,
+        ``elapsed_s`` (one entry per ``cfg.log_interval`` steps, losses averaged over the interval);
+        ``eval_step``, ``eval_loss``; ``total_tokens``, ``train_seconds`` (without evaluation),
+        ``bad_steps`` (skipped non-finite steps) and ``resumed_from`` (a step, or None).
+
+    Raises:
+        TrainingPreempted: SIGTERM arrived; a final checkpoint was written first when configured.
+        NonFiniteLossError: ``cfg.max_bad_steps`` consecutive steps had a non-finite loss or gradient.
     """
-    device = next(model.parameters()).device
+    ctx = dist or DistContext(device=_model_device(model))
+    device = ctx.device
     eval_loss_fn = eval_loss_fn or loss_fn
+    use_deepspeed = cfg.distributed.backend == "deepspeed"
+    if use_deepspeed and dist is None:
+        raise ConfigError("distributed.backend is deepspeed but no process group was given (pass dist=...)")
+
+    # -- numerics and memory switches ----------------------------------------------------------------
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
+        torch.backends.cudnn.allow_tf32 = cfg.tf32
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
+    if cfg.grad_checkpointing:
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        elif hasattr(model, "gradient_checkpointing_enable"):
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        else:
+            raise ConfigError(f"grad_checkpointing: {type(model).__name__} does not support activation checkpointing")
+
+    # -- optimizer and backend -----------------------------------------------------------------------
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
     # Loss scaling only where fp16's narrow range needs it; bf16 and fp32 never underflow like that.
-    scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16" and not use_deepspeed)
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
+    engine = None
+    if use_deepspeed:  # DeepSpeed owns accumulation, clipping, loss scaling and the ZeRO sharding
+        import deepspeed
+
+        from lmforge.train.deepspeed_config import deepspeed_json
+
+        engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=deepspeed_json(cfg, ctx.world_size)
+        )
+        forward_model: torch.nn.Module = engine
+        optimizer = engine.optimizer
+    elif ctx.distributed:
+        forward_model = torch.nn.parallel.DistributedDataParallel(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=cfg.distributed.find_unused_parameters,
+        )
+    else:
+        forward_model = model
+    if cfg.compile:
+        forward_model = torch.compile(forward_model)
 
     history: dict[str, Any] = {
-        key: [] for key in ("step", "train_loss", "lr", "grad_norm", "tokens_per_sec", "elapsed_s", "eval_step")
+        key: [] for key in ("step", "train_loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "memory_gb", "elapsed_s")
     }
-    history["eval_loss"] = []
+    history |= {"eval_step": [], "eval_loss": [], "total_tokens": 0, "train_seconds": 0.0, "bad_steps": 0}
+    history["resumed_from"] = None
+    window = {"loss": 0.0, "steps": 0, "tokens": 0, "seconds": 0.0}
+    bad_in_row = 0
+    peak_flops = device_peak_flops(device, cfg.peak_flops)
+
+    # -- checkpoint state ----------------------------------------------------------------------------
+    def write_checkpoint_files(folder: Path, rng_states: list[Any], step: int) -> None:
+        if engine is not None:  # every rank writes its ZeRO shards
+            engine.save_checkpoint(str(folder), tag=DEEPSPEED_TAG, save_latest=False)
+        elif ctx.is_main:
+            from safetensors.torch import save_model
+
+            save_model(model, str(folder / MODEL_STATE))  # handles tied embeddings
+            torch.save(optimizer.state_dict(), folder / OPTIMIZER_STATE)
+        if ctx.is_main:
+            state = {
+                "step": step,
+                "data_position": {"step": step, "sequences_seen": step * global_batch},
+                "global_batch": global_batch,
+                "seed": cfg.seed,
+                "scaler": scaler.state_dict() if scaler.is_enabled() else None,
+                "bad_in_row": bad_in_row,
+                "window": window,
+                "history": history,
+            }
+            (folder / TRAINER_STATE).write_text(json.dumps(state), encoding="utf-8")
+            (folder / RNG_STATE).write_text(json.dumps(rng_states), encoding="utf-8")
+
+    def save_checkpoint(step: int) -> None:
+        rng_states = ctx.all_gather_object(_rng_state(device))
+        checkpointer.save(
+            step,
+            lambda folder: write_checkpoint_files(folder, rng_states, step),
+            extra={"backend": cfg.distributed.backend, "global_batch": global_batch},
+        )
+
+    global_batch = cfg.batch_size * cfg.grad_accum * ctx.world_size
+    checkpointer = None
+    start_step = 0
+    if cfg.checkpoint.dir is not None:
+        from lmforge.train.checkpoint import Checkpointer
+
+        checkpointer = Checkpointer(cfg.checkpoint, ctx)
+        resume = checkpointer.resume_step()
+        if resume is not None:
+            with tempfile.TemporaryDirectory(prefix="lmforge-resume-") as scratch:
+                folder = checkpointer.fetch(resume, scratch)
+                state = json.loads((folder / TRAINER_STATE).read_text(encoding="utf-8"))
+                if state["global_batch"] != global_batch or state["seed"] != cfg.seed:
+                    raise ConfigError(
+                        f"checkpoint {folder} was made with global batch {state['global_batch']} and seed "
+                        f"{state['seed']}; this run has {global_batch} and {cfg.seed}, so it would see other data"
+                    )
+                if engine is not None:
+                    engine.load_checkpoint(str(folder), tag=DEEPSPEED_TAG, load_lr_scheduler_states=False)
+                else:
+                    from safetensors.torch import load_model
+
+                    load_model(model, str(folder / MODEL_STATE), device=str(device))
+                    optimizer.load_state_dict(torch.load(folder / OPTIMIZER_STATE, weights_only=True))
+                if state["scaler"] is not None:
+                    scaler.load_state_dict(state["scaler"])
+                rng_states = json.loads((folder / RNG_STATE).read_text(encoding="utf-8"))
+                _set_rng_state(rng_states[ctx.rank % len(rng_states)], device)
+            history, window, bad_in_row = state["history"], state["window"], state["bad_in_row"]
+            history["resumed_from"] = start_step = state["step"]
+            if ctx.is_main:
+                logger.info("%s: resumed from checkpoint step %d", desc, start_step)
 
     def run_eval(step: int) -> None:
-        loss = evaluate(model, eval_loss_fn, eval_batches(), precision=cfg.precision)
+        loss = evaluate(model, eval_loss_fn, eval_batches(), precision=cfg.precision, device=device)
         history["eval_step"].append(step)
         history["eval_loss"].append(loss)
-        logger.info("%s step %d: eval loss %.4f", desc, step, loss)
+        if tb is not None:
+            tb.add_scalar("loss/eval", loss, step)
+        if ctx.is_main:
+            logger.info("%s step %d: eval loss %.4f", desc, step, loss)
 
-    run_eval(0)
+    tb = _tensorboard(tensorboard_dir, ctx)
+    if start_step == 0:
+        run_eval(0)
     model.train()
-    start = time.perf_counter()
-    train_seconds, total_tokens = 0.0, 0
-    window_loss, window_steps, window_tokens, window_seconds = 0.0, 0, 0, 0.0
-    for step in tqdm(range(cfg.max_steps), desc=desc, disable=None, dynamic_ncols=True):
-        step_start = time.perf_counter()
-        lr = lr_at(step, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        step_loss, step_tokens = 0.0, 0
-        for micro in range(cfg.grad_accum):
-            batch = to_device(train_batch(step, micro), device)
-            with autocast(cfg.precision, device):
-                loss, n_tokens = loss_fn(model, batch)
-            scaler.scale(loss / cfg.grad_accum).backward()
-            step_loss += float(loss.detach()) / cfg.grad_accum
-            step_tokens += int(n_tokens)
-        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, max_norm))
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)  # honest step timing
-        step_seconds = time.perf_counter() - step_start
+    start = time.perf_counter() - history["train_seconds"]
+    stop_on_sigterm = checkpointer is not None and cfg.checkpoint.on_sigterm
+    steps = range(start_step, cfg.max_steps)
+    progress = tqdm(steps, desc=desc, disable=None if ctx.is_main else True, dynamic_ncols=True)
+    with sigterm_flag(stop_on_sigterm) as sigterm:
+        for step in progress:
+            step_start = time.perf_counter()
+            lr = lr_at(step, cfg)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
 
-        train_seconds += step_seconds
-        total_tokens += step_tokens
-        window_loss += step_loss
-        window_steps += 1
-        window_tokens += step_tokens
-        window_seconds += step_seconds
-        done = step + 1
-        if done % cfg.log_interval == 0 or done == cfg.max_steps:
-            tokens_per_sec = window_tokens / max(window_seconds, 1e-9)
-            history["step"].append(done)
-            history["train_loss"].append(window_loss / window_steps)
-            history["lr"].append(lr)
-            history["grad_norm"].append(grad_norm)
-            history["tokens_per_sec"].append(tokens_per_sec)
-            history["elapsed_s"].append(time.perf_counter() - start)
-            logger.info(
-                "%s step %d/%d: loss %.4f, lr %.3g, grad norm %.3g, %.0f tokens/s",
-                desc,
-                done,
-                cfg.max_steps,
-                window_loss / window_steps,
-                lr,
-                grad_norm,
-                tokens_per_sec,
-            )
-            window_loss, window_steps, window_tokens, window_seconds = 0.0, 0, 0, 0.0
-        if done % cfg.eval_interval == 0 or done == cfg.max_steps:
-            run_eval(done)
+            # forward/backward over the micro-batches; DDP all-reduces only on the last one
+            step_loss, step_tokens, loss_finite = 0.0, 0, True
+            for micro in range(cfg.grad_accum):
+                batch = to_device(train_batch(step, micro), device)
+                last = micro == cfg.grad_accum - 1
+                sync = contextlib.nullcontext() if last or engine is not None or not ctx.distributed else None
+                with sync or forward_model.no_sync():
+                    with autocast(cfg.precision, device):
+                        loss, n_tokens = loss_fn(forward_model, batch)
+                    if engine is not None:
+                        engine.backward(loss)  # scales by 1/grad_accum itself
+                        engine.step()  # steps the optimizer only at the accumulation boundary
+                    else:
+                        scaler.scale(loss / cfg.grad_accum).backward()
+                value = float(loss.detach())
+                loss_finite &= math.isfinite(value)
+                step_loss += value / cfg.grad_accum
+                step_tokens += int(n_tokens)
 
+            # clip, guard against non-finite values, step
+            if engine is not None:
+                grad_norm = float(engine.get_global_grad_norm() or 0.0)
+                skipped = not engine.was_step_applied()
+            else:
+                scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, max_norm))
+                skipped = False
+            # fp16: an inf gradient is the GradScaler's business (it skips and lowers the scale)
+            grad_bad = not math.isfinite(grad_norm) and cfg.precision != "fp16"
+            due = checkpointer is not None and checkpointer.due(step + 1)
+            any_bad, any_due, stop = ctx.any(not loss_finite or grad_bad, due, sigterm.is_set())
+            if engine is None:
+                if any_bad:
+                    scaler.update()
+                else:
+                    scaler.step(optimizer)
+                    scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+            if any_bad or (skipped and cfg.precision != "fp16"):
+                bad_in_row += 1
+                history["bad_steps"] += 1
+                if ctx.is_main:
+                    logger.warning(
+                        "%s step %d: non-finite loss %.4g or grad norm %.4g; step skipped (%d in a row)",
+                        desc,
+                        step + 1,
+                        step_loss,
+                        grad_norm,
+                        bad_in_row,
+                    )
+                if bad_in_row >= cfg.max_bad_steps:
+                    raise NonFiniteLossError(
+                        f"{desc}: {bad_in_row} consecutive steps (up to step {step + 1}) had a non-finite loss "
+                        f"or gradient norm (last loss {step_loss:.4g}, grad norm {grad_norm:.4g}); lower "
+                        f"train.lr, check the data, or use bf16 instead of fp16 (train.max_bad_steps="
+                        f"{cfg.max_bad_steps})"
+                    )
+            else:
+                bad_in_row = 0
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # honest step timing
+            step_seconds = time.perf_counter() - step_start
+
+            # bookkeeping (losses and tokens are global: averaged / summed over ranks)
+            step_loss = ctx.mean(step_loss)
+            step_tokens *= ctx.world_size
+            history["train_seconds"] += step_seconds
+            history["total_tokens"] += step_tokens
+            window["loss"] += step_loss
+            window["steps"] += 1
+            window["tokens"] += step_tokens
+            window["seconds"] += step_seconds
+            done = step + 1
+            record: dict[str, Any] = {"loss": step_loss, "lr": lr, "grad_norm": grad_norm}
+            if done % cfg.log_interval == 0 or done == cfg.max_steps:
+                tokens_per_sec = window["tokens"] / max(window["seconds"], 1e-9)
+                utilization = (
+                    mfu(tokens_per_sec, flops_per_token, peak_flops, ctx.world_size)
+                    if flops_per_token and peak_flops
+                    else None
+                )
+                record |= {
+                    "train_loss": window["loss"] / window["steps"],
+                    "tokens_per_sec": tokens_per_sec,
+                    "mfu": utilization,
+                    "memory_gb": _memory_gb(device),
+                }
+                history["step"].append(done)
+                history["train_loss"].append(record["train_loss"])
+                history["lr"].append(lr)
+                history["grad_norm"].append(grad_norm)
+                history["tokens_per_sec"].append(tokens_per_sec)
+                history["mfu"].append(utilization)
+                history["memory_gb"].append(record["memory_gb"])
+                history["elapsed_s"].append(time.perf_counter() - start)
+                if ctx.is_main:
+                    logger.info(
+                        "%s step %d/%d: loss %.4f, lr %.3g, grad norm %.3g, %.0f tokens/s%s, %.2f GB",
+                        desc,
+                        done,
+                        cfg.max_steps,
+                        record["train_loss"],
+                        lr,
+                        grad_norm,
+                        tokens_per_sec,
+                        f", MFU {100 * utilization:.1f}%" if utilization is not None else "",
+                        record["memory_gb"],
+                    )
+                if tb is not None:
+                    for key in ("train_loss", "tokens_per_sec", "mfu", "memory_gb"):
+                        if record[key] is not None:
+                            tb.add_scalar(key.replace("train_loss", "loss/train"), record[key], done)
+                    tb.add_scalar("lr", lr, done)
+                    tb.add_scalar("grad_norm", grad_norm, done)
+                window = {"loss": 0.0, "steps": 0, "tokens": 0, "seconds": 0.0}
+            if done % cfg.eval_interval == 0 or done == cfg.max_steps:
+                run_eval(done)
+            if checkpointer is not None and (any_due or stop):
+                save_checkpoint(done)
+            if on_step is not None:
+                on_step(done, record)
+            if stop:
+                if tb is not None:
+                    tb.close()
+                raise TrainingPreempted(
+                    f"{desc}: SIGTERM received; stopped after step {done} with a checkpoint in {cfg.checkpoint.dir}"
+                )
+
+    if tb is not None:
+        tb.close()
     model.eval()
-    history["total_tokens"] = total_tokens
-    history["train_seconds"] = train_seconds
     return history
+
+
+def full_state_dict(model: torch.nn.Module, ctx: DistContext) -> dict[str, torch.Tensor] | None:
+    """The complete weights on rank 0 (None elsewhere), gathering ZeRO-3 partitions one tensor at a time.
+
+    Called on every rank; for a model that is not partitioned it is just ``model.state_dict()``.
+    """
+    if not any(hasattr(p, "ds_id") for p in model.parameters()):
+        return model.state_dict() if ctx.is_main else None
+    import deepspeed
+
+    state: dict[str, torch.Tensor] = {}
+    for name, param in model.named_parameters():
+        with deepspeed.zero.GatheredParameters([param]):
+            if ctx.is_main:
+                state[name] = param.detach().cpu().clone()
+    if not ctx.is_main:
+        return None
+    for name, buffer in model.named_buffers():
+        if name in model.state_dict():
+            state[name] = buffer.detach().cpu().clone()
+    return state
 
 
 def tokens_per_sec(history: Mapping[str, Any]) -> float:

@@ -1,21 +1,29 @@
-"""The ``finetune_lora`` stage: LoRA on prompt/response pairs, answer tokens only in the loss."""
+"""The ``finetune_lora`` stage: LoRA on prompt/response or chat data, answer tokens only in the loss.
+
+The base model may be a local directory or an ``s3://`` prefix in Hugging Face layout (any causal LM
+``transformers`` can build offline). The stage writes the PEFT adapter and the merged standalone model;
+the adapter applied to the base and the merged model compute the same logits (to fp32 rounding).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
+import tempfile
 from pathlib import Path
 
 import peft
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.pytorch_utils import Conv1D
 
-from lmforge.artifacts import input_record, staged_output, write_manifest
+from lmforge import storage
+from lmforge.artifacts import describe_files, input_record, staged_output, write_manifest
 from lmforge.config import LoraConfig
-from lmforge.data.qa import QAPair, load_pairs, split_pairs
-from lmforge.errors import ConfigError
-from lmforge.model.build import count_parameters, load_causal_lm, load_tokenizer, save_model_dir
+from lmforge.data.qa import Example, encode_example, load_examples, split_examples
+from lmforge.errors import ArtifactIncompleteError, ConfigError, InputDataError
+from lmforge.model.build import check_model_dir, count_parameters, load_causal_lm, load_tokenizer, save_model_dir
 from lmforge.report_html import page, table
 from lmforge.results import StageResult
 from lmforge.train.batches import IGNORE_INDEX, batch_generator
@@ -24,24 +32,26 @@ from lmforge.train.losses import causal_lm_loss
 
 logger = logging.getLogger("lmforge.finetune_lora")
 
+_LLAMA_LIKE = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# Attention and MLP projections per architecture (QLoRA's finding: adapting all of them matters more
+# than the rank). Keys are ``config.model_type``.
 DEFAULT_TARGETS: dict[str, list[str]] = {
     "gpt2": ["c_attn", "c_proj", "c_fc"],
-    "llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "llama": _LLAMA_LIKE,
+    "mistral": _LLAMA_LIKE,
+    "mixtral": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "qwen2": _LLAMA_LIKE,
+    "qwen3": _LLAMA_LIKE,
+    "gemma": _LLAMA_LIKE,
+    "gemma2": _LLAMA_LIKE,
+    "phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
+    "gpt_neox": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
+    "opt": ["q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"],
 }
+# Module types peft's LoRA can wrap.
+_LORA_TYPES = (torch.nn.Linear, Conv1D, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d)
 
 Encoded = tuple[list[int], list[int]]
-
-
-def encode_pair(tokenizer: PreTrainedTokenizerBase, pair: QAPair, max_len: int) -> Encoded:
-    """``(input_ids, labels)`` of prompt + response, truncated to ``max_len``; prompt labels are -100.
-
-    Prompt and response are tokenized separately so that the boundary between them is exact.
-    """
-    prompt = tokenizer(pair.prompt_text())["input_ids"]
-    response = tokenizer(pair.response_text(tokenizer.eos_token), add_special_tokens=False)["input_ids"]
-    ids = (prompt + response)[:max_len]
-    labels = ([IGNORE_INDEX] * len(prompt) + response)[:max_len]
-    return ids, labels
 
 
 def collate(examples: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
@@ -55,32 +65,120 @@ def collate(examples: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": ids[:, :-1], "targets": labels[:, 1:]}
 
 
+def pack(examples: list[Encoded], width: int, *, seed: int) -> list[Encoded]:
+    """Concatenate the examples (in a seeded shuffled order) and cut the stream into rows of ``width`` tokens.
+
+    Every example ends in EOS, so the model sees where one stops; the tail shorter than a row is dropped
+    (it is at most one row's worth of tokens, from a shuffled order).
+    """
+    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed)).tolist()
+    ids = [t for i in order for t in examples[i][0]]
+    labels = [t for i in order for t in examples[i][1]]
+    rows = [(ids[s : s + width], labels[s : s + width]) for s in range(0, len(ids) - width + 1, width)]
+    if not rows:
+        raise ConfigError(f"finetune_lora.packing: the training data holds fewer than one row of {width} tokens")
+    return rows
+
+
 def target_modules(model: PreTrainedModel, requested: list[str] | None) -> list[str]:
-    """The modules to adapt: ``requested`` (each must exist) or the architecture's default."""
+    """The modules to adapt: ``requested`` (each must name a module LoRA can wrap) or the architecture's default."""
     arch = model.config.model_type
     if requested is None:
         if arch not in DEFAULT_TARGETS:
-            raise ConfigError(f"finetune_lora.target_modules: no default for architecture {arch!r}; set it explicitly")
-        return list(DEFAULT_TARGETS[arch])
-    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+            raise ConfigError(
+                f"finetune_lora.target_modules: no default for architecture {arch!r} "
+                f"(defaults exist for {', '.join(sorted(DEFAULT_TARGETS))}); set it explicitly"
+            )
+        requested = DEFAULT_TARGETS[arch]
+    modules: dict[str, list[torch.nn.Module]] = {}
+    for name, module in model.named_modules():
+        modules.setdefault(name.rsplit(".", 1)[-1], []).append(module)
     for target in requested:
-        if target not in names:
+        if target not in modules:
             raise ConfigError(
                 f"finetune_lora.target_modules: {target!r} matches no module of the {arch} model "
-                f"(default targets: {', '.join(DEFAULT_TARGETS.get(arch, []))})"
+                f"(default targets: {', '.join(DEFAULT_TARGETS.get(arch, [])) or 'none'})"
+            )
+        wrong = {type(m).__name__ for m in modules[target] if not isinstance(m, _LORA_TYPES)}
+        if wrong:
+            raise ConfigError(
+                f"finetune_lora.target_modules: {target!r} is a {', '.join(sorted(wrong))}; LoRA adapts Linear, "
+                "Conv1D, Conv and Embedding modules only (use modules_to_save to train it in full)"
             )
     return list(requested)
 
 
-def _pairs_record(uri: str, pairs: list[QAPair], heldout: list[QAPair]) -> dict[str, object]:
-    content = json.dumps([[p.prompt, p.response] for p in pairs]).encode()
+def _check_modules_to_save(model: PreTrainedModel, names: list[str] | None) -> None:
+    if not names:
+        return
+    known = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    for name in names:
+        if name not in known:
+            raise ConfigError(f"finetune_lora.modules_to_save: {name!r} matches no module of the model")
+
+
+def peft_config(cfg: LoraConfig, model: PreTrainedModel, targets: list[str]) -> peft.LoraConfig:
+    """The ``peft.LoraConfig`` for ``cfg`` on ``model`` (``fan_in_fan_out`` where weights are stored transposed)."""
+    n_layers = model.config.num_hidden_layers
+    if cfg.layers_to_transform is not None and max(cfg.layers_to_transform) >= n_layers:
+        raise ConfigError(
+            f"finetune_lora.layers_to_transform: {max(cfg.layers_to_transform)} is out of range; "
+            f"the model has blocks 0..{n_layers - 1}"
+        )
+    _check_modules_to_save(model, cfg.modules_to_save)
+    return peft.LoraConfig(
+        r=cfg.r,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        use_rslora=cfg.use_rslora,
+        bias=cfg.bias,
+        target_modules=targets,
+        layers_to_transform=cfg.layers_to_transform,
+        modules_to_save=cfg.modules_to_save,
+        fan_in_fan_out=any(isinstance(m, Conv1D) for m in model.modules()),  # GPT-2's Conv1D stores W transposed
+        task_type="CAUSAL_LM",
+    )
+
+
+def model_record(local: Path, uri: str) -> dict[str, object]:
+    """Lineage of a model input: its manifest's fingerprint, or (any HF directory) one over its files."""
+    try:
+        record = input_record(local)
+    except ArtifactIncompleteError:
+        files = describe_files(local)
+        joined = "\n".join(f"{name}:{meta['sha256']}" for name, meta in sorted(files.items()))
+        record = {"kind": "hf-model", "fingerprint": hashlib.sha256(joined.encode()).hexdigest()}
+    return record | {"uri": str(uri)}
+
+
+def _examples_record(uri: str, examples: list[Example], heldout: list[Example]) -> dict[str, object]:
+    content = json.dumps([repr(e) for e in examples]).encode()
     return {
         "uri": str(uri),
-        "kind": "qa_pairs",
+        "kind": "qa_examples",
         "fingerprint": hashlib.sha256(content).hexdigest(),
-        "pairs": len(pairs),
-        "heldout_pairs": len(heldout),
+        "examples": len(examples),
+        "heldout_examples": len(heldout),
     }
+
+
+def load_base(base_uri: str | Path, workdir: str | Path) -> tuple[Path, PreTrainedTokenizerBase, PreTrainedModel]:
+    """Localize a base model (directory or ``s3://`` prefix) and load its tokenizer and weights (fp32, eval)."""
+    local = storage.localize(str(base_uri), workdir)
+    try:
+        check_model_dir(local)
+    except InputDataError as exc:  # name the URI the user gave, not the scratch copy
+        raise InputDataError(str(exc).replace(str(local), str(base_uri))) from exc
+    return local, load_tokenizer(local), load_causal_lm(local)
+
+
+def load_adapted(base_uri: str | Path, adapter_uri: str | Path, workdir: str | Path) -> peft.PeftModel:
+    """The base model with a PEFT adapter applied, each from a local directory or ``s3://`` prefix (eval mode)."""
+    _, _, base = load_base(base_uri, Path(workdir, "base"))
+    adapter = storage.localize(str(adapter_uri), Path(workdir, "adapter"))
+    if not (adapter / "adapter_config.json").is_file():
+        raise InputDataError(f"adapter {adapter_uri}: no adapter_config.json (expected a PEFT adapter directory)")
+    return peft.PeftModel.from_pretrained(base, adapter).eval()
 
 
 def run(
@@ -90,85 +188,105 @@ def run(
     adapter_dir: str | Path,
     merged_dir: str | Path,
 ) -> StageResult:
-    """LoRA-tune the base model on the Q&A pairs; write the PEFT adapter and the merged model.
+    """LoRA-tune the base model on the Q&A/chat examples; write the PEFT adapter and the merged model.
 
     Held-out loss is the mean answer-token cross-entropy on the first ``eval_batches × batch_size``
-    held-out pairs, measured before training (``base_heldout_loss``) and after (``tuned_heldout_loss``).
+    held-out examples, measured before training (``base_heldout_loss``, LoRA's B is zero at step 0) and
+    after (``tuned_heldout_loss``).
+
+    Raises:
+        InputDataError: the base model has no weights or tokenizer, or the data is empty or malformed.
+        ConfigError: a target module does not exist or cannot take LoRA, or seq_len does not fit.
     """
+    with tempfile.TemporaryDirectory(prefix="lmforge-lora-") as workdir:
+        local_base, tokenizer, model = load_base(base_model_dir, workdir)
+        base_record = model_record(local_base, str(base_model_dir))
+        return _run(cfg, model, tokenizer, base_record, str(base_model_dir), qa_uri, adapter_dir, merged_dir)
+
+
+def _run(
+    cfg: LoraConfig,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    base_record: dict[str, object],
+    base_uri: str,
+    qa_uri: str | Path,
+    adapter_dir: str | Path,
+    merged_dir: str | Path,
+) -> StageResult:
     tcfg = cfg.train
-    tokenizer = load_tokenizer(base_model_dir)
-    model = load_causal_lm(base_model_dir)
     positions = model.config.max_position_embeddings
     if tcfg.seq_len > positions:
         raise ConfigError(
             f"finetune_lora.train.seq_len ({tcfg.seq_len}) exceeds the base model's {positions} positions"
         )
     targets = target_modules(model, cfg.target_modules)
-    pairs = load_pairs(str(qa_uri))
-    train_pairs, heldout_pairs = split_pairs(pairs, cfg.heldout_fraction)
-    inputs = {
-        "base_model": input_record(base_model_dir),
-        "qa": _pairs_record(str(qa_uri), pairs, heldout_pairs),
-    }
+    lora_config = peft_config(cfg, model, targets)
+    examples = load_examples(str(qa_uri))
+    train_examples, heldout_examples = split_examples(examples, cfg.heldout_fraction)
+    inputs = {"base_model": base_record, "qa": _examples_record(str(qa_uri), examples, heldout_examples)}
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    train_examples = [encode_pair(tokenizer, p, tcfg.seq_len) for p in train_pairs]
-    heldout_examples = [encode_pair(tokenizer, p, tcfg.seq_len) for p in heldout_pairs]
-    heldout_examples = heldout_examples[: tcfg.eval_batches * tcfg.batch_size]
-    if all(label == IGNORE_INDEX for _, labels in heldout_examples for label in labels[1:]):
+    width = tcfg.seq_len + 1  # inputs and shifted targets are seq_len long
+
+    def encode(example: Example) -> Encoded:
+        return encode_example(tokenizer, example, width, chat_template=cfg.chat_template)
+
+    train_rows = [encode(e) for e in train_examples]
+    if cfg.packing:
+        train_rows = pack(train_rows, width, seed=tcfg.seed)
+    heldout_rows = [encode(e) for e in heldout_examples[: tcfg.eval_batches * tcfg.batch_size]]
+    if all(label == IGNORE_INDEX for _, labels in heldout_rows for label in labels[1:]):
         raise ConfigError(f"finetune_lora.train.seq_len ({tcfg.seq_len}) cuts off every held-out answer; raise seq_len")
     heldout_batches = [
-        collate(heldout_examples[i : i + tcfg.batch_size], pad_id)
-        for i in range(0, len(heldout_examples), tcfg.batch_size)
+        collate(heldout_rows[i : i + tcfg.batch_size], pad_id) for i in range(0, len(heldout_rows), tcfg.batch_size)
     ]
 
     def train_batch(step: int, micro: int) -> dict[str, torch.Tensor]:
         generator = batch_generator(tcfg.seed, step, micro)
-        rows = torch.randint(0, len(train_examples), (tcfg.batch_size,), generator=generator)
-        return collate([train_examples[i] for i in rows.tolist()], pad_id)
+        rows = torch.randint(0, len(train_rows), (tcfg.batch_size,), generator=generator)
+        return collate([train_rows[i] for i in rows.tolist()], pad_id)
 
     # Outputs are entered first so that an occupied output directory fails before training.
     with staged_output(adapter_dir) as adapter_out, staged_output(merged_dir) as merged_out:
         torch.manual_seed(tcfg.seed)  # LoRA A matrices are initialized randomly
-        lora_config = peft.LoraConfig(
-            r=cfg.r,
-            lora_alpha=cfg.alpha,
-            lora_dropout=cfg.dropout,
-            target_modules=targets,
-            fan_in_fan_out=model.config.model_type == "gpt2",  # GPT-2's Conv1D stores weights transposed
-            task_type="CAUSAL_LM",
-        )
         model = peft.get_peft_model(model, lora_config).to(default_device())
+        # Lineage: the adapter names the URI the base came from, not this run's scratch copy.
+        model.peft_config["default"].base_model_name_or_path = base_uri
         trainable, total = count_parameters(model, trainable_only=True), count_parameters(model)
         logger.info(
-            "LoRA r=%d on %s: %d of %d parameters trainable; %d train / %d held-out pairs",
+            "LoRA r=%d alpha=%d (scaling %.3g%s) on %s: %d of %d parameters trainable; %d train rows%s, "
+            "%d held-out examples",
             cfg.r,
+            cfg.alpha,
+            cfg.scaling,
+            ", rsLoRA" if cfg.use_rslora else "",
             ",".join(targets),
             trainable,
             total,
-            len(train_examples),
-            len(heldout_pairs),
+            len(train_rows),
+            " (packed)" if cfg.packing else "",
+            len(heldout_examples),
         )
         history = train(model, tcfg, causal_lm_loss, train_batch, lambda: heldout_batches, desc="finetune_lora")
 
+        base_loss, tuned_loss = history["eval_loss"][0], history["eval_loss"][-1]
         metrics = {
-            "base_heldout_loss": history["eval_loss"][0],  # step 0: LoRA B is zero, so this is the base model
-            "tuned_heldout_loss": history["eval_loss"][-1],
+            "base_heldout_loss": base_loss,
+            "tuned_heldout_loss": tuned_loss,
+            "heldout_loss_reduction": 1.0 - tuned_loss / base_loss,
+            "train_loss": history["train_loss"][-1],
             "trainable_fraction": trainable / total,
             "tokens_per_sec": tokens_per_sec(history),
         }
-        config = cfg.model_dump(mode="json") | {"resolved_target_modules": targets}
+        config = cfg.model_dump(mode="json") | {"resolved_target_modules": targets, "scaling": cfg.scaling}
         model.save_pretrained(adapter_out)
         tokenizer.save_pretrained(adapter_out)
         write_manifest(adapter_out, "adapter", inputs=inputs, config=config, metrics=metrics)
         merged = model.merge_and_unload()
         save_model_dir(merged, tokenizer, merged_out, history=history)
         write_manifest(merged_out, "model", inputs=inputs, config=config, metrics=metrics)
-    logger.info(
-        "finetune_lora: held-out loss %.4f -> %.4f",
-        metrics["base_heldout_loss"],
-        metrics["tuned_heldout_loss"],
-    )
+    logger.info("finetune_lora: held-out answer loss %.4f -> %.4f", base_loss, tuned_loss)
 
     html = page(
         "LoRA fine-tuning",
@@ -176,7 +294,7 @@ def run(
             *curves_section(history, title="Answer loss"),
             ("Metrics", table(["metric", "value"], list(metrics.items()))),
         ],
-        subtitle=f"r={cfg.r}, alpha={cfg.alpha}, targets {', '.join(targets)}",
+        subtitle=f"r={cfg.r}, alpha={cfg.alpha} (scaling {cfg.scaling:.3g}), targets {', '.join(targets)}",
     )
     return StageResult(
         metrics=metrics, html=html, summary={"adapter_dir": str(adapter_dir), "merged_dir": str(merged_dir)}

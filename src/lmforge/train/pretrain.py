@@ -1,54 +1,108 @@
-"""The ``pretrain`` stage: a freshly initialized causal LM trained on token shards."""
+"""The ``pretrain`` stage: a freshly initialized causal LM trained on token shards.
+
+Runs as one process, or on every rank of a ``torchrun`` / Kubeflow Trainer job (DDP or DeepSpeed ZeRO,
+see :class:`~lmforge.config.DistributedConfig`); rank 0 writes the output model directory.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from pathlib import Path
 
 from lmforge.artifacts import input_record, staged_output, write_manifest
 from lmforge.config import PretrainConfig
-from lmforge.model.build import build_model, count_parameters, load_tokenizer, save_model_dir
+from lmforge.errors import InputDataError
+from lmforge.model.build import build_model, load_tokenizer, save_model_dir
 from lmforge.report_html import page, table
 from lmforge.results import StageResult
 from lmforge.train.batches import open_matching_shards, shard_batches
-from lmforge.train.loop import curves_section, default_device, tokens_per_sec, train
+from lmforge.train.deepspeed_config import hf_zero3_init
+from lmforge.train.distributed import distributed_context
+from lmforge.train.loop import curves_section, full_state_dict, tokens_per_sec, train
 from lmforge.train.losses import causal_lm_loss
+from lmforge.train.mfu import model_flops_per_token
 
 logger = logging.getLogger("lmforge.pretrain")
+
+TENSORBOARD_DIR = "tensorboard"
+
+
+def _refuse_occupied(output_dir: Path) -> None:
+    # Checked on every rank (rank 0's staged_output checks again) so that no rank starts training alone.
+    if output_dir.exists() and (output_dir.is_file() or any(output_dir.iterdir())):
+        raise InputDataError(f"output {output_dir} already exists and is not empty; refusing to overwrite it")
 
 
 def run(cfg: PretrainConfig, shards_dir: str | Path, tokenizer_dir: str | Path, output_dir: str | Path) -> StageResult:
     """Pretrain ``cfg.model`` on the shards' train split; write an HF model directory to ``output_dir``.
 
+    With ``cfg.train.checkpoint.dir`` set, training resumes from the newest complete checkpoint there
+    and writes new ones as configured.
+
     Raises:
-        InputDataError: the shards were not written by the tokenizer in ``tokenizer_dir``, or a split
-            is shorter than one training window.
+        InputDataError: the shards were not written by the tokenizer in ``tokenizer_dir``, a split is
+            shorter than one training window, or ``output_dir`` is not empty.
+        TrainingPreempted: SIGTERM arrived; the final checkpoint is in ``cfg.train.checkpoint.dir``.
+        NonFiniteLossError: too many consecutive non-finite steps.
     """
+    tcfg = cfg.train
     shards = open_matching_shards(shards_dir, tokenizer_dir)
     tokenizer = load_tokenizer(tokenizer_dir)
     inputs = {"shards": input_record(shards_dir), "tokenizer": input_record(tokenizer_dir)}
-    train_batch, val_batches = shard_batches(shards, cfg.train)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    _refuse_occupied(Path(output_dir))
 
-    with staged_output(output_dir) as out:  # entered first: an occupied output fails before training
-        model = build_model(
-            cfg.model,
-            len(tokenizer),
-            eos_id=tokenizer.eos_token_id,
-            pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-            seed=cfg.train.seed,
-        ).to(default_device())
-        parameters = count_parameters(model)
-        logger.info(
-            "pretraining %s (%d layers, %.2fM parameters) for %d steps on %d train tokens",
-            cfg.model.arch,
-            cfg.model.n_layer,
-            parameters / 1e6,
-            cfg.train.max_steps,
-            shards.index["splits"]["train"]["tokens"],
-        )
-        history = train(model, cfg.train, causal_lm_loss, train_batch, lambda: val_batches, desc="pretrain")
+    with distributed_context(tcfg.distributed) as ctx, contextlib.ExitStack() as outputs:
+        train_batch, val_batches = shard_batches(shards, tcfg, rank=ctx.rank, world_size=ctx.world_size)
+        out = outputs.enter_context(staged_output(output_dir)) if ctx.is_main else None
+        with hf_zero3_init(tcfg, ctx.world_size):
+            model = build_model(cfg.model, len(tokenizer), eos_id=tokenizer.eos_token_id, pad_id=pad_id, seed=tcfg.seed)
+            partitioned = any(hasattr(p, "ds_id") for p in model.parameters())
+            if not partitioned:
+                model = model.to(ctx.device)
+            parameters = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+            if ctx.is_main:
+                logger.info(
+                    "pretraining %s (%d layers, %.2fM parameters) for %d steps on %d train tokens, %d rank(s), %s",
+                    cfg.model.arch,
+                    cfg.model.n_layer,
+                    parameters / 1e6,
+                    tcfg.max_steps,
+                    shards.index["splits"]["train"]["tokens"],
+                    ctx.world_size,
+                    tcfg.distributed.backend
+                    + (
+                        f" ZeRO-{tcfg.distributed.deepspeed.zero.stage}"
+                        if tcfg.distributed.backend == "deepspeed"
+                        else ""
+                    ),
+                )
+            history = train(
+                model,
+                tcfg,
+                causal_lm_loss,
+                train_batch,
+                lambda: val_batches,
+                desc="pretrain",
+                dist=ctx,
+                flops_per_token=model_flops_per_token(model, tcfg.seq_len),
+                tensorboard_dir=out / TENSORBOARD_DIR if out is not None else None,
+            )
+            state = full_state_dict(model, ctx) if partitioned else None
+        if out is None:
+            return StageResult(summary={"model_dir": str(output_dir), "rank": ctx.rank})
 
+        if partitioned:  # a plain copy of the consolidated ZeRO-3 weights saves as a normal HF model
+            model = build_model(cfg.model, len(tokenizer), eos_id=tokenizer.eos_token_id, pad_id=pad_id, seed=0)
+            missing, unexpected = model.load_state_dict(state, strict=False)
+            tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+            if unexpected or set(missing) - tied:
+                raise RuntimeError(
+                    f"consolidated ZeRO-3 weights do not fit: missing {missing}, unexpected {unexpected}"
+                )
+            model.tie_weights()
         val_loss = history["eval_loss"][-1]
         metrics = {
             "train_loss": history["train_loss"][-1],
@@ -56,9 +110,13 @@ def run(cfg: PretrainConfig, shards_dir: str | Path, tokenizer_dir: str | Path, 
             "val_perplexity": math.exp(val_loss),
             "tokens_per_sec": tokens_per_sec(history),
             "parameters": float(parameters),
-            "steps": float(cfg.train.max_steps),
+            "steps": float(tcfg.max_steps),
+            "bad_steps": float(history["bad_steps"]),
+            "world_size": float(ctx.world_size),
         }
-        save_model_dir(model, tokenizer, out, history=history)
+        if history["mfu"] and history["mfu"][-1] is not None:
+            metrics["mfu"] = history["mfu"][-1]
+        save_model_dir(model.cpu(), tokenizer, out, history=history)
         write_manifest(out, "model", inputs=inputs, config=cfg.model_dump(mode="json"), metrics=metrics)
     logger.info("pretrain: val loss %.4f (perplexity %.1f) -> %s", val_loss, metrics["val_perplexity"], output_dir)
 

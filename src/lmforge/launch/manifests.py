@@ -1,0 +1,343 @@
+"""Pure builders for the Kubernetes objects ``lmforge.launch`` submits: names, commands and job manifests.
+
+Nothing here talks to a cluster. The manifests follow the CRDs as published by Kubeflow (copies under
+``tests/data/crds/``, where the tests validate every builder's output against them):
+
+- ``TrainJob`` (Kubeflow Trainer v2, ``trainer.kubeflow.org/v1alpha1``): the stock ``ClusterTrainingRuntime``
+  supplies the pod template; lmforge sets ``spec.trainer`` (image, command, nodes, GPUs, env) and places the
+  pods with a ``spec.runtimePatches`` entry (node selector, tolerations, service account, /dev/shm).
+- ``PyTorchJob`` (Training Operator v1, ``kubeflow.org/v1``): a full pod template per replica type
+  (``Master`` + ``Worker``), ``nprocPerNode`` and ``runPolicy``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lmforge.config import LaunchConfig
+
+GPU_RESOURCE = "nvidia.com/gpu"
+PATCH_MANAGER = "lmforge.io/launch"
+LABEL_PART_OF = "app.kubernetes.io/part-of"
+LABEL_TASK = "lmforge.io/task"
+LABEL_RUN_HASH = "lmforge.io/run-hash"
+ANNOTATION_RUN_ID = "lmforge.io/run-id"
+ANNOTATION_TASK = "lmforge.io/task"
+ANNOTATION_SPEC_HASH = "lmforge.io/spec-hash"
+
+# Env that makes the collective timeout (the stage's ``distributed.timeout_minutes``, passed to
+# init_process_group) effective: on a timed-out or failed collective, PyTorch's NCCL watchdog aborts the
+# communicator and ends the process, so the pod fails and the job reports it, instead of hanging on.
+NCCL_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_DEBUG": "WARN"}
+# Pods and services the operators derive from the job name add suffixes ("-master-0", "-node-0-0-xxxxx")
+# that must still fit a 63-character DNS label, so job names stay well below 63.
+MAX_JOB_NAME = 40
+_HASH_LEN = 10
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """Where a job kind lives in the API and how its operator labels pods and reports the outcome."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+    pod_label: str  # label the operator puts on the job's pods, value = job name
+    container: str  # name of the training container in those pods
+    succeeded: str  # condition type meaning success
+    failed: str = "Failed"
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}"
+
+
+TRAINJOB = JobKind(
+    kind="TrainJob",
+    group="trainer.kubeflow.org",
+    version="v1alpha1",
+    plural="trainjobs",
+    pod_label="jobset.sigs.k8s.io/jobset-name",  # Trainer runs a JobSet named after the TrainJob
+    container="node",  # the container name in the stock torch-/deepspeed-distributed runtimes
+    succeeded="Complete",
+)
+PYTORCHJOB = JobKind(
+    kind="PyTorchJob",
+    group="kubeflow.org",
+    version="v1",
+    plural="pytorchjobs",
+    pod_label="training.kubeflow.org/job-name",
+    container="pytorch",  # the Training Operator requires this container name
+    succeeded="Succeeded",
+)
+JOB_KINDS = {"trainjob": TRAINJOB, "pytorchjob": PYTORCHJOB}
+
+
+def kind_of(manifest: Mapping[str, Any]) -> JobKind:
+    """The :class:`JobKind` of a manifest built here (by apiVersion and kind)."""
+    for job_kind in JOB_KINDS.values():
+        if manifest.get("apiVersion") == job_kind.api_version and manifest.get("kind") == job_kind.kind:
+            return job_kind
+    raise ValueError(f"not a TrainJob or PyTorchJob manifest: {manifest.get('apiVersion')}/{manifest.get('kind')}")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def job_name(run_id: str, task: str, *, prefix: str = "lmf", max_length: int = MAX_JOB_NAME) -> str:
+    """Deterministic job name for (pipeline run id, task name): same inputs, same name, so a retry adopts.
+
+    The name is an RFC 1035 label (TrainJob's CEL rule: starts with a letter, ``[-a-z0-9]``, ends
+    alphanumeric), ``prefix-<task slug>-<10 hex of sha256(run_id, task)>``, at most ``max_length`` chars.
+    The slug is only for people reading ``kubectl get``; uniqueness comes from the hash.
+    """
+    if not run_id or not task:
+        raise ValueError("job_name needs a non-empty run id and task name")
+    if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", prefix):
+        raise ValueError(f"prefix {prefix!r} must be a lowercase RFC 1035 label")
+    if not 16 <= max_length <= 63:
+        raise ValueError(f"max_length must be within 16..63, got {max_length}")
+    digest = hashlib.sha256(f"{run_id}\0{task}".encode()).hexdigest()[:_HASH_LEN]
+    room = max_length - len(prefix) - len(digest) - 2
+    slug = _slug(task)[: max(room, 0)].strip("-")
+    return "-".join(p for p in (prefix, slug, digest) if p)
+
+
+def stage_args(
+    stage: str, io: Mapping[str, str], *, preset: str, overrides: Mapping[str, Any] | None = None
+) -> list[str]:
+    """Arguments of ``lmforge stage <stage> ...`` (after the program name), deterministic in order."""
+    args = ["stage", stage, "--preset", preset]
+    for key in sorted(io):
+        args += ["--io", f"{key}={io[key]}"]
+    for key in sorted(overrides or {}):
+        args += ["--set", f"{key}={json.dumps(overrides[key])}"]
+    return args
+
+
+def single_pod_command(nproc_per_node: int, args: Sequence[str], *, module: str = "lmforge") -> list[str]:
+    """``torchrun --standalone --nproc_per_node=<GPUs> -m lmforge <args>``: all GPUs of one pod, no job.
+
+    ``--standalone`` runs the rendezvous inside the pod (a free port on localhost), so nothing else
+    is needed; DDP and DeepSpeed both read the env torchrun sets.
+    """
+    if nproc_per_node < 1:
+        raise ValueError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
+    return ["torchrun", "--standalone", f"--nproc_per_node={nproc_per_node}", "-m", module, *args]
+
+
+def _procs_per_node(cfg: LaunchConfig) -> int:
+    return max(cfg.gpus_per_node, 1)
+
+
+def _env(cfg: LaunchConfig) -> list[dict[str, Any]]:
+    """Plain settings first, then credentials as ``secretKeyRef`` (never values)."""
+    plain = {
+        **NCCL_ENV,
+        "PYTHONUNBUFFERED": "1",  # logs reach `kubectl logs` (and the step's log stream) as they are written
+        **cfg.env,
+    }
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in plain.items()]
+    if cfg.s3_credentials is not None:
+        ref = cfg.s3_credentials
+        env += [
+            {"name": key, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": key, "optional": ref.optional}}}
+            for key in ref.keys
+        ]
+    return env
+
+
+def _resources(cfg: LaunchConfig) -> dict[str, dict[str, str]]:
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if cfg.gpus_per_node:
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(cfg.gpus_per_node)
+    if cfg.cpu_per_node:
+        requests["cpu"] = cfg.cpu_per_node
+    if cfg.memory_per_node:
+        requests["memory"] = limits["memory"] = cfg.memory_per_node
+    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+
+
+def _tolerations(cfg: LaunchConfig) -> list[dict[str, str]]:
+    return [
+        {k: v for k, v in (("key", t.key), ("operator", t.operator), ("value", t.value), ("effect", t.effect)) if v}
+        for t in cfg.tolerations
+    ]
+
+
+def _shm(cfg: LaunchConfig) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    if not cfg.shm_size:
+        return [], []
+    volume = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": cfg.shm_size}}
+    return [volume], [{"name": "dshm", "mountPath": "/dev/shm"}]
+
+
+def _metadata(name: str, cfg: LaunchConfig, run_id: str, task: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    spec_hash = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    return {
+        "name": name,
+        "namespace": cfg.namespace,
+        "labels": {
+            LABEL_PART_OF: "lmforge",
+            LABEL_TASK: _slug(task)[:63].strip("-") or "task",
+            LABEL_RUN_HASH: hashlib.sha256(run_id.encode()).hexdigest()[:16],
+        },
+        # Full values (labels are limited to 63 chars) so an operator can find the run from the job.
+        "annotations": {ANNOTATION_RUN_ID: run_id, ANNOTATION_TASK: task, ANNOTATION_SPEC_HASH: spec_hash},
+    }
+
+
+def _mpirun(args: Sequence[str], env: Sequence[Mapping[str, Any]], module: str) -> list[str]:
+    # mpirun starts the ranks over ssh on the node pods, which do not inherit the launcher's env: forward it.
+    forward = [part for item in env for part in ("-x", item["name"])]
+    return ["mpirun", "--bind-to", "none", *forward, "python", "-m", module, *args]
+
+
+def build_trainjob(
+    name: str, cfg: LaunchConfig, args: Sequence[str], *, image: str, run_id: str, task: str, module: str = "lmforge"
+) -> dict[str, Any]:
+    """A ``TrainJob`` running ``python -m lmforge <args>`` on ``cfg.num_nodes`` nodes of the runtime.
+
+    torch-distributed: ``torchrun -m lmforge ...``; Trainer sets the ``PET_*`` env torchrun reads
+    (nodes, procs per node, node rank, master address). deepspeed-distributed: ``mpirun ... python -m
+    lmforge ...`` from the launcher pod; Trainer provides the hostfile (``numProcPerNode`` slots per node).
+    """
+    env = _env(cfg)
+    if cfg.runtime == "deepspeed-distributed":
+        command = _mpirun(args, env, module)
+        patched_jobs = ["node", "launcher"]  # the launcher also trains (runLauncherAsNode) and needs the GPU pool
+    else:
+        command = ["torchrun", "-m", module, *args]
+        patched_jobs = ["node"]
+    trainer: dict[str, Any] = {
+        "image": image,
+        "command": command,
+        "numNodes": cfg.num_nodes,
+        "numProcPerNode": _procs_per_node(cfg),
+        "env": env,
+    }
+    resources = _resources(cfg)
+    if resources:
+        trainer["resourcesPerNode"] = resources
+    volumes, mounts = _shm(cfg)
+    pod_spec: dict[str, Any] = {}
+    if cfg.node_selector:
+        pod_spec["nodeSelector"] = dict(cfg.node_selector)
+    if cfg.tolerations:
+        pod_spec["tolerations"] = _tolerations(cfg)
+    if cfg.service_account:
+        pod_spec["serviceAccountName"] = cfg.service_account
+    if volumes:
+        pod_spec["volumes"] = volumes
+        pod_spec["containers"] = [{"name": TRAINJOB.container, "volumeMounts": mounts}]
+    spec: dict[str, Any] = {
+        "runtimeRef": {"apiGroup": TRAINJOB.group, "kind": cfg.runtime_kind, "name": cfg.runtime},
+        "trainer": trainer,
+    }
+    if pod_spec:
+        spec["runtimePatches"] = [
+            {
+                "manager": PATCH_MANAGER,
+                "trainingRuntimeSpec": {
+                    "template": {
+                        "spec": {
+                            "replicatedJobs": [
+                                {"name": job, "template": {"spec": {"template": {"spec": pod_spec}}}}
+                                for job in patched_jobs
+                            ]
+                        }
+                    }
+                },
+            }
+        ]
+    if cfg.active_deadline_s:
+        spec["activeDeadlineSeconds"] = cfg.active_deadline_s
+    return {
+        "apiVersion": TRAINJOB.api_version,
+        "kind": TRAINJOB.kind,
+        "metadata": _metadata(name, cfg, run_id, task, spec),
+        "spec": spec,
+    }
+
+
+def build_pytorchjob(
+    name: str, cfg: LaunchConfig, args: Sequence[str], *, image: str, run_id: str, task: str, module: str = "lmforge"
+) -> dict[str, Any]:
+    """A ``PyTorchJob``: one ``Master`` and ``num_nodes - 1`` ``Worker`` pods, each ``torchrun -m lmforge ...``.
+
+    The operator sets the ``PET_*`` env torchrun reads (``nprocPerNode`` → ``PET_NPROC_PER_NODE``).
+    Pods restart on failure up to ``backoff_limit``; ``cleanPodPolicy: Running`` stops stragglers when
+    the job ends but keeps finished pods, so their logs stay readable.
+    """
+    volumes, mounts = _shm(cfg)
+    container: dict[str, Any] = {
+        "name": PYTORCHJOB.container,
+        "image": image,
+        "command": ["torchrun", "-m", module, *args],
+        "env": _env(cfg),
+    }
+    resources = _resources(cfg)
+    if resources:
+        container["resources"] = resources
+    if mounts:
+        container["volumeMounts"] = mounts
+    pod_spec: dict[str, Any] = {"containers": [container]}
+    if cfg.node_selector:
+        pod_spec["nodeSelector"] = dict(cfg.node_selector)
+    if cfg.tolerations:
+        pod_spec["tolerations"] = _tolerations(cfg)
+    if cfg.service_account:
+        pod_spec["serviceAccountName"] = cfg.service_account
+    if cfg.priority_class:
+        pod_spec["priorityClassName"] = cfg.priority_class
+    if volumes:
+        pod_spec["volumes"] = volumes
+
+    def replica(count: int) -> dict[str, Any]:
+        return {"replicas": count, "restartPolicy": "OnFailure", "template": {"spec": pod_spec}}
+
+    replicas = {"Master": replica(1)}
+    if cfg.num_nodes > 1:
+        replicas["Worker"] = replica(cfg.num_nodes - 1)
+    run_policy: dict[str, Any] = {"cleanPodPolicy": "Running", "backoffLimit": cfg.backoff_limit}
+    if cfg.active_deadline_s:
+        run_policy["activeDeadlineSeconds"] = cfg.active_deadline_s
+    spec = {"nprocPerNode": str(_procs_per_node(cfg)), "runPolicy": run_policy, "pytorchReplicaSpecs": replicas}
+    return {
+        "apiVersion": PYTORCHJOB.api_version,
+        "kind": PYTORCHJOB.kind,
+        "metadata": _metadata(name, cfg, run_id, task, spec),
+        "spec": spec,
+    }
+
+
+def build_job(
+    cfg: LaunchConfig, args: Sequence[str], *, image: str, run_id: str, task: str, module: str = "lmforge"
+) -> dict[str, Any]:
+    """The job for ``cfg.backend``, named by :func:`job_name` from (run id, task)."""
+    name = job_name(run_id, task)
+    builder = build_trainjob if cfg.backend == "trainjob" else build_pytorchjob
+    return builder(name, cfg, args, image=image, run_id=run_id, task=task, module=module)
+
+
+def job_command(manifest: Mapping[str, Any]) -> list[str]:
+    """The training command of a manifest built here (TrainJob trainer or PyTorchJob Master container)."""
+    spec = manifest.get("spec", {})
+    if "trainer" in spec:
+        return list(spec["trainer"].get("command", []))
+    pod = spec["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    return list(pod["containers"][0].get("command", []))
+
+
+def describe_command(command: Sequence[str]) -> str:
+    """A command as one shell-quoted line (for logs)."""
+    return shlex.join(command)

@@ -1,0 +1,141 @@
+"""Process-group setup and the few collectives the training loop needs.
+
+``torchrun`` (or the Kubeflow Trainer) starts one process per device and sets ``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``. :func:`distributed_context` turns those into a
+:class:`DistContext`; without them it is a single process and every collective is the identity.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lmforge.config import DistributedConfig
+
+logger = logging.getLogger("lmforge.train")
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process sits in the job: its rank, the world size and its device."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 writes outputs, logs and manifests."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """True when a process group with more than one rank is running."""
+        return self.world_size > 1
+
+    def mean(self, value: float) -> float:
+        """Mean of ``value`` over ranks (float64 so that averaging adds no rounding of its own)."""
+        if not self.distributed:
+            return value
+        tensor = torch.tensor([value], dtype=torch.float64, device=self._comm_device)
+        dist.all_reduce(tensor)
+        return float(tensor.item()) / self.world_size
+
+    def any(self, *flags: bool) -> tuple[bool, ...]:
+        """Element-wise OR of boolean flags over ranks (one collective for all of them)."""
+        if not self.distributed:
+            return tuple(flags)
+        tensor = torch.tensor([float(f) for f in flags], device=self._comm_device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return tuple(bool(v) for v in tensor.tolist())
+
+    def barrier(self) -> None:
+        """Wait for every rank."""
+        if self.distributed:
+            dist.barrier()
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (picklable, small), in rank order."""
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    @property
+    def _comm_device(self) -> torch.device:
+        # NCCL only moves CUDA tensors; gloo only CPU ones.
+        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value is None else int(value)
+
+
+@contextlib.contextmanager
+def distributed_context(cfg: DistributedConfig) -> Iterator[DistContext]:
+    """Join the process group the launcher describes (if any); leave it again on exit if we created it.
+
+    DeepSpeed always needs a process group, so with ``backend: deepspeed`` a lone process (no launcher
+    variables) gets a one-rank group of its own.
+    """
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    needs_group = world_size > 1 or cfg.backend == "deepspeed"
+    created = False
+    if needs_group and not dist.is_initialized():
+        if "MASTER_ADDR" not in os.environ:  # a lone process: a private one-rank group
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+            os.environ.setdefault("RANK", "0")
+            os.environ.setdefault("WORLD_SIZE", "1")
+        backend = cfg.process_group
+        if backend == "auto":
+            backend = "nccl" if device.type == "cuda" else "gloo"
+        timeout = datetime.timedelta(minutes=cfg.timeout_minutes)
+        if cfg.backend == "deepspeed":
+            os.environ.setdefault("DS_ACCELERATOR", "cuda" if device.type == "cuda" else "cpu")
+            import deepspeed
+
+            deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+        else:
+            dist.init_process_group(backend=backend, timeout=timeout, rank=rank, world_size=world_size)
+        created = True
+        logger.info("joined %s process group: rank %d of %d on %s", backend, rank, world_size, device)
+    ctx = DistContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+    try:
+        yield ctx
+    finally:
+        if created and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,163 @@
+"""The evaluation report: self-contained, complete, and rendered by headless Chromium without errors."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from lmforge.config import GateConfig
+from lmforge.evaluate.gate import check_gate
+from lmforge.evaluate.report import html_report, markdown_summary
+
+CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+SECTIONS = ("Summary", "Gate", "Model comparison", "Generation", "Loss curves", "Data", "TensorRT", "Method")
+
+
+def _model(ppl, bpb, size, p50, p99, tps, **extra):
+    return {
+        "perplexity": ppl,
+        "bits_per_token": bpb * 3.1,
+        "bits_per_byte": bpb,
+        "size_mb": size,
+        "p50_ms": p50,
+        "p90_ms": p99 * 0.9,
+        "p99_ms": p99,
+        "tokens_per_s": tps,
+        "latency": {"1": {"p99_ms": p99, "tokens_per_s": tps}, "8": {"p99_ms": p99 * 5, "tokens_per_s": tps * 3}},
+        **extra,
+    }
+
+
+def _generation(em, f1, bleu, rouge):
+    scores = {"exact_match": em, "f1": f1, "bleu": bleu, "rouge_l": rouge}
+    return {**scores, "generation": {"prompts": 32, "empty_predictions": 1, "bleu_signature": "nrefs:var|…", **scores}}
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    models = {
+        "teacher": _model(41.2, 1.31, 27.4, 6.1, 7.9, 21000.0, format="pytorch", **_generation(0.19, 0.31, 8.2, 0.29)),
+        "student": _model(52.8, 1.39, 14.1, 3.2, 4.4, 40000.0, format="pytorch", **_generation(0.16, 0.27, 6.9, 0.25)),
+        "onnx_fp32": _model(52.8, 1.39, 14.3, 1.9, 2.6, 67000.0, format="onnx"),
+        "int8_dynamic": _model(53.9, 1.40, 3.8, 1.4, 2.2, 91000.0, format="onnx"),
+        "int8_qdq": _model(53.4, 1.40, 3.9, 2.3, 3.1, 55000.0, format="onnx"),
+    }
+    out = {
+        "context": 128,
+        "stride": 128,
+        "eval_tokens": 16384,
+        "eval_bytes": 51200,
+        "latency_runs": 20,
+        "models": models,
+        "served_model": "int8_dynamic",
+        "tensorrt": {"status": "skipped", "reason": "no GPU"},
+        "production": {
+            "status": "found",
+            "version": "v20261128-101500",
+            "metrics": {"student_bits_per_byte": 1.41, "student_exact_match": 0.16},
+        },
+        "generation": {
+            "status": "evaluated",
+            "qa_uri": "demo://chatterbot",
+            "heldout_fraction": 0.1,
+            "heldout_fraction_source": "the LoRA stage's manifest",
+            "prompts": 32,
+            "max_new_tokens": 24,
+            "bleu_signature": "nrefs:var|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
+            "samples": [
+                {
+                    "prompt": "Question: What do you like to do?\nAnswer:",
+                    "references": ["I like to count in binary.", "I like to chat with people."],
+                    "answers": {"teacher": "I like to chat.", "student": ""},
+                },
+                {
+                    "prompt": "Question: <script>alert(1)</script> 你好?\nAnswer:",
+                    "references": ["你好！"],
+                    "answers": {"teacher": "你好", "student": "Hello & welcome"},
+                },
+            ],
+        },
+        "data": {
+            "clean": {
+                "input": "demo://shakespeare",
+                "metrics": {"docs_in": 769, "docs_out": 737, "bytes_in": 4780000, "bytes_out": 4680000},
+                "removed": {"language": 1, "gopher_quality": 5, "c4": 8, "fineweb": 18, "exact_dedup": 0},
+            },
+            "tokens": {"vocab_size": 2048, "splits": {"train": {"tokens": 1200000, "documents": 700}}},
+        },
+    }
+    decision = check_gate(GateConfig(max_student_perplexity=400.0, max_latency_ms=1000.0), out)
+    out["gate"], out["passed"] = decision.to_dict(), decision.passed
+    return out
+
+
+HISTORIES = {
+    "teacher": {"step": [0, 10, 20, 30], "train_loss": [7.6, 5.1, 4.2, 3.9], "eval_step": [30], "eval_loss": [4.1]},
+    "student": {"step": [0, 25, 50], "train_loss": [6.0, 4.4, 4.0], "kd_loss": [2.1, 1.2, 0.9]},
+}
+
+
+def test_report_is_self_contained_and_escapes_text(results):
+    page = html_report(results, HISTORIES)
+    assert "<script" not in page.replace("&lt;script&gt;", "")  # the prompt's tag is text, not markup
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert not re.search(r"""(src|href)\s*=\s*["'](https?:)?//""", page)  # nothing loaded from elsewhere
+    assert "@import" not in page and "<link" not in page and "url(http" not in page
+    for heading in SECTIONS:
+        assert f"<h2>{heading}</h2>" in page
+    assert page.count("data:image/png;base64,") >= 7  # 2 loss curves + 6 comparison charts
+    assert "nrefs:var|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0" in page
+    assert "v20261128-101500" in page and "skipped: no GPU" in page and "loglikelihood_rolling" in page
+    assert "(empty)" in page  # an empty answer is shown as such
+
+
+def test_markdown_summary_has_table_gate_and_samples(results):
+    md = markdown_summary(results)
+    assert md.startswith("# lmforge evaluation: PASSED")
+    assert "| model | status | perplexity | bits/byte | EM |" in md
+    assert "`bits_per_byte_vs_production`" in md and "BLEU signature: `nrefs:var" in md
+    assert "## Generation samples" in md and "student: (empty)" in md
+    assert "<script>" not in md and "Question: &lt;script&gt;alert(1)&lt;/script&gt; 你好? Answer:" in md
+
+
+def _chromium(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
+    env = {**os.environ, "HOME": str(tmp_path)}
+    return subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (Debian: apt-get install -y chromium)")
+def test_report_renders_in_headless_chromium(results, tmp_path):
+    page = tmp_path / "report.html"
+    page.write_text(html_report(results, HISTORIES), encoding="utf-8")
+    url = page.as_uri()
+
+    dom = _chromium(["--dump-dom", url], tmp_path)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    for heading in SECTIONS:
+        assert f"<h2>{heading}</h2>" in dom.stdout, heading
+    assert dom.stdout.count("<img") >= 7 and "PASSED" in dom.stdout
+
+    shot = tmp_path / "report.png"
+    run = _chromium([f"--screenshot={shot}", "--window-size=1200,3000", "--hide-scrollbars", url], tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert (width, height) == (1200, 3000)
+    assert len(data) > 50_000  # a rendered page with plots, not a blank one
+    if os.environ.get("LMFORGE_REPORT_SCREENSHOT"):
+        shutil.copyfile(shot, os.environ["LMFORGE_REPORT_SCREENSHOT"])
