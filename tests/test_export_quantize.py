@@ -169,7 +169,6 @@ def test_default_int8_models_pass_the_accuracy_gate_within_the_goals(quantized):
     assert "INT8 quantization" in result.html and "accepted" in result.html
 
 
-@pytest.mark.slow
 def test_gate_rejects_all_ops_minmax_and_serving_falls_back_to_fp32(tmp_path, onnx_dir, tiny_shards_dir):
     """Every op quantized with MinMax and no unsafe-node exclusion: the attention mask's fill value gets an int8
     scale, the causal mask collapses and perplexity rises by tens of percent."""
