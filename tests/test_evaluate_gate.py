@@ -178,3 +178,20 @@ def test_decision_serializes_to_plain_json_types():
     data = check_gate(CFG, results()).to_dict()
     assert data["passed"] is True
     assert set(data["checks"][0]) == {"name", "value", "threshold", "passed", "reason"}
+
+
+def test_int8_rejected_by_the_quantize_gate_falls_back_instead_of_failing():
+    from lmforge.config import GateConfig
+    from lmforge.evaluate.evaluate import served_model
+    from lmforge.evaluate.gate import check_int8_delta
+
+    models = {
+        "onnx_fp32": {"perplexity": 100.0, "p99_ms": 5.0},
+        "int8_dynamic": {"perplexity": 150.0, "p99_ms": 2.0, "accepted": False, "gate_reason": "ppl +50% > 2%"},
+    }
+    check = check_int8_delta(GateConfig(), {"models": models})
+    assert check.passed and "falls back to FP32" in check.reason and "ppl +50%" in check.reason
+    assert served_model(models) == "onnx_fp32"
+    models["int8_dynamic"]["accepted"] = True
+    assert served_model(models) == "int8_dynamic"
+    assert not check_int8_delta(GateConfig(), {"models": models}).passed

@@ -258,6 +258,22 @@ def test_on_this_machine_run_skips_with_the_real_reason(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "status.json"]
 
 
+def test_a_qdq_model_rejected_by_the_accuracy_gate_is_not_built(tmp_path, monkeypatch):
+    monkeypatch.setattr(tensorrt, "unavailable_reason", lambda cfg: None)  # as on a GPU node
+    monkeypatch.setattr(tensorrt, "_build_engine", lambda *a, **k: pytest.fail("must not build"))
+    qdq_dir = _toy_model_dir(tmp_path / "qdq", with_qdq=True)
+    write_manifest(
+        qdq_dir,
+        "onnx-model",
+        extra={"quantization": "qdq-int8", "accuracy_gate": {"accepted": False, "reason": "rejected: +38%"}},
+    )
+    result = tensorrt.run(PROFILE, qdq_dir, tmp_path / "engine")
+    assert result.summary["status"] == "skipped"
+    assert result.summary["reason"] == (
+        "the Q/DQ INT8 model failed the accuracy gate (rejected: +38%); serve the FP32 model"
+    )
+
+
 def test_int8_build_refuses_a_model_without_qdq_nodes(tmp_path):
     fp32_dir = _toy_model_dir(tmp_path / "fp32", with_qdq=False)
     with pytest.raises(InputDataError, match="no Q/DQ nodes"):

@@ -1,7 +1,7 @@
 """KFP component: INT8 quantization (dynamic for CPU serving, calibrated Q/DQ for TensorRT)."""
 
 from kfp import dsl
-from kfp.dsl import Dataset, Input, Metrics, Model, Output
+from kfp.dsl import HTML, Dataset, Input, Metrics, Model, Output
 
 from components.images import image_for
 
@@ -13,6 +13,7 @@ def quantize_int8(
     int8_dynamic: Output[Model],
     int8_qdq: Output[Model],
     metrics: Output[Metrics],
+    report: Output[HTML],
     preset: str = "tiny-cpu",
     overrides: str = "{}",
 ):
@@ -23,7 +24,8 @@ def quantize_int8(
         shards: Token shards the calibration batches are drawn from (same tokenizer).
         int8_dynamic: Dynamically quantized ONNX model directory.
         int8_qdq: Statically calibrated Q/DQ ONNX model directory (TensorRT input).
-        metrics: Sizes, calibration count, time.
+        metrics: Sizes, perplexity delta vs FP32 and accepted (1/0) per INT8 model, time.
+        report: HTML section with the accuracy gate's decision per INT8 model.
         preset: lmforge preset the stage config starts from.
         overrides: JSON object of QuantizeConfig fields, e.g. {"calibrate_method": "entropy"}.
     """
@@ -33,4 +35,5 @@ def quantize_int8(
 
     setup_logging()
     cfg = resolve_stage_config("quantize_int8", preset, overrides)
-    publish(stage.run(cfg, onnx_model.path, shards.path, int8_dynamic.path, int8_qdq.path), metrics=metrics)
+    result = stage.run(cfg, onnx_model.path, shards.path, int8_dynamic.path, int8_qdq.path)
+    publish(result, metrics=metrics, html=report)

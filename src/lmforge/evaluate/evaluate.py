@@ -181,14 +181,16 @@ def _evaluate_torch(
 
 def _evaluate_onnx(name: str, path: Path, text: HeldOutText, cfg: EvaluateConfig) -> dict:
     from lmforge.export.ort import OrtCausalLM
+    from lmforge.export.quantize import gate_result
 
+    accuracy_gate = gate_result(path)
     model = OrtCausalLM(path)
     try:
         result = _score(name, onnx_logits_fn(model), model.size_bytes, text, cfg)
     finally:
         del model
         gc.collect()
-    return {"format": "onnx", **result}
+    return {"format": "onnx", "accepted": accuracy_gate["accepted"], "gate_reason": accuracy_gate["reason"], **result}
 
 
 def _find_tokenizer(paths: Mapping[str, Path]) -> Any | None:
@@ -302,9 +304,11 @@ def _engine_entry(status: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def served_model(models: Mapping[str, Mapping[str, Any]]) -> str | None:
-    """The first model of :data:`SERVED_PREFERENCE` with a measured batch-1 p99 latency."""
+    """The first model of :data:`SERVED_PREFERENCE` with a measured batch-1 p99 latency that the quantize
+    stage's accuracy gate did not reject (a rejected INT8 model falls back to the next, e.g. FP32)."""
     for name in SERVED_PREFERENCE:
-        if (models.get(name) or {}).get("p99_ms") is not None:
+        entry = models.get(name) or {}
+        if entry.get("p99_ms") is not None and entry.get("accepted", True):
             return name
     return None
 

@@ -106,10 +106,21 @@ def check_int8_delta(cfg: GateConfig, results: Mapping[str, Any]) -> Check:
     """INT8 (dynamic) perplexity exceeds ONNX FP32 perplexity by at most ``max_int8_perplexity_delta``.
 
     The value is the relative delta ``(ppl_int8 - ppl_fp32) / ppl_fp32``; an INT8 model that scores
-    better than FP32 has a negative delta and passes.
+    better than FP32 has a negative delta and passes. An INT8 model the quantize stage already rejected
+    is not served (the FP32 model is), so the check passes and says so.
     """
     int8, missing_int8 = _number(results, INT8, "perplexity")
     fp32, missing_fp32 = _number(results, FP32, "perplexity")
+    entry = (results.get("models") or {}).get(INT8) or {}
+    if entry.get("accepted") is False:
+        reason = entry.get("gate_reason", "rejected")
+        return Check(
+            "int8_perplexity_delta",
+            None,
+            cfg.max_int8_perplexity_delta,
+            True,
+            f"INT8 rejected by the quantize accuracy gate ({reason}); serving falls back to FP32",
+        )
     value: float | None = None
     missing = "; ".join(m for m in (missing_int8, missing_fp32) if m)
     if int8 is not None and fp32 is not None:

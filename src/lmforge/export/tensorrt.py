@@ -363,6 +363,12 @@ def run(
     cache_path = Path(cache) if cache is not None else None
 
     reason = unavailable_reason(cfg)
+    if reason is None and cfg.precision == "int8":
+        from lmforge.export.quantize import gate_result
+
+        gate = gate_result(qdq_dir)
+        if not gate["accepted"]:
+            reason = f"the Q/DQ INT8 model failed the accuracy gate ({gate['reason']}); serve the FP32 model"
     if reason is not None:
         log.warning("build_tensorrt skipped: %s", reason)
         metrics = {"built": 0.0}
