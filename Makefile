@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: install demo test lint compile
+.PHONY: install demo test lint compile images
 
 install:
 	# torch first: 2.13.0 resolves to the CPU build; an unpinned resolve pulls a multi-GB CUDA build.
@@ -23,3 +23,7 @@ lint:
 
 compile:
 	$(PYTHON) -m lmforge compile
+
+images:
+	# Build (and with PUSH=1 push) the cpu/train/tensorrt images from docker-bake.hcl; needs a Docker daemon.
+	docker buildx bake $(if $(PUSH),--push,)
