@@ -141,10 +141,8 @@ def test_a_candidate_worse_than_production_is_not_promoted(local_run, small_corp
     from pipelines.local_run import run_pipeline_locally
 
     _, out = local_run
-    worse = {
-        **SMALL,
-        "distill_overrides": {**SMALL["distill_overrides"], "train.max_steps": 2, "train.warmup_steps": 1},
-    }
+    worse_student = {**SMALL["distill_overrides"], "init": "random", "train.max_steps": 2, "train.warmup_steps": 1}
+    worse = {**SMALL, "distill_overrides": worse_student}
     params = {
         "corpus_uri": str(small_corpus),
         "qa_uri": "demo://chatterbot",
