@@ -15,7 +15,6 @@ from lmforge.config import PromoteConfig
 from lmforge.errors import ReleaseExistsError
 from lmforge.release import (
     CLAIM,
-    create_if_absent,
     latest_release,
     list_releases,
     production_summary,
@@ -95,8 +94,8 @@ def test_repromoting_a_version_in_s3_fails_clearly_and_changes_nothing(s3_env, i
 
 def test_the_s3_server_implements_conditional_create(s3_env):
     uri = f"s3://{s3_env}/x/claim"
-    assert create_if_absent(uri, b"first") is True
-    assert create_if_absent(uri, b"second") is False
+    assert storage.create_if_absent(uri, b"first") is True
+    assert storage.create_if_absent(uri, b"second") is False
     assert storage.read_bytes(uri) == b"first"
 
 

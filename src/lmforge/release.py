@@ -30,9 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import re
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -53,7 +51,6 @@ CLAIM = ".promotion.json"
 EVALUATION = "evaluation"
 RESULTS_FILE = "results.json"
 _CAS_ATTEMPTS = 20
-_PRECONDITION_CODES = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
 
 
 def default_version() -> str:
@@ -89,49 +86,6 @@ def _read_results(evaluation_dir: Path) -> dict[str, Any]:
         raise InputDataError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
 
 
-def _is_precondition_failure(exc: Exception) -> bool:
-    from botocore.exceptions import ClientError
-
-    return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in _PRECONDITION_CODES
-
-
-def create_if_absent(uri: str, data: bytes) -> bool:
-    """Create ``uri`` with ``data`` unless it exists; True when this call created it.
-
-    S3: ``PUT`` with ``If-None-Match: *`` (the server decides atomically). Local: the data goes to a
-    temporary file that is hard-linked to the name, which fails atomically if the name exists.
-    """
-    if storage.is_s3(uri):
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        bucket, key = storage.split_s3(uri)
-        try:
-            storage.s3_client().put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
-        except ClientError as exc:
-            if _is_precondition_failure(exc):
-                return False
-            raise StorageError(f"conditional put {uri}: {exc}") from exc
-        except BotoCoreError as exc:
-            raise StorageError(f"conditional put {uri}: {exc}") from exc
-        return True
-    path = Path(uri)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        return True
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-
-
 def _read_tagged(uri: str) -> tuple[bytes | None, str | None]:
     """Content and S3 ETag of ``uri`` (``(None, None)`` when absent; the tag is ``None`` locally)."""
     if not storage.is_s3(uri):
@@ -157,14 +111,14 @@ def _swap(uri: str, data: bytes, etag: str | None, existed: bool) -> bool:
         storage.write_bytes(uri, data)  # the caller holds the local lock
         return True
     if not existed:
-        return create_if_absent(uri, data)
+        return storage.create_if_absent(uri, data)
     from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, key = storage.split_s3(uri)
     try:
         storage.s3_client().put_object(Bucket=bucket, Key=key, Body=data, IfMatch=etag)
     except ClientError as exc:
-        if _is_precondition_failure(exc):
+        if storage.is_precondition_failure(exc):
             return False
         raise StorageError(f"conditional put {uri}: {exc}") from exc
     except BotoCoreError as exc:
@@ -349,7 +303,7 @@ def promote(
             f"release {target} already exists as {_state(target)}; releases are never overwritten, choose a new version"
         )
     claim = {"run_id": run_id, "claim_id": uuid.uuid4().hex, "claimed_at": _now()}
-    if not create_if_absent(storage.join(target, CLAIM), json.dumps(claim).encode()):
+    if not storage.create_if_absent(storage.join(target, CLAIM), json.dumps(claim).encode()):
         raise ReleaseExistsError(
             f"release {target} was claimed by a concurrent promotion; releases are never overwritten, "
             "choose a new version"
@@ -387,7 +341,7 @@ def promote(
         },
     }
     # The release manifest goes last: a reader that sees it sees a complete release.
-    if not create_if_absent(release_manifest_uri, json.dumps(release, indent=2, sort_keys=True).encode()):
+    if not storage.create_if_absent(release_manifest_uri, json.dumps(release, indent=2, sort_keys=True).encode()):
         raise ReleaseExistsError(f"{release_manifest_uri} appeared during the promotion; the claim was bypassed")
     latest = update_latest(
         model_root, {"version": version, "manifest_uri": release_manifest_uri, "created_at": created_at}

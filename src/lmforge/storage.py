@@ -161,13 +161,8 @@ def open_read(uri: str) -> IO[bytes]:
     return _s3_call("get", uri, s3_client().get_object, Bucket=bucket, Key=key)["Body"]
 
 
-def write_bytes(uri: str, data: bytes) -> None:
-    """Write a file or object atomically (temp name + rename locally; one PUT on S3)."""
-    if is_s3(uri):
-        bucket, key = split_s3(uri)
-        _s3_call("put", uri, s3_client().put_object, Bucket=bucket, Key=key, Body=data)
-        return
-    path = Path(uri)
+def _durable_temp(path: Path, data: bytes) -> Path:
+    """``data`` in a fsynced, world-readable temporary file beside ``path`` (the caller renames or links it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -176,10 +171,62 @@ def write_bytes(uri: str, data: bytes) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; artifacts are read by other users and containers
-        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return Path(tmp)
+
+
+def write_bytes(uri: str, data: bytes) -> None:
+    """Write a file or object atomically (temp name + rename locally; one PUT on S3)."""
+    if is_s3(uri):
+        bucket, key = split_s3(uri)
+        _s3_call("put", uri, s3_client().put_object, Bucket=bucket, Key=key, Body=data)
+        return
+    tmp = _durable_temp(Path(uri), data)
+    try:
+        os.replace(tmp, uri)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+_PRECONDITION_CODES = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
+
+
+def is_precondition_failure(exc: Exception) -> bool:
+    """True for an S3 answer that a conditional write's precondition (If-None-Match / If-Match) failed."""
+    from botocore.exceptions import ClientError
+
+    return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in _PRECONDITION_CODES
+
+
+def create_if_absent(uri: str, data: bytes) -> bool:
+    """Create ``uri`` with ``data`` unless it exists; True when this call created it.
+
+    S3: ``PUT`` with ``If-None-Match: *`` (the server decides atomically). Local: the data goes to a
+    temporary file that is hard-linked to the name, which fails atomically if the name exists.
+    """
+    if is_s3(uri):
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        bucket, key = split_s3(uri)
+        try:
+            s3_client().put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+        except ClientError as exc:
+            if is_precondition_failure(exc):
+                return False
+            raise StorageError(f"conditional put {uri}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise StorageError(f"conditional put {uri}: {exc}") from exc
+        return True
+    tmp = _durable_temp(Path(uri), data)
+    try:
+        os.link(tmp, uri)
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
 
 
 def upload_file(local: str | Path, uri: str) -> None:
