@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,7 +122,7 @@ class SeaweedS3:
             config=Config(retries={"max_attempts": 1}, connect_timeout=2),
         )
         deadline = time.monotonic() + timeout
-        probe = f"lmforge-ready-{os.getpid()}"
+        probe = f"lmforge-ready-{uuid.uuid4().hex[:12]}"  # fresh per start: a restart keeps old buckets
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"weed exited with {self.process.returncode}; see {self.workdir / 'weed.log'}")
