@@ -211,37 +211,26 @@ def _comparison_html(rows: Sequence[Mapping[str, Any]]) -> str:
         charts.append(
             bar_plot(quality["bits/byte"], title="Quality: bits per byte (lower is better)", ylabel="bits/byte")
         )
-    answers = {
-        series: {r["label"]: r[key] for r in rows if _finite(r[key])}
-        for key, series in (("exact_match", "EM"), ("f1", "F1"), ("rouge_l", "ROUGE-L"))
-    }
-    if any(answers.values()):
-        charts.append(
-            grouped_bar_plot(
-                {k: v for k, v in answers.items() if v},
-                title="Quality: held-out Q&A (higher is better)",
-                ylabel="score",
-            )
-        )
+    answers = (("exact_match", "EM"), ("f1", "F1"), ("rouge_l", "ROUGE-L"))
+    charts.append(_grouped_chart(rows, answers, title="Quality: held-out Q&A (higher is better)", ylabel="score"))
     sized = {r["label"]: r["size_mb"] for r in rows if _finite(r["size_mb"])}
     if sized:
         charts.append(bar_plot(sized, title="Size: weight files", ylabel="MB"))
-    latency = {
-        series: {r["label"]: r[key] for r in rows if _finite(r[key])}
-        for key, series in (("p50_ms", "p50"), ("p99_ms", "p99"))
-    }
-    if any(latency.values()):
-        charts.append(
-            grouped_bar_plot(
-                {k: v for k, v in latency.items() if v},
-                title="Speed: forward latency, batch 1 (lower is better)",
-                ylabel="ms",
-            )
-        )
+    latency = (("p50_ms", "p50"), ("p99_ms", "p99"))
+    charts.append(_grouped_chart(rows, latency, title="Speed: forward latency, batch 1 (lower is better)", ylabel="ms"))
     throughput = {r["label"]: r["tokens_per_s"] for r in rows if _finite(r["tokens_per_s"])}
     if throughput:
         charts.append(bar_plot(throughput, title="Speed: tokens/s at batch 8 (higher is better)", ylabel="tokens/s"))
-    return body + _grid(charts)
+    return body + _grid([chart for chart in charts if chart])
+
+
+def _grouped_chart(
+    rows: list[dict[str, Any]], keys: tuple[tuple[str, str], ...], *, title: str, ylabel: str
+) -> str | None:
+    """A grouped bar chart of ``(row key, series name)`` pairs over the models; ``None`` when nothing is finite."""
+    series = {name: {r["label"]: r[key] for r in rows if _finite(r[key])} for key, name in keys}
+    series = {name: values for name, values in series.items() if values}
+    return grouped_bar_plot(series, title=title, ylabel=ylabel) if series else None
 
 
 def _grid(charts: Sequence[str]) -> str:
