@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge import __version__
-from lmforge.errors import ArtifactIncompleteError, InputDataError
+from lmforge.errors import ArtifactIncompleteError, InputDataError, LmforgeError
 from lmforge.storage import write_bytes
 
 MANIFEST = "manifest.json"
@@ -77,6 +77,14 @@ def write_manifest(
     return manifest
 
 
+def read_json_file(path: str | Path, *, error: type[LmforgeError] = InputDataError) -> Any:
+    """Parse a JSON file; invalid JSON raises ``error`` naming the file and line."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise error(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
+
+
 def read_manifest(root: str | Path, *, verify: bool = False) -> dict[str, Any]:
     """Load an artifact's manifest; refuse a directory without one. With ``verify``, check every sha256."""
     path = Path(root, MANIFEST)
@@ -84,10 +92,7 @@ def read_manifest(root: str | Path, *, verify: bool = False) -> dict[str, Any]:
         raise InputDataError(f"artifact directory not found: {root}")
     if not path.is_file():
         raise ArtifactIncompleteError(f"{root}: no {MANIFEST}; the artifact is incomplete or not an lmforge output")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ArtifactIncompleteError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
+    manifest = read_json_file(path, error=ArtifactIncompleteError)
     if verify:
         for name, meta in manifest.get("files", {}).items():
             file = Path(root, name)

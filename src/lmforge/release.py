@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge import __version__, storage
-from lmforge.artifacts import MANIFEST, fingerprint, read_manifest
+from lmforge.artifacts import MANIFEST, fingerprint, read_json_file, read_manifest
 from lmforge.config import PromoteConfig
 from lmforge.errors import ConfigError, InputDataError, ReleaseExistsError, StorageError
 from lmforge.results import StageResult
@@ -80,10 +80,7 @@ def _read_results(evaluation_dir: Path) -> dict[str, Any]:
     path = evaluation_dir / RESULTS_FILE
     if not path.is_file():
         raise InputDataError(f"evaluation directory {evaluation_dir}: no {RESULTS_FILE}")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise InputDataError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
+    return read_json_file(path)
 
 
 def _read_tagged(uri: str) -> tuple[bytes | None, str | None]:

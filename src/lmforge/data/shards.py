@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from lmforge.artifacts import sha256_file
+from lmforge.artifacts import read_json_file, sha256_file
 from lmforge.errors import InputDataError
 
 INDEX = "index.json"
@@ -50,10 +50,7 @@ class TokenShards:
         path = root / INDEX
         if not path.is_file():
             raise InputDataError(f"{root}: no {INDEX}; not a token shards directory")
-        try:
-            index = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise InputDataError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
+        index = read_json_file(path)
         if index.get("format") != FORMAT:
             raise InputDataError(f"{path}: format {index.get('format')!r}, expected {FORMAT!r}")
         shards = cls(root, index)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from lmforge.artifacts import MANIFEST, input_record, staged_output, write_manifest
+from lmforge.artifacts import MANIFEST, input_record, read_json_file, staged_output, write_manifest
 from lmforge.config import EvaluateConfig, LoraConfig, PromoteConfig
 from lmforge.data.shards import INDEX, TokenShards
 from lmforge.errors import InputDataError
@@ -57,10 +57,7 @@ def _model_config(path: Path) -> dict[str, Any]:
     config = path / "config.json"
     if not config.is_file():
         raise InputDataError(f"model directory {path}: no config.json")
-    try:
-        return json.loads(config.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise InputDataError(f"{config}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
+    return read_json_file(config)
 
 
 def _max_positions(config: Mapping[str, Any]) -> int | None:
@@ -206,10 +203,7 @@ def _find_tokenizer(paths: Mapping[str, Path]) -> Any | None:
 def _read_json(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise InputDataError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
+    data = read_json_file(path)
     return data if isinstance(data, dict) else None
 
 
@@ -277,10 +271,7 @@ def read_engine_status(engine_dir: Path | None) -> dict[str, Any]:
     path = Path(engine_dir, ENGINE_STATUS)
     if not path.is_file():
         raise InputDataError(f"TensorRT engine directory {engine_dir}: no {ENGINE_STATUS}")
-    try:
-        status = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise InputDataError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
+    status = read_json_file(path)
     if not isinstance(status, dict) or status.get("status") not in ("built", "skipped", "failed"):
         raise InputDataError(f"{path}: 'status' must be one of built, skipped, failed")
     plans = list(Path(engine_dir).glob("*.plan"))
