@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 from onnx import numpy_helper
@@ -30,6 +31,7 @@ from lmforge.export.quantize import (
     select_serving_model,
     unsafe_tensors,
 )
+from lmforge.export.tied_embedding import find_tied_pairs, share_tied_embedding
 from lmforge.model.build import build_model, load_tokenizer, save_model_dir
 
 # Wide enough that the int8 weights, not the fixed graph overhead, dominate the file size.
@@ -84,13 +86,44 @@ def test_both_int8_models_load_and_give_finite_logits(quantized):
         assert np.isfinite(logits).all()
 
 
-def test_dynamic_model_is_smaller_than_fp32(quantized, onnx_dir):
+def test_dynamic_model_is_at_most_0_3x_fp32_with_one_int8_vocabulary_table(quantized, onnx_dir):
     dynamic_dir, qdq_dir, result = quantized
     fp32 = OrtCausalLM(onnx_dir).size_bytes
-    assert OrtCausalLM(dynamic_dir).size_bytes < fp32 / 2
+    assert OrtCausalLM(dynamic_dir).size_bytes <= 0.3 * fp32
     assert OrtCausalLM(qdq_dir).size_bytes < fp32
     assert result.metrics["fp32_size_mb"] == pytest.approx(fp32 / 1e6)
     assert result.metrics["calibration_sequences"] == 12
+    manifest = json.loads((dynamic_dir / "manifest.json").read_text())
+    for graph in ("model.onnx", "decoder_with_past.onnx"):
+        assert manifest["tied_embedding"][graph]["shared_tables"] == 1
+        model = onnx.load(str(dynamic_dir / graph))
+        vocab_tables = [i for i in model.graph.initializer if 512 in i.dims and 64 in i.dims]
+        assert [onnx.TensorProto.DataType.Name(t.data_type) for t in vocab_tables] == ["INT8"]
+
+
+def test_sharing_the_tied_table_changes_logits_by_at_most_the_embedding_rounding(tmp_path, onnx_dir, tiny_shards_dir):
+    cfg = CFG.model_copy(update={"share_tied_embedding": False})
+    quantize.run(cfg, onnx_dir, tiny_shards_dir, tmp_path / "dynamic", tmp_path / "qdq")
+    separate = onnx.load(str(tmp_path / "dynamic" / "model.onnx"))
+    shared = onnx.load(str(tmp_path / "dynamic" / "model.onnx"))
+    facts = share_tied_embedding(shared)
+    assert facts == {"shared_tables": 1, "bytes_removed": 512 * 64 * 4}
+    onnx.checker.check_model(shared)
+    assert share_tied_embedding(shared)["shared_tables"] == 0  # idempotent: nothing left to share
+    onnx.save(shared, str(tmp_path / "shared.onnx"))
+    ids = np.random.default_rng(3).integers(0, 512, size=(2, 24), dtype=np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    before = ort.InferenceSession(separate.SerializeToString()).run(None, feeds)[0]
+    after = ort.InferenceSession(str(tmp_path / "shared.onnx")).run(None, feeds)[0]
+    assert after.shape == before.shape and np.isfinite(after).all()
+    assert 0 < np.max(np.abs(after - before)) < 0.1 * np.max(np.abs(before))
+    assert np.mean(after.argmax(-1) == before.argmax(-1)) >= 0.9
+
+
+def test_an_untied_or_unquantized_head_is_left_alone(onnx_dir):
+    fp32 = onnx.load(str(onnx_dir / "model.onnx"))
+    assert share_tied_embedding(fp32) == {"shared_tables": 0, "bytes_removed": 0}
+    assert find_tied_pairs(fp32) == []
 
 
 def test_outputs_follow_the_onnx_model_contract(quantized, onnx_dir):

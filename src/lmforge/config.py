@@ -673,6 +673,11 @@ class QuantizeConfig(StrictModel):
         "(costs ~15% perplexity on GPT-2 shapes).",
     )
     per_channel: bool = Field(True, description="Per-channel weight scales in the Q/DQ model.")
+    share_tied_embedding: bool = Field(
+        True,
+        description="Dynamic INT8: a token embedding tied to the LM head looks up rows of the head's int8 table "
+        "instead of keeping its own FP32 copy (GPT-2 shapes: about 0.25x the FP32 size instead of 0.55x).",
+    )
     exclude_unsafe_nodes: bool = Field(
         True,
         description="Leave unquantized every node touching a tensor whose calibrated range is non-finite or beyond "

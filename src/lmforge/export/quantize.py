@@ -65,6 +65,7 @@ from lmforge.export.ort import (
     model_size_bytes,
     resolve_model_file,
 )
+from lmforge.export.tied_embedding import share_tied_embedding_file
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.export")
@@ -410,6 +411,7 @@ def run(
         staged_output(qdq_dir) as qdq_out,
     ):
         qdq_facts_by_graph: dict[str, Any] = {}
+        shared_by_graph: dict[str, Any] = {}
         batch = even_batch_size(len(windows))
         for graph in graphs:
             prepared = Path(tmp) / graph
@@ -422,6 +424,8 @@ def run(
                 weight_type=QuantType.QInt8,
                 use_external_data_format=external,
             )
+            if cfg.share_tied_embedding:
+                shared_by_graph[graph] = share_tied_embedding_file(dyn_out / graph, external=external)
             if graph == MODEL_FILE:
                 reader: CalibrationDataReader = TokenWindowReader(windows, batch)
             else:
@@ -458,7 +462,12 @@ def run(
             metrics[f"{name}_accepted"] = 1.0 if gate["accepted"] else 0.0
         metrics["quantize_seconds"] = time.perf_counter() - start
         common: dict[str, Any] = {"graphs": graphs, "weight_type": "int8"}
-        dynamic_facts = {"quantization": "dynamic-int8", "op_types": list(DYNAMIC_OP_TYPES), "per_channel": False}
+        dynamic_facts = {
+            "quantization": "dynamic-int8",
+            "op_types": list(DYNAMIC_OP_TYPES),
+            "per_channel": False,
+            "tied_embedding": shared_by_graph,
+        }
         qdq_facts = {
             "quantization": "qdq-int8",
             "op_types": list(cfg.op_types),
