@@ -21,14 +21,13 @@ from lmforge.data.tokenizer import tokenizer_fingerprint
 from lmforge.errors import InputDataError
 from lmforge.evaluate.perplexity import onnx_logits_fn, perplexity
 from lmforge.export import onnx_export, quantize
+from lmforge.export.accuracy_gate import gate_decision, select_serving_model
 from lmforge.export.ort import OrtCausalLM, OrtDecoderWithPast
 from lmforge.export.quantize import (
     TokenWindowReader,
     calibration_windows,
     even_batch_size,
-    gate_decision,
     nodes_touching,
-    select_serving_model,
     unsafe_tensors,
 )
 from lmforge.export.tied_embedding import find_tied_pairs, share_tied_embedding

@@ -144,3 +144,24 @@ def test_reserved_or_unsafe_artifact_names_are_rejected(tmp_path, inputs, name):
 
 def test_default_version_is_a_utc_timestamp():
     assert re.fullmatch(r"v\d{8}-\d{6}", default_version())
+
+
+def test_an_int8_model_its_accuracy_gate_rejected_is_withheld_from_the_release(tmp_path, inputs):
+    rejected = {"accepted": False, "reason": "rejected: held-out perplexity 110 vs FP32 100: delta +10.00%"}
+    inputs["int8_qdq"].joinpath("manifest.json").unlink()
+    write_manifest(inputs["int8_qdq"], "onnx-model", extra={"quantization": "qdq-int8", "accuracy_gate": rejected})
+    _promote(tmp_path, inputs)
+    target = tmp_path / "releases" / "models" / "tiny" / "v1"
+    release = json.loads((target / "manifest.json").read_text())
+    assert set(release["artifacts"]) == {"student"} and not (target / "int8_qdq").exists()
+    assert release["withheld"] == {"int8_qdq": rejected["reason"]}
+
+
+def test_a_release_of_only_rejected_models_is_refused(tmp_path, inputs):
+    gate = {"accepted": False, "reason": "rejected: r"}
+    inputs["int8_qdq"].joinpath("manifest.json").unlink()
+    write_manifest(inputs["int8_qdq"], "onnx-model", extra={"quantization": "qdq-int8", "accuracy_gate": gate})
+    del inputs["student"]
+    with pytest.raises(InputDataError, match=r"every artifact failed its accuracy gate \(int8_qdq\)"):
+        _promote(tmp_path, inputs)
+    assert not (tmp_path / "releases" / "models" / "tiny" / "v1").exists()

@@ -41,6 +41,7 @@ from lmforge import __version__, storage
 from lmforge.artifacts import MANIFEST, fingerprint, read_json_file, read_manifest
 from lmforge.config import PromoteConfig
 from lmforge.errors import ConfigError, InputDataError, ReleaseExistsError, StorageError
+from lmforge.export.accuracy_gate import gate_result
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.promote")
@@ -291,6 +292,12 @@ def promote(
         )
     sources = {name: Path(path) for name, path in artifacts.items()}
     manifests = {name: read_manifest(path, verify=True) for name, path in sources.items()}
+    withheld = {name: gate["reason"] for name, path in sources.items() if not (gate := gate_result(path))["accepted"]}
+    for name, reason in withheld.items():
+        log.warning("withholding %s from the release: its accuracy gate %s", name, reason)
+    sources = {name: path for name, path in sources.items() if name not in withheld}
+    if not sources:
+        raise InputDataError(f"promote: every artifact failed its accuracy gate ({', '.join(withheld)})")
 
     model_root = storage.join(release_root, "models", cfg.model_name)
     target = storage.join(model_root, version)
@@ -330,6 +337,7 @@ def promote(
         "lmforge_version": __version__,
         "run_id": run_id,
         "artifacts": {name: lineage[name] for name in sources},
+        "withheld": withheld,
         "evaluation": {
             **lineage[EVALUATION],
             "metrics": eval_manifest.get("metrics", {}),

@@ -16,7 +16,8 @@ decoder, the second half is the new tokens).
 Accuracy gate: held-out perplexity (``val`` split, :func:`lmforge.evaluate.perplexity.perplexity`) of each
 INT8 ``model.onnx`` vs the FP32 ``model.onnx``, all in ONNX Runtime. An INT8 model whose relative delta is
 above ``max_perplexity_delta`` is still written (pipelines need the output) but its ``manifest.json`` says
-``accuracy_gate.accepted: false`` with the reason; :func:`select_serving_model` then falls back to FP32.
+``accuracy_gate.accepted: false`` with the reason; ``lmforge.export.accuracy_gate.select_serving_model`` then
+falls back to FP32, and ``promote`` withholds it from the release.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 import html
 import json
 import logging
-import math
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -50,12 +50,13 @@ from onnxruntime.quantization.calibrate import (
 )
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from lmforge.artifacts import input_record, read_manifest, staged_output, write_manifest
+from lmforge.artifacts import input_record, staged_output, write_manifest
 from lmforge.config import QuantizeConfig
 from lmforge.data.shards import TokenShards
 from lmforge.data.tokenizer import TOKENIZER_FILE, tokenizer_fingerprint
 from lmforge.errors import InputDataError, LmforgeError
 from lmforge.evaluate.perplexity import onnx_logits_fn, perplexity
+from lmforge.export.accuracy_gate import GATE_KEY, gate_decision
 from lmforge.export.onnx_export import EXTERNAL_DATA_BYTES, copy_model_files
 from lmforge.export.ort import (
     MODEL_FILE,
@@ -79,7 +80,6 @@ CALIBRATION_BATCH = 8
 DYNAMIC_OP_TYPES = ("MatMul", "Gemm")
 # ONNX Runtime's entropy calibrator searches thresholds over num_bins/2 candidates; 128 is its default.
 ENTROPY_BINS = 128
-GATE_KEY = "accuracy_gate"
 
 
 def calibration_windows(tokens: np.ndarray, count: int, seq_len: int) -> np.ndarray:
@@ -288,52 +288,6 @@ def _verify(model_dir: Path, sample: np.ndarray, reference: np.ndarray) -> float
     if logits.shape != reference.shape or not np.isfinite(logits).all():
         raise LmforgeError(f"{model_dir}: quantized model produced non-finite or misshaped logits {logits.shape}")
     return float(np.max(np.abs(logits - reference)))
-
-
-def gate_decision(fp32_ppl: float, int8_ppl: float, threshold: float) -> dict[str, Any]:
-    """Accept an INT8 model when ``(int8 - fp32) / fp32 <= threshold``; the reason says which way and why."""
-    delta = (int8_ppl - fp32_ppl) / fp32_ppl if fp32_ppl > 0 else math.inf
-    accepted = math.isfinite(int8_ppl) and math.isfinite(delta) and delta <= threshold
-    relation = "<=" if accepted else ">"
-    reason = (
-        f"held-out perplexity {int8_ppl:.6g} vs FP32 {fp32_ppl:.6g}: delta {delta:+.2%} {relation} "
-        f"max_perplexity_delta {threshold:+.2%}"
-    )
-    if not math.isfinite(int8_ppl):
-        reason = f"held-out perplexity is not finite ({int8_ppl}); FP32 {fp32_ppl:.6g}"
-    return {
-        "accepted": bool(accepted),
-        "reason": ("accepted: " if accepted else "rejected: ") + reason,
-        "fp32_perplexity": fp32_ppl,
-        "perplexity": int8_ppl,
-        "perplexity_delta": delta,
-        "max_perplexity_delta": threshold,
-    }
-
-
-def gate_result(model_dir: str | Path) -> dict[str, Any]:
-    """The accuracy-gate record of an ONNX model directory; an unquantized model is always accepted."""
-    manifest = read_manifest(model_dir)
-    if manifest.get("quantization", "none") == "none":
-        return {"accepted": True, "reason": "FP32 model: not quantized, nothing to gate"}
-    gate = manifest.get(GATE_KEY)
-    if not isinstance(gate, dict) or not isinstance(gate.get("accepted"), bool):
-        return {"accepted": False, "reason": f"{model_dir}: manifest has no accuracy-gate result"}
-    return gate
-
-
-def select_serving_model(candidates: Sequence[str | Path], fallback: str | Path) -> tuple[Path, str]:
-    """The first candidate INT8 directory its accuracy gate accepted, else ``fallback`` (the FP32 model).
-
-    Returns the chosen directory and why, e.g. ``(fp32_dir, "int8_dynamic rejected: ...; serving FP32")``.
-    """
-    reasons = []
-    for candidate in candidates:
-        gate = gate_result(candidate)
-        if gate["accepted"]:
-            return Path(candidate), f"{Path(candidate).name}: {gate['reason']}"
-        reasons.append(f"{Path(candidate).name}: {gate['reason']}")
-    return Path(fallback), "; ".join([*reasons, f"serving the FP32 model {Path(fallback).name}"])
 
 
 def heldout_tokens(shards: TokenShards, cfg: QuantizeConfig) -> np.ndarray:

@@ -364,7 +364,7 @@ def run(
 
     reason = unavailable_reason(cfg)
     if reason is None and cfg.precision == "int8":
-        from lmforge.export.quantize import gate_result
+        from lmforge.export.accuracy_gate import gate_result
 
         gate = gate_result(qdq_dir)
         if not gate["accepted"]:
