@@ -372,7 +372,7 @@ class DeepSpeedConfig(StrictModel):
     zero3_init: bool = Field(
         True,
         description="Stage 3: construct the model under zero.Init via HfDeepSpeedConfig, so no rank holds it "
-        "whole and the Hugging Face initialization is kept.",
+        "whole; the initial weights are the same as without it (Hugging Face initialization, from the seed).",
     )
     communication_data_type: Literal["fp32", "bf16", "fp16"] | None = Field(
         None, description="Dtype of gradient communication; null follows the training precision."

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +61,115 @@ def hf_config(cfg: ModelConfig, vocab_size: int, *, eos_id: int, pad_id: int) ->
 
 
 def build_model(cfg: ModelConfig, vocab_size: int, *, eos_id: int, pad_id: int, seed: int) -> PreTrainedModel:
-    """A freshly initialized causal LM (HF initialization, deterministic for ``seed``)."""
-    torch.manual_seed(seed)
+    """A freshly initialized causal LM: Hugging Face's initialization, with values that depend on ``seed`` only.
+
+    Under ``HfDeepSpeedConfig`` (ZeRO-3) the parameters come out partitioned, with the same values as a
+    model built whole in one process (see :func:`seeded_init`). Either way the global RNG is left seeded
+    with ``seed``.
+    """
     config = hf_config(cfg, vocab_size, eos_id=eos_id, pad_id=pad_id)
     config._attn_implementation = "sdpa"
-    return AutoModelForCausalLM.from_config(config)
+    torch.manual_seed(seed)  # any parameter HF's initializers do not cover keeps a seeded default init
+    model = AutoModelForCausalLM.from_config(config)
+    seeded_init(model, seed)
+    # Construction drew from the global RNG in one process (torch's default initializers) but not under
+    # zero.Init; reseed so that what follows (dropout) starts from the same state on either path.
+    torch.manual_seed(seed)
+    return model
+
+
+def seeded_init(model: PreTrainedModel, seed: int) -> None:
+    """Run the model's own ``_init_weights`` on every module again, each module from its own seed.
+
+    ``from_config`` draws its initial values from the global RNG after construction has consumed an amount
+    of it that depends on how the model is built: in one process torch's default initializers run first,
+    under ``deepspeed.zero.Init`` they are skipped, so the same HF initializers start from another RNG
+    offset and a ZeRO-3 run starts from other weights than a single-process run. Here each module's draws
+    come from a generator seeded with (``seed``, its qualified name), made in fp32 on the CPU, so the values
+    depend neither on construction, nor on the device or dtype the parameters live in, nor on ZeRO-3
+    partitioning: a partitioned module is gathered, initialized (identically on every rank) and rank 0's
+    values are partitioned again.
+
+    Modules are visited children first, as ``PreTrainedModel.initialize_weights`` does (GPT-2 re-draws
+    ``c_proj`` with its depth-scaled std after the layer's plain init), each with the ``_init_weights`` of its
+    nearest ``PreTrainedModel``. A parameter tied to another one (``lm_head.weight`` is the input embedding)
+    takes the value drawn for its source, as after HF's ``tie_weights``.
+    """
+    partitioned = any(hasattr(p, "ds_id") for p in model.parameters())
+    canonical = {id(p): name for name, p in model.named_parameters()}  # tied copies appear under one name
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        for name, module, owner in _init_order(model, model, ""):
+            touched = _touched_parameters(module, name)
+            params = list({id(p): p for p in touched.values()}.values())
+            ties = [p for qualified, p in touched.items() if canonical[id(p)] != qualified]
+            with _gathered(params, partitioned), _fp32_on_cpu(params), _left_alone(ties):
+                torch.default_generator.manual_seed(_module_seed(seed, name))
+                owner._init_weights(module)
+
+
+def _init_order(
+    module: torch.nn.Module, owner: PreTrainedModel, name: str
+) -> Iterator[tuple[str, torch.nn.Module, PreTrainedModel]]:
+    for child_name, child in module.named_children():
+        child_owner = child if isinstance(child, PreTrainedModel) else owner
+        yield from _init_order(child, child_owner, f"{name}.{child_name}" if name else child_name)
+    yield name, module, owner
+
+
+def _touched_parameters(module: torch.nn.Module, name: str) -> dict[str, torch.nn.Parameter]:
+    """The parameters ``_init_weights(module)`` may write: its own and its direct children's (GPT-2's ``c_proj``)."""
+    prefix = f"{name}." if name else ""
+    touched = {prefix + n: p for n, p in module.named_parameters(recurse=False)}
+    for child_name, child in module.named_children():
+        if not isinstance(child, PreTrainedModel):  # a sub-model initializes its own parameters
+            touched |= {f"{prefix}{child_name}.{n}": p for n, p in child.named_parameters(recurse=False)}
+    return touched
+
+
+def _module_seed(seed: int, name: str) -> int:
+    digest = hashlib.sha256(f"{seed}/{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1  # torch seeds are int64
+
+
+@contextlib.contextmanager
+def _gathered(params: list[torch.nn.Parameter], partitioned: bool) -> Iterator[None]:
+    if not (partitioned and params):
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=0):  # rank 0's values win on exit
+        yield
+
+
+@contextlib.contextmanager
+def _fp32_on_cpu(params: list[torch.nn.Parameter]) -> Iterator[None]:
+    """Point the parameters at fp32 CPU copies meanwhile, so that draws do not depend on device or dtype."""
+    moved = [(p, p.data) for p in params if p.device.type != "cpu" or p.dtype != torch.float32]
+    for p, data in moved:
+        p.data = data.to("cpu", torch.float32)
+    try:
+        yield
+    finally:
+        for p, data in moved:
+            data.copy_(p.data)
+            p.data = data
+
+
+@contextlib.contextmanager
+def _left_alone(params: list[torch.nn.Parameter]) -> Iterator[None]:
+    """Mark the parameters as initialized meanwhile; ``transformers.initialization`` then leaves them alone."""
+    before = [(p, p.__dict__.get("_is_hf_initialized")) for p in params]
+    for p in params:
+        p._is_hf_initialized = True
+    try:
+        yield
+    finally:
+        for p, flag in before:
+            if flag is None:
+                del p._is_hf_initialized
+            else:
+                p._is_hf_initialized = flag
 
 
 def check_model_dir(path: str | Path) -> Path:

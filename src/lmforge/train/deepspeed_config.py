@@ -148,9 +148,10 @@ def hf_zero3_init(cfg: TrainConfig, world_size: int) -> Iterator[None]:
 
     ``HfDeepSpeedConfig`` makes ``from_config`` partition each parameter as it is created *and* run the
     Hugging Face initializers on the gathered tensors, so the initial loss is about ln(vocab) (a bare
-    ``zero.Init`` leaves the initializers acting on empty partitions). A no-op for other backends and
-    stages, or with ``distributed.deepspeed.zero3_init: false`` (DeepSpeed then partitions a model
-    built whole on every rank).
+    ``zero.Init`` leaves the initializers acting on empty partitions);
+    :func:`~lmforge.model.build.build_model` then redraws them module by module so that the values equal
+    those of a model built whole in one process. A no-op for other backends and stages, or with
+    ``distributed.deepspeed.zero3_init: false`` (DeepSpeed then partitions a model built whole on every rank).
     """
     ds = cfg.distributed.deepspeed
     if cfg.distributed.backend != "deepspeed" or ds.zero.stage != 3 or not ds.zero3_init:

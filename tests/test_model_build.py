@@ -1,0 +1,88 @@
+"""``build_model``: Hugging Face's initialization, with values that depend on the seed and nothing else."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+from transformers.initialization import no_init_weights
+
+from lmforge.config import ModelConfig
+from lmforge.model.build import _module_seed, build_model, hf_config, seeded_init
+
+VOCAB, EOS, PAD = 300, 0, 1
+SHAPES = {arch: ModelConfig(arch=arch, n_layer=2, n_head=2, n_embd=32, block_size=64) for arch in ("gpt2", "llama")}
+
+
+def _build(arch: str, seed: int = 3) -> torch.nn.Module:
+    return build_model(SHAPES[arch], VOCAB, eos_id=EOS, pad_id=PAD, seed=seed)
+
+
+def _constructed(arch: str, **kwargs) -> torch.nn.Module:
+    config = hf_config(SHAPES[arch], VOCAB, eos_id=EOS, pad_id=PAD)
+    config._attn_implementation = "sdpa"
+    return AutoModelForCausalLM.from_config(config, **kwargs)
+
+
+def _assert_same(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    expected = a.state_dict()
+    for key, value in b.state_dict().items():
+        assert torch.equal(value, expected[key].to(value.dtype)), key
+
+
+@pytest.mark.parametrize("arch", SHAPES)
+def test_weights_do_not_depend_on_what_construction_drew_from_the_global_rng(arch):
+    # zero.Init builds without torch's default initializers (no draws); one process runs them first
+    torch.manual_seed(12345)
+    with no_init_weights():
+        bare = _constructed(arch)
+    bare.tie_weights()
+    seeded_init(bare, 3)
+    _assert_same(_build(arch), bare)
+
+
+@pytest.mark.parametrize("arch", SHAPES)
+def test_bf16_parameters_get_the_fp32_draws_rounded(arch):
+    # zero.Init with bf16 creates bf16 parameters; their values must be the fp32 model's, rounded
+    half = _constructed(arch, dtype=torch.bfloat16)
+    seeded_init(half, 3)
+    _assert_same(_build(arch), half)
+
+
+@pytest.mark.parametrize("arch", SHAPES)
+def test_initial_loss_is_about_ln_vocab_and_embeddings_stay_tied(arch):
+    model = _build(arch)
+    ids = torch.randint(0, VOCAB, (4, 32), generator=torch.Generator().manual_seed(0))
+    assert abs(model(input_ids=ids, labels=ids).loss.item() - math.log(VOCAB)) < 0.1
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+def test_gpt2_keeps_the_depth_scaled_projection_init_and_the_tie_takes_the_embedding_draw():
+    model = _build("gpt2")
+    block = model.transformer.h[1]
+    assert block.mlp.c_fc.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    for proj in (block.attn.c_proj, block.mlp.c_proj):  # N(0, 0.02 / sqrt(2 * n_layer))
+        assert proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(4), rel=0.08)
+    assert torch.equal(block.ln_1.weight, torch.ones(32)) and torch.equal(block.attn.c_attn.bias, torch.zeros(96))
+    wte = model.transformer.wte.weight
+    drawn = torch.empty_like(wte)
+    torch.manual_seed(_module_seed(3, "transformer.wte"))
+    torch.nn.init.normal_(drawn, std=0.02)
+    assert torch.equal(wte, drawn)  # not lm_head's draw: lm_head.weight is a tied copy of wte
+
+
+def test_llama_zeroes_the_padding_embedding():
+    model = _build("llama")
+    assert torch.count_nonzero(model.model.embed_tokens.weight[PAD]) == 0
+    assert torch.count_nonzero(model.model.embed_tokens.weight[EOS]) == 32
+
+
+def test_seed_selects_the_weights_and_the_global_rng_is_left_seeded():
+    a = _build("gpt2", seed=3)
+    after = torch.rand(4)
+    torch.manual_seed(3)
+    assert torch.equal(after, torch.rand(4))
+    b = _build("gpt2", seed=4)
+    assert not torch.equal(a.transformer.wte.weight, b.transformer.wte.weight)
