@@ -246,6 +246,29 @@ class CleanConfig(StrictModel):
     )
 
 
+ChunkLang = Literal["en", "zh", "auto"]
+MIN_CHUNK_TOKENS = 8  # enough for any one character, so a chunk never has to split one
+
+
+class ChunkingConfig(StrictModel):
+    """Sentence-aware chunks of the cleaned documents for fine-tuning (``chunks.jsonl`` next to the shards)."""
+
+    enabled: bool = Field(
+        True, description="Also write the documents as chunks of whole sentences (spaCy sentencizer) to chunks.jsonl."
+    )
+    chunk_size: int = Field(
+        512,
+        ge=MIN_CHUNK_TOKENS,
+        description=f"Most tokens per chunk (at least {MIN_CHUNK_TOKENS}); a longer sentence is cut at token "
+        "boundaries.",
+    )
+    lang: ChunkLang = Field(
+        "auto",
+        description="Sentence rules: en, zh (splits at 。！？ too), or auto = each document's detected language "
+        "(zh if mostly Han characters when language ID is off).",
+    )
+
+
 class TokenizeConfig(StrictModel):
     """Tokenizer training and token-shard packing."""
 
@@ -257,6 +280,9 @@ class TokenizeConfig(StrictModel):
     shard_tokens: int = Field(50_000_000, gt=0, description="Maximum tokens per shard file before a new one starts.")
     eos_token: str = Field("<|endoftext|>", min_length=1, description="End-of-document token.")
     pad_token: str = Field("<|pad|>", min_length=1, description="Padding token.")
+    chunking: ChunkingConfig = Field(
+        default_factory=ChunkingConfig, description="Sentence-aware chunks for fine-tuning, besides the shards."
+    )
 
 
 class ModelConfig(StrictModel):
@@ -529,6 +555,15 @@ class LoraConfig(StrictModel):
         False,
         description="Concatenate training examples into full seq_len rows (no padding; examples may attend to "
         "the previous one). Held-out loss is always computed on unpacked examples.",
+    )
+    split_long_examples: bool = Field(
+        True,
+        description="A training example whose answer (a chat's closing assistant message) does not fit seq_len "
+        "becomes several, each with the full prompt and a run of whole sentences of the answer, instead of being "
+        "truncated. Held-out examples are never split.",
+    )
+    split_lang: ChunkLang = Field(
+        "auto", description="Sentence rules for split_long_examples: en, zh, or auto (zh if mostly Han characters)."
     )
     heldout_fraction: float = Field(
         0.1, gt=0.0, lt=1.0, description="Fraction of examples held out for eval loss (by hash of the prompt)."

@@ -15,6 +15,9 @@ separately so that the boundary between prompt and answer is exact.
 The split into train and held-out examples is by a hash of the prompt side of an example, so every stage
 that calls :func:`split_examples` with the same fraction gets the same held-out set, and all answers to one
 question fall on the same side.
+
+An example too long for the training sequence may be split along the sentences of its final answer
+(:func:`encode_examples`): each part keeps the whole prompt and answers with a run of whole sentences.
 """
 
 from __future__ import annotations
@@ -23,18 +26,22 @@ import hashlib
 import json
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
 from lmforge import storage
+from lmforge.config import MIN_CHUNK_TOKENS, ChunkLang
+from lmforge.data.chunking import SentenceChunker
 from lmforge.data.demo import is_demo, materialize
 from lmforge.errors import InputDataError
 
 PROMPT_TEMPLATE = "Question: {prompt}\nAnswer:"
 ROLES = ("system", "user", "assistant")
 IGNORE_INDEX = -100  # the label of a position not scored (PyTorch's cross-entropy default)
+
+Encoded = tuple[list[int], list[int]]
 
 
 @dataclass(frozen=True)
@@ -218,17 +225,100 @@ def render_segments(example: Example, tokenizer: PreTrainedTokenizerBase, chat_t
 
 def encode_example(
     tokenizer: PreTrainedTokenizerBase, example: Example, max_len: int, *, chat_template: str = "auto"
-) -> tuple[list[int], list[int]]:
+) -> Encoded:
     """``(input_ids, labels)`` of one example truncated to ``max_len``; unscored labels are ``IGNORE_INDEX``.
 
     Special tokens (a BOS) are added before the first segment only, and not at all for chat templates,
     which write their own.
     """
-    use_template = isinstance(example, Chat) and chat_template == "auto" and bool(tokenizer.chat_template)
-    ids: list[int] = []
-    labels: list[int] = []
-    for i, segment in enumerate(render_segments(example, tokenizer, chat_template)):
-        piece = tokenizer(segment.text, add_special_tokens=i == 0 and not use_template)["input_ids"]
-        ids += piece
-        labels += piece if segment.scored else [IGNORE_INDEX] * len(piece)
+    ids, labels = _encode_many(tokenizer, [example], chat_template)[0]
     return ids[:max_len], labels[:max_len]
+
+
+def _encode_many(tokenizer: PreTrainedTokenizerBase, examples: list[Example], chat_template: str) -> list[Encoded]:
+    """Untruncated ``(input_ids, labels)`` of each example, with one tokenizer call per special-token setting."""
+    segments: list[tuple[int, Segment, bool]] = []  # (example, segment, special tokens before it)
+    for i, example in enumerate(examples):
+        use_template = isinstance(example, Chat) and chat_template == "auto" and bool(tokenizer.chat_template)
+        for j, segment in enumerate(render_segments(example, tokenizer, chat_template)):
+            segments.append((i, segment, j == 0 and not use_template))
+    pieces: list[list[int]] = [[] for _ in segments]
+    for special in (True, False):
+        positions = [k for k, (_, _, with_special) in enumerate(segments) if with_special == special]
+        if positions:
+            texts = [segments[k][1].text for k in positions]
+            for k, piece in zip(positions, tokenizer(texts, add_special_tokens=special)["input_ids"], strict=True):
+                pieces[k] = piece
+    encoded: list[Encoded] = [([], []) for _ in examples]
+    for (i, segment, _), piece in zip(segments, pieces, strict=True):
+        encoded[i][0].extend(piece)
+        encoded[i][1].extend(piece if segment.scored else [IGNORE_INDEX] * len(piece))
+    return encoded
+
+
+def final_answer(example: Example) -> str | None:
+    """The answer a long example can be split along: a pair's response or a chat's closing assistant message."""
+    if isinstance(example, QAPair):
+        return example.response
+    role, content = example.messages[-1]
+    return content if role == "assistant" else None
+
+
+def with_final_answer(example: Example, answer: str) -> Example:
+    """``example`` with its final answer (see :func:`final_answer`) replaced by ``answer``."""
+    if isinstance(example, QAPair):
+        return replace(example, response=answer)
+    return Chat((*example.messages[:-1], ("assistant", answer)))
+
+
+def split_long_example(
+    tokenizer: PreTrainedTokenizerBase, example: Example, max_len: int, *, chat_template: str = "auto", lang: ChunkLang
+) -> list[Encoded]:
+    """One encoded example, or, when it is longer than ``max_len``, one per run of whole sentences of its answer.
+
+    Each part keeps everything before the final answer and holds as many sentences as fit in ``max_len``
+    (a sentence too long alone is cut at token boundaries). An example without a final answer, or whose
+    prompt leaves fewer than ``MIN_CHUNK_TOKENS`` tokens for it, is truncated instead.
+    """
+    answer = final_answer(example)
+    if answer is None:
+        return [encode_example(tokenizer, example, max_len, chat_template=chat_template)]
+    (ids, labels), (frame, _) = _encode_many(tokenizer, [example, with_final_answer(example, "")], chat_template)
+    if len(ids) <= max_len:
+        return [(ids, labels)]
+    # What the answer's tokens may use: max_len less everything around an empty answer (template, EOS).
+    budget = max_len - len(frame)
+    while budget >= MIN_CHUNK_TOKENS:
+        chunks = SentenceChunker(tokenizer, budget, lang).chunk(answer)
+        parts = _encode_many(tokenizer, [with_final_answer(example, c.text) for c in chunks], chat_template)
+        # An answer's tokens in context may outnumber its own (a merge across the boundary): shrink and retry.
+        excess = max(len(part_ids) for part_ids, _ in parts) - max_len
+        if excess <= 0:
+            return parts
+        budget -= excess
+    return [(ids[:max_len], labels[:max_len])]
+
+
+def encode_examples(
+    tokenizer: PreTrainedTokenizerBase,
+    examples: list[Example],
+    max_len: int,
+    *,
+    chat_template: str = "auto",
+    split_lang: ChunkLang | None = None,
+) -> tuple[list[Encoded], int]:
+    """Encode ``examples`` into rows of at most ``max_len`` tokens; returns the rows and how many examples were split.
+
+    With ``split_lang`` (``en``, ``zh`` or ``auto``: the sentence rules) an example longer than ``max_len``
+    is split by :func:`split_long_example`; without it, truncated.
+    """
+    rows: list[Encoded] = []
+    split = 0
+    for example, (ids, labels) in zip(examples, _encode_many(tokenizer, examples, chat_template), strict=True):
+        if split_lang is None or len(ids) <= max_len:
+            rows.append((ids[:max_len], labels[:max_len]))
+            continue
+        parts = split_long_example(tokenizer, example, max_len, chat_template=chat_template, lang=split_lang)
+        rows += parts
+        split += len(parts) > 1
+    return rows, split

@@ -4,16 +4,24 @@ Two streaming passes over the cleaned corpus: the first trains the tokenizer and
 second encodes documents in batches, appends EOS to each and writes ``train``/``val`` shards. A document
 goes to ``val`` when the hash of its id falls below ``val_fraction``; with two or more documents each
 split is guaranteed at least one (see :class:`SplitPlan`).
+
+With ``chunking.enabled`` the second pass also writes ``chunks.jsonl`` next to the shards, for fine-tuning:
+each document as chunks of whole sentences of at most ``chunking.chunk_size`` tokens (see
+:mod:`lmforge.data.chunking`), one JSON object per line: ``id`` (``{doc id}#{n}``), ``doc_id``,
+``split`` (the document's), ``text``, ``tokens`` and ``forced`` (the chunk ends inside a sentence).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 from tqdm import tqdm
@@ -21,6 +29,7 @@ from tqdm import tqdm
 from lmforge import report_html
 from lmforge.artifacts import input_record, staged_output, write_manifest
 from lmforge.config import TokenizeConfig
+from lmforge.data.chunking import Chunk, SentenceChunker
 from lmforge.data.clean import read_cleaned
 from lmforge.data.shards import INDEX, ShardWriter
 from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
@@ -31,6 +40,7 @@ log = logging.getLogger("lmforge.tokenize")
 
 TOKENIZER_KIND = "tokenizer"
 SHARDS_KIND = "token-shards"
+CHUNKS = "chunks.jsonl"
 ENCODE_BATCH_DOCS = 256
 
 
@@ -68,6 +78,17 @@ class SplitPlan:
             if self.val == self.documents and position == self._highest[1]:
                 return "train"
         return "val" if split_bucket(doc_id) < self.val_fraction else "train"
+
+
+def write_chunks(out: TextIO, doc_id: str, split: str, chunks: list[Chunk], counts: dict[str, int]) -> None:
+    """Append one document's chunks to ``chunks.jsonl`` and add them to ``counts``."""
+    for n, chunk in enumerate(chunks):
+        record = {"id": f"{doc_id}#{n}", "doc_id": doc_id, "split": split}
+        record |= {"text": chunk.text, "tokens": chunk.tokens, "forced": chunk.forced}
+        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        counts["chunks"] += 1
+        counts["chunks_forced"] += chunk.forced
+        counts["chunk_tokens"] += chunk.tokens
 
 
 def run(cfg: TokenizeConfig, cleaned_dir: str | Path, tokenizer_dir: str | Path, shards_dir: str | Path) -> StageResult:
@@ -121,16 +142,30 @@ def run(cfg: TokenizeConfig, cleaned_dir: str | Path, tokenizer_dir: str | Path,
             tokenizer_sha256=fingerprint,
             shard_tokens=cfg.shard_tokens,
         )
+        chunking = cfg.chunking
+        chunker = SentenceChunker(tokenizer, chunking.chunk_size, chunking.lang) if chunking.enabled else None
+        chunk_counts = {"chunks": 0, "chunks_forced": 0, "chunk_tokens": 0}
+        chunk_seconds = 0.0
         rows = enumerate(read_cleaned(cleaned_dir, verify=False))
-        with tqdm(total=plan.documents, desc="tokenize", unit="doc", disable=None) as progress:
+        with (
+            tqdm(total=plan.documents, desc="tokenize", unit="doc", disable=None) as progress,
+            open(shard_stage / CHUNKS, "w", encoding="utf-8") if chunker else contextlib.nullcontext() as chunks_out,
+        ):
             while batch := list(islice(rows, ENCODE_BATCH_DOCS)):
-                encoded = tokenizer([row["text"] for _, row in batch])["input_ids"]
-                for (position, row), ids in zip(batch, encoded, strict=True):
+                texts = [row["text"] for _, row in batch]
+                doc_splits = [plan.split(position, row["id"]) for position, row in batch]
+                for split, ids in zip(doc_splits, tokenizer(texts)["input_ids"], strict=True):
                     ids.append(eos_id)
-                    writer.add_document(plan.split(position, row["id"]), np.asarray(ids, dtype=np.int64))
+                    writer.add_document(split, np.asarray(ids, dtype=np.int64))
+                if chunker:
+                    chunk_start = time.perf_counter()
+                    doc_chunks = chunker.chunk_many(texts, [row["lang"] for _, row in batch])
+                    for (_, row), split, chunks in zip(batch, doc_splits, doc_chunks, strict=True):
+                        write_chunks(chunks_out, row["id"], split, chunks, chunk_counts)
+                    chunk_seconds += time.perf_counter() - chunk_start
                 progress.update(len(batch))
         index = writer.close()
-        elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - start - chunk_seconds
 
         splits = index["splits"]
         if splits["val"]["documents"] == 0:
@@ -146,13 +181,15 @@ def run(cfg: TokenizeConfig, cleaned_dir: str | Path, tokenizer_dir: str | Path,
             "shards": len(index["shards"]),
             "tokens_per_sec": total_tokens / max(elapsed, 1e-9),
         }
+        if chunker:
+            metrics |= chunk_counts | {"chunking_seconds": chunk_seconds}
         write_manifest(
             shard_stage,
             SHARDS_KIND,
             inputs={"cleaned": cleaned},
             config=cfg.model_dump(),
             metrics=metrics,
-            extra={"tokenizer_sha256": fingerprint, "index": INDEX},
+            extra={"tokenizer_sha256": fingerprint, "index": INDEX} | ({"chunks": CHUNKS} if chunker else {}),
         )
 
     log.info(
@@ -174,4 +211,6 @@ def run(cfg: TokenizeConfig, cleaned_dir: str | Path, tokenizer_dir: str | Path,
         "tokenizer_sha256": fingerprint,
         "shards": [s["name"] for s in index["shards"]],
     }
+    if chunker:
+        summary["chunks"] = str(Path(shards_dir, CHUNKS))
     return StageResult(metrics=metrics, html=html, summary=summary)

@@ -21,7 +21,7 @@ from transformers.pytorch_utils import Conv1D
 from lmforge import storage
 from lmforge.artifacts import describe_files, input_record, staged_output, write_manifest
 from lmforge.config import LoraConfig
-from lmforge.data.qa import Example, encode_example, load_examples, split_examples
+from lmforge.data.qa import Example, encode_example, encode_examples, load_examples, split_examples
 from lmforge.errors import ArtifactIncompleteError, ConfigError, InputDataError
 from lmforge.model.build import check_model_dir, count_parameters, load_causal_lm, load_tokenizer, save_model_dir
 from lmforge.report_html import page, table
@@ -232,7 +232,10 @@ def _run(
     def encode(example: Example) -> Encoded:
         return encode_example(tokenizer, example, width, chat_template=cfg.chat_template)
 
-    train_rows = [encode(e) for e in train_examples]
+    split_lang = cfg.split_lang if cfg.split_long_examples else None
+    train_rows, split_count = encode_examples(
+        tokenizer, train_examples, width, chat_template=cfg.chat_template, split_lang=split_lang
+    )
     if cfg.packing:
         train_rows = pack(train_rows, width, seed=tcfg.seed)
     heldout_rows = [encode(e) for e in heldout_examples[: tcfg.eval_batches * tcfg.batch_size]]
@@ -278,6 +281,7 @@ def _run(
             "train_loss": history["train_loss"][-1],
             "trainable_fraction": trainable / total,
             "tokens_per_sec": tokens_per_sec(history),
+            "split_examples": split_count,
         }
         config = cfg.model_dump(mode="json") | {"resolved_target_modules": targets, "scaling": cfg.scaling}
         model.save_pretrained(adapter_out)
