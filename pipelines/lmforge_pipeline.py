@@ -14,6 +14,7 @@ from components.distill.component import distill
 from components.evaluate.component import evaluate
 from components.export_onnx.component import export_onnx
 from components.finetune_lora.component import finetune_lora
+from components.images import image_for
 from components.merge_shards.component import merge_shards
 from components.plan_shards.component import plan_shards
 from components.preflight.component import preflight
@@ -21,6 +22,7 @@ from components.pretrain.component import pretrain
 from components.promote.component import promote
 from components.quantize_int8.component import quantize_int8
 from components.tokenize.component import tokenize
+from lmforge.launch.stage_runner import RUN_ID_ENV
 
 PIPELINE_NAME = "lmforge"
 DEFAULT_GPU_NODE_SELECTOR = {"lmforge.io/pool": "gpu"}
@@ -33,6 +35,12 @@ def _with_s3_credentials(task: dsl.PipelineTask, secret_name) -> dsl.PipelineTas
     return kubernetes.use_secret_as_env(
         task, secret_name=secret_name, secret_key_to_env={key: key for key in S3_ENV_KEYS}, optional=True
     )
+
+
+def _with_run_id(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    """Give the step the run id (the pod label KFP sets) as an env var: it names a multi-node job so that a
+    retried step adopts it. Not a task input, whose value would change the step's cache key on every run."""
+    return kubernetes.use_field_path_as_env(task, env_name=RUN_ID_ENV, field_path="metadata.labels['pipeline/runid']")
 
 
 def _on_gpu_pool(task: dsl.PipelineTask, accelerator, count, node_selector, tolerations) -> dsl.PipelineTask:
@@ -65,6 +73,8 @@ def lmforge_pipeline(
     gpu_count: int = 1,
     gpu_node_selector: dict = DEFAULT_GPU_NODE_SELECTOR,
     gpu_tolerations: list = DEFAULT_GPU_TOLERATIONS,
+    launch: str = "{}",
+    staging_uri: str = "",
     s3_secret_name: str = "lmforge-s3",
 ):
     """Raw text to a cleaned corpus, pretrained, LoRA-tuned, distilled, INT8 and TensorRT model, evaluated and gated.
@@ -87,9 +97,14 @@ def lmforge_pipeline(
         evaluate_overrides: JSON object of evaluation and gate settings, e.g. {"gate.max_student_perplexity": 50.0}.
         promote_overrides: JSON object of release settings, e.g. {"model_name": "support-bot"}.
         gpu_accelerator_type: Accelerator resource for the GPU stages (pretrain, LoRA, distill, TensorRT).
-        gpu_count: GPUs per GPU-stage pod.
+        gpu_count: GPUs per GPU-stage pod; pretrain runs one process per GPU (torchrun) when it is above 1.
         gpu_node_selector: Node selector (JSON object) that pins GPU stages to the GPU node pool.
         gpu_tolerations: Tolerations (JSON list) for the GPU node pool's taints.
+        launch: JSON object of LaunchConfig fields for the training steps, e.g. {"num_nodes": 4, "gpus_per_node": 8}:
+            num_nodes > 1 runs pretrain as a Kubeflow Trainer TrainJob ({"backend": "pytorchjob"}: PyTorchJob) and
+            needs staging_uri; gpus_per_node defaults to gpu_count. LoRA and distill train in one process for now.
+        staging_uri: s3://bucket/prefix where multi-node jobs read their inputs and write their outputs
+            (<staging_uri>/<run id>/<task>/); needed only when launch sets num_nodes > 1.
         s3_secret_name: Secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL (optional with IRSA).
     """
     gpu = (gpu_accelerator_type, gpu_count, gpu_node_selector, gpu_tolerations)
@@ -127,7 +142,12 @@ def lmforge_pipeline(
         tokenizer=tokens.outputs["tokenizer"],
         preset=preset,
         overrides=pretrain_overrides,
+        launch=launch,
+        staging_uri=staging_uri,
+        gpu_count=gpu_count,
+        job_image=image_for("pretrain"),
     )
+    _with_run_id(base)
     _on_gpu_pool(base, *gpu).set_display_name("3 pretrain").set_retry(num_retries=2, backoff_duration="60s")
 
     tuned = finetune_lora(
@@ -136,7 +156,12 @@ def lmforge_pipeline(
         qa_fingerprint=checked.outputs["qa_fingerprint"],
         preset=preset,
         overrides=finetune_lora_overrides,
+        launch=launch,
+        staging_uri=staging_uri,
+        gpu_count=gpu_count,
+        job_image=image_for("finetune_lora"),
     )
+    _with_run_id(tuned)
     _on_gpu_pool(tuned, *gpu).set_display_name("4 LoRA fine-tune").set_retry(num_retries=2, backoff_duration="60s")
 
     student = distill(
@@ -144,7 +169,12 @@ def lmforge_pipeline(
         shards=tokens.outputs["shards"],
         preset=preset,
         overrides=distill_overrides,
+        launch=launch,
+        staging_uri=staging_uri,
+        gpu_count=gpu_count,
+        job_image=image_for("distill"),
     )
+    _with_run_id(student)
     _on_gpu_pool(student, *gpu).set_display_name("5 distill").set_retry(num_retries=2, backoff_duration="60s")
 
     exported = export_onnx(model=student.outputs["student"], preset=preset, overrides=export_onnx_overrides)

@@ -9,9 +9,19 @@ It implements only what the launcher calls, with the real paths, query parameter
 - ``/api/v1/namespaces/{ns}/pods`` (``labelSelector`` with ``k=v`` terms) and ``.../pods/{name}/log``
   (``container``, ``follow``, ``tailLines``; 400 while the pod is Pending).
 
+- API discovery ``/apis/{group}/{version}`` (an ``APIResourceList``; 404 for a job kind not ``served``).
+
 A job moves through a *script*: a list of :class:`Step`, each setting the job's status conditions and its
 pods. Steps advance only while a watch on the job is open and has delivered every earlier event, so a
 client sees each state in order and no test depends on timing. Every request is recorded.
+
+With ``execute=True`` a created job that has no script *runs* instead, as the operator and kubelets would:
+one local process per node (``torchrun`` → ``python -m torch.distributed.run`` with the ``PET_*`` env Trainer
+and the Training Operator set: nodes, procs per node, node rank, master address and port), with the
+manifest's env (``secretKeyRef`` entries resolved from ``secrets``, as the kubelet does) over a small base
+env, and its own ``TMPDIR`` (pods share no disk). Pod logs fill as the processes print and ``follow=true``
+streams them; the job turns Complete/Succeeded when every pod exits 0, else Failed. Deleting the job kills
+its processes.
 
 The server binds 127.0.0.1 on a free port, serves from daemon threads and shuts itself down after
 ``max_lifetime_s`` if a test forgets to; use it as a context manager. Point a client at it with::
@@ -26,13 +36,18 @@ import contextlib
 import copy
 import itertools
 import json
+import os
 import re
+import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -49,6 +64,7 @@ class Pod:
     name: str
     phase: str = "Running"
     log: list[str] = field(default_factory=list)
+    live: bool = False  # a process is writing the log: `follow` streams it until the process ends
 
 
 @dataclass
@@ -92,13 +108,29 @@ class _Job:
     plural: str
     script: list[Step]
     pods: list[Pod] = field(default_factory=list)
+    procs: list[subprocess.Popen] = field(default_factory=list)
 
 
 class K8sApiServer:
     """The fake API server: jobs, their scripts, pods, watch events and the request record."""
 
-    def __init__(self, *, max_lifetime_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        *,
+        max_lifetime_s: float = 60.0,
+        execute: bool = False,
+        workdir: Path | None = None,
+        secrets: Mapping[str, Mapping[str, str]] | None = None,
+        base_env: Mapping[str, str] | None = None,
+        served: tuple[str, ...] = ("TrainJob", "PyTorchJob"),
+    ) -> None:
         self.requests: list[dict[str, Any]] = []
+        self.execute = execute
+        self.workdir = workdir
+        self.secrets = {name: dict(data) for name, data in (secrets or {}).items()}
+        self.base_env = dict(base_env or {})
+        self.served = served
+        self.pod_envs: dict[str, dict[str, str]] = {}  # pod name -> the env its process got (execute mode)
         self._jobs: dict[tuple[str, str, str], _Job] = {}  # (plural, namespace, name)
         self._scripts: dict[str, list[Step]] = {}
         self._events: list[tuple[int, str, tuple[str, str, str], dict[str, Any]]] = []
@@ -126,6 +158,10 @@ class K8sApiServer:
     def stop(self) -> None:
         self._timer.cancel()
         self._stopping.set()
+        with self._lock:
+            procs = [proc for job in self._jobs.values() for proc in job.procs]
+        for proc in procs:
+            _kill(proc)
         with self._lock:
             self._lock.notify_all()
         self._httpd.shutdown()
@@ -197,6 +233,10 @@ class K8sApiServer:
         if not job.script:
             return None
         step = job.script.pop(0)
+        self._apply(job, step)
+        return step
+
+    def _apply(self, job: _Job, step: Step) -> None:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         conditions = {c["type"]: c for c in job.obj["status"].get("conditions", [])}
         for ctype, (status, reason, message) in step.conditions.items():
@@ -213,7 +253,6 @@ class K8sApiServer:
         job.obj["metadata"]["resourceVersion"] = str(next(self._rv))
         meta = job.obj["metadata"]
         self._event("MODIFIED", (job.plural, meta["namespace"], meta["name"]), job.obj)
-        return step
 
     # --- request handling ----------------------------------------------------------------------------------
     def handle(self, h: BaseHTTPRequestHandler, method: str) -> None:
@@ -225,6 +264,8 @@ class K8sApiServer:
         parts = url.path.strip("/").split("/")
         if parts[:2] == ["api", "v1"] and len(parts) >= 5 and parts[4] == "pods":
             return self._pods(h, parts[3], parts[5:], query)
+        if parts[0] == "apis" and len(parts) == 3 and method == "GET":
+            return self._discovery(h, parts[1], parts[2])
         if parts[0] == "apis" and len(parts) >= 6 and parts[3] == "namespaces":
             group, version, ns, plural = parts[1], parts[2], parts[4], parts[5]
             if (group, version, plural) in KINDS:
@@ -237,7 +278,10 @@ class K8sApiServer:
             with self._lock:
                 if (plural, ns, body["metadata"]["name"]) in self._jobs:
                     return _status(h, 409, "AlreadyExists", f'{plural} "{body["metadata"]["name"]}" already exists')
-                job = self._store(body, self._scripts.pop(body["metadata"]["name"], []))
+                script = self._scripts.pop(body["metadata"]["name"], None)
+                job = self._store(body, script or [])
+                if script is None and self.execute:
+                    self._start(job)
                 obj = copy.deepcopy(job.obj)
             return _json(h, 201, obj)
         if method == "GET" and name is not None:
@@ -254,6 +298,8 @@ class K8sApiServer:
                 job = self._jobs.pop(key, None)
                 if job is None:
                     return _status(h, 404, "NotFound", f'{plural} "{name}" not found')
+                for proc in job.procs:  # the pods go with the job
+                    _kill(proc)
                 job.obj["metadata"]["resourceVersion"] = str(next(self._rv))
                 self._event("DELETED", key, job.obj)
             return _status(h, 200, "Success", "deleted")
@@ -341,6 +387,8 @@ class K8sApiServer:
                 return _status(h, 400, "BadRequest", f"container {query['container']} is not valid for pod {name}")
             if pod.phase == "Pending":
                 return _status(h, 400, "BadRequest", f'container "{container}" in pod "{name}" is waiting to start')
+            if pod.live and query.get("follow", "").lower() == "true":
+                return self._follow(h, pod, int(query["tailLines"]) if "tailLines" in query else None)
             lines = pod.log[-int(query["tailLines"]) :] if "tailLines" in query else pod.log
             data = "".join(line + "\n" for line in lines).encode()
             h.send_response(200)
@@ -350,6 +398,157 @@ class K8sApiServer:
             h.wfile.write(data)
             return None
         return _status(h, 404, "NotFound", "/".join(rest))
+
+    def _follow(self, h, pod: Pod, tail: int | None) -> None:
+        """Stream a live pod's log line by line (chunked) until its process has ended and every line is out."""
+        h.send_response(200)
+        h.send_header("Content-Type", "text/plain")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        with self._lock:
+            sent = max(0, len(pod.log) - tail) if tail is not None else 0
+        try:
+            while not self._stopping.is_set():
+                with self._lock:
+                    lines, done = pod.log[sent:], not pod.live
+                    if not lines and not done:
+                        self._lock.wait(0.5)
+                        continue
+                for line in lines:
+                    data = (line + "\n").encode()
+                    h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                h.wfile.flush()
+                sent += len(lines)
+                if done and not lines:
+                    break
+        finally:
+            h.wfile.write(b"0\r\n\r\n")
+
+    def _discovery(self, h, group: str, version: str) -> None:
+        resources = [
+            {
+                "name": plural,
+                "singularName": kind.lower(),
+                "namespaced": True,
+                "kind": kind,
+                "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+            }
+            for (g, v, plural), (kind, _, _) in KINDS.items()
+            if (g, v) == (group, version) and kind in self.served
+        ]
+        if not resources:
+            return _status(h, 404, "NotFound", "the server could not find the requested resource")
+        body = {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}"}
+        return _json(h, 200, {**body, "resources": resources})
+
+    # --- execute mode: run a created job's command locally, one process per node ----------------------------
+    def _start(self, job: _Job) -> None:
+        """Create the job's pods (Running) and start one process per node in the background (lock held)."""
+        kind = job.obj["kind"]
+        spec = job.obj["spec"]
+        name = job.obj["metadata"]["name"]
+        if kind == "TrainJob":
+            trainer = spec["trainer"]
+            nodes, nproc = trainer.get("numNodes", 1), trainer.get("numProcPerNode", 1)
+            command, env = trainer["command"], trainer.get("env", [])
+            pod_names = [f"{name}-node-0-{i}-{uuid.uuid4().hex[:5]}" for i in range(nodes)]
+        else:
+            replicas = spec["pytorchReplicaSpecs"]
+            container = replicas["Master"]["template"]["spec"]["containers"][0]
+            workers = replicas.get("Worker", {}).get("replicas", 0)
+            nodes, nproc = 1 + workers, int(spec.get("nprocPerNode", 1))
+            command, env = container["command"], container.get("env", [])
+            pod_names = [f"{name}-master-0"] + [f"{name}-worker-{i}" for i in range(workers)]
+        job.pods = [Pod(pod, "Running", live=True) for pod in pod_names]
+        self._apply(job, created(kind))
+        port = _free_port()
+        launches = []
+        for rank, pod in enumerate(job.pods):
+            pet = {
+                "PET_NNODES": str(nodes),
+                "PET_NPROC_PER_NODE": str(nproc),
+                "PET_NODE_RANK": str(rank),
+                "PET_MASTER_ADDR": "127.0.0.1",
+                "PET_MASTER_PORT": str(port),
+            }
+            launches.append((pod, _local_command(command), {**self._pod_env(pod.name, env), **pet}))
+        threading.Thread(target=self._run, args=(job, launches), name=f"job-{name}", daemon=True).start()
+
+    def _pod_env(self, pod: str, env: list[dict[str, Any]]) -> dict[str, str]:
+        root = Path(self.workdir or "/tmp", pod)
+        (root / "tmp").mkdir(parents=True, exist_ok=True)
+        out = {"PATH": os.environ.get("PATH", ""), "HOME": str(root), "TMPDIR": str(root / "tmp"), **self.base_env}
+        for item in env:
+            if "value" in item:
+                out[item["name"]] = item["value"]
+                continue
+            ref = item["valueFrom"]["secretKeyRef"]
+            value = self.secrets.get(ref["name"], {}).get(ref["key"])
+            if value is not None:
+                out[item["name"]] = value
+            elif not ref.get("optional"):  # the kubelet refuses to start the container
+                out["__missing__"] = f"secret {ref['name']} key {ref['key']} not found"
+        self.pod_envs[pod] = out
+        return out
+
+    def _run(self, job: _Job, launches: list[tuple[Pod, list[str], dict[str, str]]]) -> None:
+        readers = []
+        for pod, command, env in launches:
+            if "__missing__" in env:
+                with self._lock:
+                    pod.log.append(f"CreateContainerConfigError: {env['__missing__']}")
+                continue
+            proc = subprocess.Popen(
+                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+            )
+            with self._lock:
+                job.procs.append(proc)
+            reader = threading.Thread(target=self._read, args=(pod, proc), daemon=True)
+            reader.start()
+            readers.append((pod, proc, reader))
+        codes: dict[str, int] = {pod.name: 1 for pod, _, _ in launches}
+        for pod, proc, reader in readers:
+            reader.join()
+            codes[pod.name] = proc.wait()
+        kind = job.obj["kind"]
+        with self._lock:
+            for pod, _, _ in launches:
+                pod.phase = "Succeeded" if codes[pod.name] == 0 else "Failed"
+                pod.live = False
+            failures = [f"{pod} exited with {code}" for pod, code in codes.items() if code != 0]
+            if job.obj["metadata"]["name"] not in {key[2] for key in self._jobs}:
+                return  # deleted meanwhile
+            self._apply(job, failed(kind, "; ".join(failures)) if failures else succeeded(kind))
+
+    def _read(self, pod: Pod, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            with self._lock:
+                pod.log.append(line.rstrip("\n"))
+                self._lock.notify_all()
+        with self._lock:
+            self._lock.notify_all()
+
+
+def _local_command(command: list[str]) -> list[str]:
+    """The container command as this machine runs it: the test's Python stands in for the image's."""
+    program, *rest = command
+    if program == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", *rest]
+    if program in ("python", "python3"):
+        return [sys.executable, *rest]
+    return list(command)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
 
 
 def _json(h: BaseHTTPRequestHandler, code: int, obj: Any) -> None:

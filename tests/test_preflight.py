@@ -141,3 +141,48 @@ def test_changed_corpus_bytes_change_the_cache_key_of_every_downstream_stage(tmp
     downstream = set(before) - {"preflight", "plan-shards"}  # plan-shards reads only the shard count
     assert {"clean-shard", "merge-shards", "tokenize", "pretrain", "distill", "evaluate", "promote"} <= downstream
     assert not [task for task in downstream if before[task] == after[task]]
+
+
+@pytest.mark.parametrize("backend", ["trainjob", "pytorchjob"])
+def test_training_api_check_passes_when_the_cluster_serves_the_job_kind(backend):
+    import kubernetes
+    from k8s_api_server import K8sApiServer
+
+    from lmforge.config import LaunchConfig
+    from lmforge.preflight import check_training_api
+
+    with K8sApiServer() as server:
+        cfg = kubernetes.client.Configuration()
+        cfg.host = server.url
+        with kubernetes.client.ApiClient(cfg) as api:
+            assert check_training_api(LaunchConfig(backend=backend, num_nodes=2), api) == "ok"
+        (call,) = server.calls("GET")
+        group = "trainer.kubeflow.org/v1alpha1" if backend == "trainjob" else "kubeflow.org/v1"
+        assert call["path"] == f"/apis/{group}"  # discovery: readable without cluster-scoped RBAC
+
+
+def test_training_api_check_names_the_missing_operator():
+    import kubernetes
+    from k8s_api_server import K8sApiServer
+
+    from lmforge.config import LaunchConfig
+    from lmforge.preflight import check_training_api
+
+    with K8sApiServer(served=("TrainJob",)) as server:
+        cfg = kubernetes.client.Configuration()
+        cfg.host = server.url
+        with kubernetes.client.ApiClient(cfg) as api:
+            verdict = check_training_api(LaunchConfig(backend="pytorchjob"), api)
+    assert verdict == (
+        "the cluster does not serve kubeflow.org/v1 (PyTorchJob): install the Kubeflow Training Operator v1"
+    )
+
+
+def test_run_checks_skips_the_training_api_for_one_node(tmp_path):
+    from lmforge.config import LaunchConfig
+
+    report = run_checks(
+        corpus_uri=str(_corpus(tmp_path)), qa_uri="demo://chatterbot", release_root=str(tmp_path / "reg"),
+        s3_secret_name="", launch=LaunchConfig(num_nodes=1),
+    )  # fmt: skip
+    assert "training_job_api" not in report.checks

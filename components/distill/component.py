@@ -15,6 +15,10 @@ def distill(
     curves: Output[HTML],
     preset: str = "tiny-cpu",
     overrides: str = "{}",
+    launch: str = "{}",
+    staging_uri: str = "",
+    gpu_count: int = 1,
+    job_image: str = "",
 ):
     """Train a shallower student on alpha·T²·KL(teacher‖student) + (1−alpha)·CE over the token shards.
 
@@ -26,11 +30,27 @@ def distill(
         curves: HTML loss curves.
         preset: lmforge preset the stage config starts from.
         overrides: JSON object of DistillConfig fields, e.g. {"temperature": 4.0, "alpha": 0.7}.
+        launch: JSON object of LaunchConfig fields (lmforge.config): how wide this step trains. Default {}: one pod,
+            gpu_count processes (torchrun --standalone when gpu_count > 1, else in this process).
+            This stage trains in one process for now: it runs here, on one GPU, whatever num_nodes and
+            gpus_per_node say (with a warning); the parameters match pretrain's so one launch config fits all.
+        staging_uri: s3://bucket/prefix where a multi-node job's inputs and outputs are staged
+            (<staging_uri>/<run id>/<task>/<name>); needed only with num_nodes > 1.
+        gpu_count: GPUs of this step's pod (the pipeline passes its gpu_count); the default of launch.gpus_per_node.
+        job_image: Image of the job's pods (num_nodes > 1); empty: this package's lmforge-train image.
     """
+    from components.images import image_for
     from lmforge.component_io import publish, setup_logging
-    from lmforge.config import resolve_stage_config
-    from lmforge.train import distill as stage
+    from lmforge.launch import parse_launch, run_training_stage
 
     setup_logging()
-    cfg = resolve_stage_config("distill", preset, overrides)
-    publish(stage.run(cfg, teacher.path, shards.path, student.path), metrics=metrics, html=curves)
+    result = run_training_stage(
+        "distill",
+        parse_launch(launch, gpus_per_node=gpu_count),
+        {"teacher": teacher.path, "shards": shards.path, "student": student.path},
+        preset=preset,
+        overrides=overrides,
+        image=job_image or image_for("distill"),
+        staging_uri=staging_uri,
+    )
+    publish(result, metrics=metrics, html=curves)

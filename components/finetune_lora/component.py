@@ -17,6 +17,10 @@ def finetune_lora(
     qa_fingerprint: str = "",
     preset: str = "tiny-cpu",
     overrides: str = "{}",
+    launch: str = "{}",
+    staging_uri: str = "",
+    gpu_count: int = 1,
+    job_image: str = "",
 ):
     """Fine-tune the base model with LoRA (prompt tokens masked from the loss); emit adapter and merged model.
 
@@ -31,13 +35,28 @@ def finetune_lora(
             behind the same URI is never served from cache. Recorded on the adapter artifact.
         preset: lmforge preset the stage config starts from.
         overrides: JSON object of LoraConfig fields, e.g. {"r": 16, "train.max_steps": 100}.
+        launch: JSON object of LaunchConfig fields (lmforge.config): how wide this step trains. Default {}: one pod,
+            gpu_count processes (torchrun --standalone when gpu_count > 1, else in this process).
+            This stage trains in one process for now: it runs here, on one GPU, whatever num_nodes and
+            gpus_per_node say (with a warning); the parameters match pretrain's so one launch config fits all.
+        staging_uri: s3://bucket/prefix where a multi-node job's inputs and outputs are staged
+            (<staging_uri>/<run id>/<task>/<name>); needed only with num_nodes > 1.
+        gpu_count: GPUs of this step's pod (the pipeline passes its gpu_count); the default of launch.gpus_per_node.
+        job_image: Image of the job's pods (num_nodes > 1); empty: this package's lmforge-train image.
     """
+    from components.images import image_for
     from lmforge.component_io import publish, setup_logging
-    from lmforge.config import resolve_stage_config
-    from lmforge.train import lora as stage
+    from lmforge.launch import parse_launch, run_training_stage
 
     setup_logging()
     adapter.metadata["qa_fingerprint"] = qa_fingerprint
-    cfg = resolve_stage_config("finetune_lora", preset, overrides)
-    result = stage.run(cfg, base_model.path, qa_uri, adapter.path, merged_model.path)
+    result = run_training_stage(
+        "finetune_lora",
+        parse_launch(launch, gpus_per_node=gpu_count),
+        {"base_model": base_model.path, "qa_uri": qa_uri, "adapter": adapter.path, "merged_model": merged_model.path},
+        preset=preset,
+        overrides=overrides,
+        image=job_image or image_for("finetune_lora"),
+        staging_uri=staging_uri,
+    )
     publish(result, metrics=metrics, html=curves)

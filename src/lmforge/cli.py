@@ -152,16 +152,32 @@ def stage(
     ] = None,
     preset: PresetOpt = "tiny-cpu",
     set_: SetOpt = None,
+    result_uri: Annotated[
+        str,
+        typer.Option(
+            "--result",
+            help="Also write the result (metrics, summary, HTML report) as JSON to this path or s3:// URI "
+            "(rank 0 only under torchrun).",
+        ),
+    ] = "",
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
-    """Run one stage without KFP, e.g. `lmforge stage clean --io corpus_uri=raw.jsonl --io cleaned=out/`."""
-    from lmforge.stages import run_stage
+    """Run one stage without KFP, e.g. `lmforge stage clean --io corpus_uri=raw.jsonl --io cleaned=out/`.
 
-    _setup_logging(verbose)
+    Artifact inputs and outputs may be s3:// prefixes (downloaded / uploaded around the stage); under torchrun
+    every rank runs the stage and rank 0 writes the outputs and the result.
+    """
+    from lmforge.component_io import setup_logging
+    from lmforge.launch.stage_runner import run_stage_uris
+
+    if console.is_terminal:
+        _setup_logging(verbose)
+    else:  # a pod's or torchrun's log: one plain, unwrapped line per record
+        setup_logging(logging.DEBUG if verbose else logging.INFO)
     try:
         paths = {k: str(v) for k, v in _parse_assignments(io, "--io").items()}
         cfg = resolve_stage_config(name, preset, parse_overrides(_parse_assignments(set_, "--set")))
-        result = run_stage(name, cfg, paths)
+        result = run_stage_uris(name, cfg, paths, result_uri=result_uri or None)
     except LmforgeError as exc:
         _fail(exc)
     typer.echo(json.dumps({"metrics": result.metrics, "summary": result.summary}, indent=2, default=str))

@@ -1,9 +1,10 @@
 """Fail-fast checks before any GPU step, and content fingerprints of the external inputs.
 
 The ``preflight`` component runs first: it checks that the corpus and Q&A data are reachable, that
-the release root is writable, and (inside a cluster) that the S3 credentials Secret exists; then it
-fingerprints the input data. The fingerprints are passed to ``clean`` and ``finetune_lora`` as
-parameters, so a KFP cache key changes whenever the data behind an unchanged URI changes.
+the release root is writable, (inside a cluster) that the S3 credentials Secret exists and, given a launch
+config for multi-node training, that the cluster serves its job kind; then it fingerprints the input
+data. The fingerprints are passed to ``clean`` and ``finetune_lora`` as parameters, so a KFP cache key
+changes whenever the data behind an unchanged URI changes.
 """
 
 from __future__ import annotations
@@ -15,11 +16,15 @@ import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from lmforge import storage
 from lmforge.artifacts import sha256_file
 from lmforge.data.demo import is_demo, materialize
 from lmforge.errors import LmforgeError, StorageError
+
+if TYPE_CHECKING:
+    from lmforge.config import LaunchConfig
 
 log = logging.getLogger("lmforge.preflight")
 
@@ -102,10 +107,53 @@ def check_secret(name: str) -> str:
     return "ok"
 
 
-def run_checks(*, corpus_uri: str, qa_uri: str, release_root: str, s3_secret_name: str) -> PreflightReport:
-    """Run every check, then fingerprint the inputs; raise :class:`PreflightError` listing all failures."""
+def check_training_api(cfg: LaunchConfig, api_client: Any = None) -> str:
+    """``ok`` when the cluster serves the job kind ``cfg.backend`` submits (its CRD is installed); a reason otherwise.
+
+    Asks API discovery (``GET /apis/<group>/<version>``), which every authenticated user may read, rather
+    than the cluster-scoped ``customresourcedefinitions`` that the pipeline's namespaced Role cannot get.
+
+    Args:
+        cfg: The launch configuration (only ``backend`` matters).
+        api_client: Kubernetes API client; default: in-cluster service account, else ``~/.kube/config``.
+    """
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config import ConfigException
+    from urllib3.exceptions import HTTPError
+
+    from lmforge.launch.manifests import JOB_KINDS
+
+    kind = JOB_KINDS[cfg.backend]
+    operator = "Kubeflow Trainer v2" if cfg.backend == "trainjob" else "the Kubeflow Training Operator v1"
+    try:
+        if api_client is None:
+            from lmforge.launch.client import kube_api_client
+
+            api_client = kube_api_client()
+        served = client.CustomObjectsApi(api_client).get_api_resources(kind.group, kind.version)
+    except ApiException as exc:
+        if exc.status == 404:
+            return f"the cluster does not serve {kind.api_version} ({kind.kind}): install {operator}"
+        return f"API discovery of {kind.api_version}: HTTP {exc.status} {exc.reason}"
+    except (ConfigException, HTTPError, OSError) as exc:
+        return f"cannot reach the Kubernetes API: {exc}"
+    if kind.plural not in {resource.name for resource in served.resources}:
+        return f"{kind.api_version} does not serve {kind.plural}: install {operator}"
+    return "ok"
+
+
+def run_checks(
+    *, corpus_uri: str, qa_uri: str, release_root: str, s3_secret_name: str, launch: LaunchConfig | None = None
+) -> PreflightReport:
+    """Run every check, then fingerprint the inputs; raise :class:`PreflightError` listing all failures.
+
+    With ``launch`` asking for more than one node, also check that the cluster serves its job kind.
+    """
     report = PreflightReport()
     report.checks["s3_secret"] = check_secret(s3_secret_name) if s3_secret_name else "ok"
+    if launch is not None and launch.num_nodes > 1:
+        report.checks["training_job_api"] = check_training_api(launch)
     for name, uri in (("corpus", corpus_uri), ("qa", qa_uri)):
         try:
             report.fingerprints[name] = fingerprint_uri(uri)

@@ -2,7 +2,9 @@
 
 Inside one pod a stage runs ``torchrun --nproc_per_node=<GPUs>`` (:func:`single_pod_command`); for more
 than one node the stage step submits a job (:func:`build_job`) and waits for it (:func:`launch_and_wait`),
-adopting the job a previous attempt of the same step created. See docs/launch.md.
+adopting the job a previous attempt of the same step created. A training component calls
+:func:`run_training_stage`, which picks one of the three (in process, torchrun in the pod, job) from its
+:class:`~lmforge.config.LaunchConfig`. See docs/launch.md.
 """
 
 from lmforge.launch.client import (
@@ -26,9 +28,20 @@ from lmforge.launch.manifests import (
     single_pod_command,
     stage_args,
 )
+from lmforge.launch.stage_runner import (
+    RUN_ID_ENV,
+    fetch_artifact,
+    parse_launch,
+    publish_artifact,
+    read_result,
+    run_stage_uris,
+    run_training_stage,
+    write_result,
+)
 
 __all__ = [
     "PYTORCHJOB",
+    "RUN_ID_ENV",
     "TRAINJOB",
     "JobKind",
     "LaunchCancelled",
@@ -38,11 +51,18 @@ __all__ = [
     "build_job",
     "build_pytorchjob",
     "build_trainjob",
+    "fetch_artifact",
     "job_name",
     "job_state",
     "kube_api_client",
     "launch",
     "launch_and_wait",
+    "parse_launch",
+    "publish_artifact",
+    "read_result",
+    "run_stage_uris",
+    "run_training_stage",
     "single_pod_command",
     "stage_args",
+    "write_result",
 ]
