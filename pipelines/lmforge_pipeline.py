@@ -97,18 +97,22 @@ def lmforge_pipeline(
         evaluate_overrides: JSON object of evaluation and gate settings, e.g. {"gate.max_student_perplexity": 50.0}.
         promote_overrides: JSON object of release settings, e.g. {"model_name": "support-bot"}.
         gpu_accelerator_type: Accelerator resource for the GPU stages (pretrain, LoRA, distill, TensorRT).
-        gpu_count: GPUs per GPU-stage pod; pretrain runs one process per GPU (torchrun) when it is above 1.
+        gpu_count: GPUs per GPU-stage pod; pretrain, LoRA and distill run one process per GPU (torchrun) when it is
+            above 1.
         gpu_node_selector: Node selector (JSON object) that pins GPU stages to the GPU node pool.
         gpu_tolerations: Tolerations (JSON list) for the GPU node pool's taints.
         launch: JSON object of LaunchConfig fields for the training steps, e.g. {"num_nodes": 4, "gpus_per_node": 8}:
-            num_nodes > 1 runs pretrain as a Kubeflow Trainer TrainJob ({"backend": "pytorchjob"}: PyTorchJob) and
-            needs staging_uri; gpus_per_node defaults to gpu_count. LoRA and distill train in one process for now.
+            num_nodes > 1 runs pretrain, LoRA and distill each as a Kubeflow Trainer TrainJob ({"backend":
+            "pytorchjob"}: PyTorchJob) and needs staging_uri (and an s3:// or demo:// qa_uri); gpus_per_node defaults
+            to gpu_count.
         staging_uri: s3://bucket/prefix where multi-node jobs read their inputs and write their outputs
             (<staging_uri>/<run id>/<task>/); needed only when launch sets num_nodes > 1.
         s3_secret_name: Secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL (optional with IRSA).
     """
     gpu = (gpu_accelerator_type, gpu_count, gpu_node_selector, gpu_tolerations)
-    checked = preflight(corpus_uri=corpus_uri, qa_uri=qa_uri, release_root=release_root, s3_secret_name=s3_secret_name)
+    checked = preflight(
+        corpus_uri=corpus_uri, qa_uri=qa_uri, release_root=release_root, s3_secret_name=s3_secret_name, launch=launch
+    )
     checked.set_display_name("0 preflight checks").set_caching_options(False)
 
     shard_indices = plan_shards(shard_count=clean_shards)

@@ -113,21 +113,31 @@ def test_a_cluster_without_the_job_kind_fails_before_staging(tmp_path, tiny_shar
         assert server.calls("POST") == []
 
 
-def test_single_process_stages_run_here_with_a_warning_whatever_the_launch_says(monkeypatch, caplog):
+@pytest.mark.parametrize("stage", ["pretrain", "finetune_lora", "distill"])
+def test_every_training_stage_runs_under_torchrun_or_as_a_job_as_the_launch_says(monkeypatch, stage):
+    calls = []
+    monkeypatch.setattr(runner, "_in_pod", lambda name, *args: calls.append(("torchrun", name)) or StageResult())
+    monkeypatch.setattr(runner, "_as_job", lambda name, *args: calls.append(("job", name)) or StageResult())
+    run_training_stage(stage, LaunchConfig(gpus_per_node=2), {}, preset="tiny-cpu")
+    run_training_stage(stage, LaunchConfig(num_nodes=4, gpus_per_node=8), {}, preset="tiny-cpu")
+    assert calls == [("torchrun", stage), ("job", stage)]
+
+
+def test_a_stage_that_does_not_train_runs_here_with_a_warning_whatever_the_launch_says(monkeypatch, caplog):
     calls = []
 
     def fake_run_stage(name, cfg, paths):
         calls.append((name, paths))
-        return StageResult(metrics={"student_val_loss": 1.0})
+        return StageResult(metrics={"max_abs_diff": 0.0})
 
     monkeypatch.setattr(runner, "run_stage", fake_run_stage)
-    io = {"teacher": "/in/teacher", "shards": "/in/shards", "student": "/out/student"}
+    io = {"model": "/in/model", "onnx_model": "/out/onnx"}
     with caplog.at_level(logging.WARNING, logger="lmforge.launch"):
-        result = run_training_stage("distill", LaunchConfig(num_nodes=4, gpus_per_node=8), io, preset="tiny-cpu")
+        result = run_training_stage("export_onnx", LaunchConfig(num_nodes=4, gpus_per_node=8), io, preset="tiny-cpu")
 
-    assert calls == [("distill", io)]
+    assert calls == [("export_onnx", io)]
     assert result.summary["launch"] == {"mode": "in-process"}
-    assert "distill trains in one process" in caplog.text and "4 node(s) x 8 GPU(s)" in caplog.text
+    assert "export_onnx runs in one process" in caplog.text and "4 node(s) x 8 GPU(s)" in caplog.text
 
 
 # --- the components: parse, call lmforge, publish ------------------------------------------------------------------

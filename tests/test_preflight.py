@@ -186,3 +186,20 @@ def test_run_checks_skips_the_training_api_for_one_node(tmp_path):
         s3_secret_name="", launch=LaunchConfig(num_nodes=1),
     )  # fmt: skip
     assert "training_job_api" not in report.checks
+
+
+def test_preflight_component_refuses_a_bad_launch_before_any_gpu_step(tmp_path):
+    from components.preflight.component import preflight
+    from lmforge.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"launch\.num_node: Extra inputs are not permitted"):
+        preflight.python_func(
+            corpus_uri=str(_corpus(tmp_path)), qa_uri="demo://chatterbot", release_root=str(tmp_path / "reg"),
+            s3_secret_name="", launch='{"num_node": 2}',
+        )  # fmt: skip
+
+
+def test_the_pipeline_passes_its_launch_parameter_to_preflight():
+    spec = next(yaml.safe_load_all((REPO_ROOT / "pipelines/compiled/lmforge_pipeline.yaml").read_text()))
+    task = spec["root"]["dag"]["tasks"]["preflight"]
+    assert task["inputs"]["parameters"]["launch"] == {"componentInputParameter": "launch"}

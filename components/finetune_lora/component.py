@@ -37,8 +37,9 @@ def finetune_lora(
         overrides: JSON object of LoraConfig fields, e.g. {"r": 16, "train.max_steps": 100}.
         launch: JSON object of LaunchConfig fields (lmforge.config): how wide this step trains. Default {}: one pod,
             gpu_count processes (torchrun --standalone when gpu_count > 1, else in this process).
-            This stage trains in one process for now: it runs here, on one GPU, whatever num_nodes and
-            gpus_per_node say (with a warning); the parameters match pretrain's so one launch config fits all.
+            {"num_nodes": 4, "gpus_per_node": 8} submits a Kubeflow Trainer job as for pretrain (named after
+            $LMFORGE_RUN_ID); its pods read qa_uri themselves, so it must be s3:// or demo:// there. DDP, or
+            DeepSpeed ZeRO-1/2 with overrides {"train.distributed.backend": "deepspeed"}; ZeRO-3 is refused.
         staging_uri: s3://bucket/prefix where a multi-node job's inputs and outputs are staged
             (<staging_uri>/<run id>/<task>/<name>); needed only with num_nodes > 1.
         gpu_count: GPUs of this step's pod (the pipeline passes its gpu_count); the default of launch.gpus_per_node.

@@ -46,8 +46,9 @@ RUN_ID_ENV = "LMFORGE_RUN_ID"
 # Where `lmforge stage` keeps local copies of s3:// inputs and outputs (default: the system temp dir).
 WORKDIR_ENV = "LMFORGE_STAGE_WORKDIR"
 RESULT_FILE = "result.json"
-# Stages whose `run` joins torchrun's process group and writes on rank 0 only; the others train in one process.
-DISTRIBUTED_STAGES = frozenset({"pretrain"})
+# Stages whose `run` joins torchrun's process group and writes on rank 0 only (lmforge.train.distributed); any
+# other stage handed to run_training_stage runs in this process.
+DISTRIBUTED_STAGES = frozenset({"pretrain", "finetune_lora", "distill"})
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run")  # = `torchrun`, without relying on PATH
 
 
@@ -113,9 +114,8 @@ def run_training_stage(
     flat = _flat_overrides(overrides)
     if stage not in DISTRIBUTED_STAGES:
         if cfg.num_nodes > 1 or cfg.gpus_per_node > 1:
-            # One launch config serves every training step of the pipeline; this one cannot use it yet.
             log.warning(
-                "%s trains in one process (only %s run distributed): running it here on one device, not on "
+                "%s runs in one process (only %s run distributed): running it here on one device, not on "
                 "%d node(s) x %d GPU(s)",
                 stage,
                 ", ".join(sorted(DISTRIBUTED_STAGES)),

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from lmforge import storage
-from lmforge.artifacts import input_record, staged_output, write_manifest
+from lmforge.artifacts import input_record, write_manifest
 from lmforge.config import DistillConfig
 from lmforge.data.tokenizer import tokenizer_fingerprint
 from lmforge.errors import ConfigError, InputDataError
@@ -22,7 +22,8 @@ from lmforge.model.build import check_model_dir, count_parameters, load_causal_l
 from lmforge.report_html import page, table
 from lmforge.results import StageResult
 from lmforge.train.batches import IGNORE_INDEX, open_matching_shards, shard_batches
-from lmforge.train.loop import curves_section, default_device, evaluate, tokens_per_sec, train
+from lmforge.train.distributed import describe_backend, distributed_context, main_rank_outputs, refuse_occupied
+from lmforge.train.loop import curves_section, evaluate, tokens_per_sec, train, whole_model
 from lmforge.train.losses import ChunkedKDLoss, KDTerms, causal_lm_loss
 
 logger = logging.getLogger("lmforge.distill")
@@ -103,10 +104,15 @@ def run(cfg: DistillConfig, teacher_dir: str | Path, shards_dir: str | Path, out
     ``alpha·T²·KL + (1 − alpha)·CE`` (:class:`~lmforge.train.losses.ChunkedKDLoss`); with ``alpha = 0``
     the teacher is not run during training at all.
 
+    Runs as one process, or on every rank of a ``torchrun`` / Kubeflow Trainer job (DDP or DeepSpeed ZeRO):
+    the student is trained data-parallel, every rank runs its own frozen copy of the teacher, and rank 0
+    writes the output.
+
     Raises:
         InputDataError: the teacher has no weights, the shards were not written by the teacher's
-            tokenizer, or the student's tokenizer differs from the teacher's.
+            tokenizer, the student's tokenizer differs from the teacher's, or ``output_dir`` is not empty.
     """
+    refuse_occupied(output_dir)  # on every rank, before any of them trains
     with tempfile.TemporaryDirectory(prefix="lmforge-distill-") as workdir:
         teacher_local = _localize_model(teacher_dir, Path(workdir, "teacher"))
         shards_local = storage.localize(str(shards_dir), Path(workdir, "shards"))
@@ -140,10 +146,10 @@ def _run(
     positions = teacher.config.max_position_embeddings
     if tcfg.seq_len > positions:
         raise ConfigError(f"distill.train.seq_len ({tcfg.seq_len}) exceeds the teacher's {positions} positions")
-    train_batch, val_batches = shard_batches(shards, tcfg)
 
-    with staged_output(output_dir) as out:  # entered first: an occupied output fails before training
-        device = default_device()
+    with distributed_context(tcfg.distributed) as ctx, main_rank_outputs(ctx, output_dir) as (out,):
+        train_batch, val_batches = shard_batches(shards, tcfg, rank=ctx.rank, world_size=ctx.world_size)
+        device = ctx.device
         if student_dir is not None:
             student = load_causal_lm(student_dir)
             if student.config.vocab_size != teacher.config.vocab_size:
@@ -158,18 +164,22 @@ def _run(
         teacher.requires_grad_(False)
         teacher = teacher.to(device=device, dtype=teacher_dtype(cfg.teacher_dtype, device)).eval()
         parameters, teacher_parameters = count_parameters(student), count_parameters(teacher)
-        logger.info(
-            "distilling %d-layer teacher (%.2fM, %s) into %d-layer student (%.2fM, init %s), T=%g, alpha=%g, %s KL",
-            teacher.config.num_hidden_layers,
-            teacher_parameters / 1e6,
-            teacher.dtype,
-            student.config.num_hidden_layers,
-            parameters / 1e6,
-            cfg.init,
-            cfg.temperature,
-            cfg.alpha,
-            cfg.divergence,
-        )
+        if ctx.is_main:
+            logger.info(
+                "distilling %d-layer teacher (%.2fM, %s) into %d-layer student (%.2fM, init %s), T=%g, alpha=%g, "
+                "%s KL; %d rank(s), %s",
+                teacher.config.num_hidden_layers,
+                teacher_parameters / 1e6,
+                teacher.dtype,
+                student.config.num_hidden_layers,
+                parameters / 1e6,
+                cfg.init,
+                cfg.temperature,
+                cfg.alpha,
+                cfg.divergence,
+                ctx.world_size,
+                describe_backend(tcfg.distributed),
+            )
         kd = ChunkedKDLoss(
             temperature=cfg.temperature, alpha=cfg.alpha, divergence=cfg.divergence, chunk_tokens=cfg.chunk_tokens
         )
@@ -187,14 +197,21 @@ def _run(
         # alpha = 0 is plain next-token training: the teacher's logits would be multiplied by zero.
         train_loss_fn = causal_lm_loss if cfg.alpha == 0 else loss_fn
         # Validation reports the student's plain next-token loss, comparable with the teacher's.
+        # DDP / DeepSpeed wrap the student only; the teacher stays a plain frozen module on each rank.
         history = train(
-            student, tcfg, train_loss_fn, train_batch, lambda: val_batches, eval_loss_fn=causal_lm_loss, desc="distill"
-        )
+            student, tcfg, train_loss_fn, train_batch, lambda: val_batches, eval_loss_fn=causal_lm_loss,
+            desc="distill", dist=ctx,
+        )  # fmt: skip
+        # on every rank: a ZeRO-3 student's forward needs all ranks
         teacher_val = evaluate(teacher, causal_lm_loss, val_batches, precision=tcfg.precision)
         kl = evaluate(
             student, lambda m, b: (kd_terms(m, b).kl, int(b["targets"].ne(IGNORE_INDEX).sum())), val_batches,
             precision=tcfg.precision,
         )  # fmt: skip
+        student_config = student.config
+        student = whole_model(student, ctx, lambda: AutoModelForCausalLM.from_config(student_config).float())
+        if out is None:
+            return StageResult(summary={"model_dir": str(output_dir), "rank": ctx.rank})
 
         student_val = history["eval_loss"][-1]
         metrics = {

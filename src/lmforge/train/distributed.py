@@ -13,12 +13,15 @@ import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from lmforge.artifacts import staged_output
 from lmforge.config import DistributedConfig
+from lmforge.errors import InputDataError
 
 logger = logging.getLogger("lmforge.train")
 
@@ -131,6 +134,35 @@ def distributed_context(cfg: DistributedConfig) -> Iterator[DistContext]:
     finally:
         if created and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def describe_backend(cfg: DistributedConfig) -> str:
+    """``torch`` or ``deepspeed ZeRO-<stage>``, for log lines."""
+    return cfg.backend + (f" ZeRO-{cfg.deepspeed.zero.stage}" if cfg.backend == "deepspeed" else "")
+
+
+def refuse_occupied(*output_dirs: str | Path) -> None:
+    """Raise unless every output directory is absent or empty.
+
+    Stages call it on every rank before training (rank 0's ``staged_output`` checks again when it opens
+    the outputs), so that no rank starts training alone and the others fail only after it.
+
+    Raises:
+        InputDataError: an output exists and is a file or a non-empty directory.
+    """
+    for output_dir in map(Path, output_dirs):
+        if output_dir.exists() and (output_dir.is_file() or any(output_dir.iterdir())):
+            raise InputDataError(f"output {output_dir} already exists and is not empty; refusing to overwrite it")
+
+
+@contextlib.contextmanager
+def main_rank_outputs(ctx: DistContext, *output_dirs: str | Path) -> Iterator[tuple[Path | None, ...]]:
+    """Rank 0: a staged scratch directory per output, each committed when the block exits without error.
+
+    The other ranks get ``None`` for each output: only rank 0 writes.
+    """
+    with contextlib.ExitStack() as stack:
+        yield tuple(stack.enter_context(staged_output(d)) if ctx.is_main else None for d in output_dirs)
 
 
 def _free_port() -> int:

@@ -554,6 +554,29 @@ def full_state_dict(model: torch.nn.Module, ctx: DistContext) -> dict[str, torch
     return state
 
 
+def whole_model(
+    model: torch.nn.Module, ctx: DistContext, build: Callable[[], torch.nn.Module]
+) -> torch.nn.Module | None:
+    """``model`` with all of its weights on rank 0 (None on the other ranks); called on every rank.
+
+    A ZeRO-3 model's partitions are gathered (:func:`full_state_dict`) into a plain copy made by ``build``
+    (an unpartitioned model of the same architecture), which saves as a normal Hugging Face model; any
+    other model is returned as it is.
+    """
+    if not any(hasattr(p, "ds_id") for p in model.parameters()):
+        return model if ctx.is_main else None
+    state = full_state_dict(model, ctx)
+    if state is None:
+        return None
+    copy = build()
+    missing, unexpected = copy.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if copy.config.tie_word_embeddings else set()
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(f"consolidated ZeRO-3 weights do not fit: missing {missing}, unexpected {unexpected}")
+    copy.tie_weights()
+    return copy
+
+
 def tokens_per_sec(history: Mapping[str, Any]) -> float:
     """Training throughput over the whole run (evaluation time excluded)."""
     return history["total_tokens"] / max(history["train_seconds"], 1e-9)

@@ -19,15 +19,16 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.pytorch_utils import Conv1D
 
 from lmforge import storage
-from lmforge.artifacts import describe_files, input_record, staged_output, write_manifest
-from lmforge.config import LoraConfig
+from lmforge.artifacts import describe_files, input_record, write_manifest
+from lmforge.config import LoraConfig, TrainConfig
 from lmforge.data.qa import Example, encode_example, encode_examples, load_examples, split_examples
 from lmforge.errors import ArtifactIncompleteError, ConfigError, InputDataError
 from lmforge.model.build import check_model_dir, count_parameters, load_causal_lm, load_tokenizer, save_model_dir
 from lmforge.report_html import page, table
 from lmforge.results import StageResult
 from lmforge.train.batches import IGNORE_INDEX, batch_generator
-from lmforge.train.loop import curves_section, default_device, tokens_per_sec, train
+from lmforge.train.distributed import describe_backend, distributed_context, main_rank_outputs, refuse_occupied
+from lmforge.train.loop import curves_section, tokens_per_sec, train
 from lmforge.train.losses import causal_lm_loss
 
 logger = logging.getLogger("lmforge.finetune_lora")
@@ -117,8 +118,39 @@ def _check_modules_to_save(model: PreTrainedModel, names: list[str] | None) -> N
             raise ConfigError(f"finetune_lora.modules_to_save: {name!r} matches no module of the model")
 
 
+def tied_embedding_names(model: PreTrainedModel) -> tuple[str, str] | None:
+    """``(input embedding, output head)`` module names (last component) when the two share one weight, else None."""
+    inputs, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if head is None or head.weight is not inputs.weight:
+        return None
+    names = {id(module): name.rsplit(".", 1)[-1] for name, module in model.named_modules()}
+    return names[id(inputs)], names[id(head)]
+
+
+def _save_tied_embedding(names: list[str] | None, tied: tuple[str, str] | None) -> tuple[list[str] | None, bool]:
+    """``modules_to_save`` with a tied embedding named by its head (how peft recognizes it), and whether it was there.
+
+    peft trains one copy for a tied embedding and head only when the head is named and
+    ``ensure_weight_tying`` is set; named by its input side alone (GPT-2's ``wte``), the embedding is
+    trained, the head keeps the base weights, and merging unties the two.
+    """
+    if names is None or tied is None or not set(tied) & set(names):
+        return names, False
+    embedding, head = tied
+    if head not in peft.utils.constants.EMBEDDING_LAYER_NAMES:
+        raise ConfigError(
+            f"finetune_lora.modules_to_save: the model ties {embedding!r} to its output head {head!r}, which peft "
+            "cannot keep tied when trained; leave both out"
+        )
+    return [name for name in names if name not in tied] + [head], True
+
+
 def peft_config(cfg: LoraConfig, model: PreTrainedModel, targets: list[str]) -> peft.LoraConfig:
-    """The ``peft.LoraConfig`` for ``cfg`` on ``model`` (``fan_in_fan_out`` where weights are stored transposed)."""
+    """The ``peft.LoraConfig`` for ``cfg`` on ``model`` (``fan_in_fan_out`` where weights are stored transposed).
+
+    A token embedding tied to the output head, named by either module in ``modules_to_save``, is trained
+    as one weight: the head follows the embedding, in training and merged. As a LoRA target it is refused.
+    """
     n_layers = model.config.num_hidden_layers
     if cfg.layers_to_transform is not None and max(cfg.layers_to_transform) >= n_layers:
         raise ConfigError(
@@ -126,6 +158,14 @@ def peft_config(cfg: LoraConfig, model: PreTrainedModel, targets: list[str]) -> 
             f"the model has blocks 0..{n_layers - 1}"
         )
     _check_modules_to_save(model, cfg.modules_to_save)
+    tied = tied_embedding_names(model)
+    if tied is not None and set(tied) & set(targets):
+        # Merging a LoRA delta into the shared weight would change the head too, which the adapter never did.
+        raise ConfigError(
+            f"finetune_lora.target_modules: {'/'.join(tied)} is the token embedding tied to the output head; LoRA "
+            "cannot adapt it as one weight: put it in modules_to_save to train it in full"
+        )
+    modules_to_save, tie = _save_tied_embedding(cfg.modules_to_save, tied)
     return peft.LoraConfig(
         r=cfg.r,
         lora_alpha=cfg.alpha,
@@ -134,10 +174,21 @@ def peft_config(cfg: LoraConfig, model: PreTrainedModel, targets: list[str]) -> 
         bias=cfg.bias,
         target_modules=targets,
         layers_to_transform=cfg.layers_to_transform,
-        modules_to_save=cfg.modules_to_save,
+        modules_to_save=modules_to_save,
         fan_in_fan_out=any(isinstance(m, Conv1D) for m in model.modules()),  # GPT-2's Conv1D stores W transposed
+        ensure_weight_tying=tie,
         task_type="CAUSAL_LM",
     )
+
+
+def check_backend(tcfg: TrainConfig) -> None:
+    """Refuse DeepSpeed ZeRO-3, which partitions the base weights that saving and merging the adapter read whole."""
+    if tcfg.distributed.backend == "deepspeed" and tcfg.distributed.deepspeed.zero.stage == 3:
+        raise ConfigError(
+            "finetune_lora.train.distributed.deepspeed.zero.stage: stage 3 partitions the base model's weights, "
+            "but saving the PEFT adapter and merging it need them whole; use stage 1 or 2 (they shard the "
+            "adapter's optimizer state and gradients; the frozen base has neither) or backend torch (DDP)"
+        )
 
 
 def model_record(local: Path, uri: str) -> dict[str, object]:
@@ -194,10 +245,16 @@ def run(
     held-out examples, measured before training (``base_heldout_loss``, LoRA's B is zero at step 0) and
     after (``tuned_heldout_loss``).
 
+    Runs as one process, or on every rank of a ``torchrun`` / Kubeflow Trainer job (DDP or DeepSpeed
+    ZeRO-1/2): each rank trains on its own part of every step's batch and rank 0 writes the outputs.
+
     Raises:
-        InputDataError: the base model has no weights or tokenizer, or the data is empty or malformed.
-        ConfigError: a target module does not exist or cannot take LoRA, or seq_len does not fit.
+        InputDataError: the base model has no weights or tokenizer, the data is empty or malformed, or an
+            output directory is not empty.
+        ConfigError: a target module does not exist or cannot take LoRA, seq_len does not fit, or ZeRO stage 3.
     """
+    check_backend(cfg.train)
+    refuse_occupied(adapter_dir, merged_dir)  # on every rank, before any of them trains
     with tempfile.TemporaryDirectory(prefix="lmforge-lora-") as workdir:
         local_base, tokenizer, model = load_base(base_model_dir, workdir)
         base_record = model_record(local_base, str(base_model_dir))
@@ -245,33 +302,46 @@ def _run(
         collate(heldout_rows[i : i + tcfg.batch_size], pad_id) for i in range(0, len(heldout_rows), tcfg.batch_size)
     ]
 
-    def train_batch(step: int, micro: int) -> dict[str, torch.Tensor]:
-        generator = batch_generator(tcfg.seed, step, micro)
-        rows = torch.randint(0, len(train_rows), (tcfg.batch_size,), generator=generator)
-        return collate([train_rows[i] for i in rows.tolist()], pad_id)
+    with distributed_context(tcfg.distributed) as ctx, main_rank_outputs(ctx, adapter_dir, merged_dir) as outputs:
+        adapter_out, merged_out = outputs
 
-    # Outputs are entered first so that an occupied output directory fails before training.
-    with staged_output(adapter_dir) as adapter_out, staged_output(merged_dir) as merged_out:
-        torch.manual_seed(tcfg.seed)  # LoRA A matrices are initialized randomly
-        model = peft.get_peft_model(model, lora_config).to(default_device())
+        def train_batch(step: int, micro: int) -> dict[str, torch.Tensor]:
+            # The step's micro-batches are slots 0 .. grad_accum·world_size - 1, each drawn from (seed, step,
+            # slot); this rank's micro-batch `micro` is slot micro·world_size + rank. One rank: slot = micro, and
+            # 2 ranks see the micro-batches one process with twice the grad_accum sees.
+            generator = batch_generator(tcfg.seed, step, micro * ctx.world_size + ctx.rank)
+            rows = torch.randint(0, len(train_rows), (tcfg.batch_size,), generator=generator)
+            return collate([train_rows[i] for i in rows.tolist()], pad_id)
+
+        torch.manual_seed(tcfg.seed)  # LoRA A matrices are initialized randomly (the same on every rank)
+        model = peft.get_peft_model(model, lora_config).to(ctx.device)
         # Lineage: the adapter names the URI the base came from, not this run's scratch copy.
         model.peft_config["default"].base_model_name_or_path = base_uri
         trainable, total = count_parameters(model, trainable_only=True), count_parameters(model)
-        logger.info(
-            "LoRA r=%d alpha=%d (scaling %.3g%s) on %s: %d of %d parameters trainable; %d train rows%s, "
-            "%d held-out examples",
-            cfg.r,
-            cfg.alpha,
-            cfg.scaling,
-            ", rsLoRA" if cfg.use_rslora else "",
-            ",".join(targets),
-            trainable,
-            total,
-            len(train_rows),
-            " (packed)" if cfg.packing else "",
-            len(heldout_examples),
+        if ctx.is_main:
+            logger.info(
+                "LoRA r=%d alpha=%d (scaling %.3g%s) on %s: %d of %d parameters trainable; %d train rows%s, "
+                "%d held-out examples; %d rank(s), %s",
+                cfg.r,
+                cfg.alpha,
+                cfg.scaling,
+                ", rsLoRA" if cfg.use_rslora else "",
+                ",".join(targets),
+                trainable,
+                total,
+                len(train_rows),
+                " (packed)" if cfg.packing else "",
+                len(heldout_examples),
+                ctx.world_size,
+                describe_backend(tcfg.distributed),
+            )
+        history = train(
+            model, tcfg, causal_lm_loss, train_batch, lambda: heldout_batches, desc="finetune_lora", dist=ctx
         )
-        history = train(model, tcfg, causal_lm_loss, train_batch, lambda: heldout_batches, desc="finetune_lora")
+        if adapter_out is None or merged_out is None:
+            return StageResult(
+                summary={"adapter_dir": str(adapter_dir), "merged_dir": str(merged_dir), "rank": ctx.rank}
+            )
 
         base_loss, tuned_loss = history["eval_loss"][0], history["eval_loss"][-1]
         metrics = {

@@ -6,33 +6,25 @@ see :class:`~lmforge.config.DistributedConfig`); rank 0 writes the output model 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 from pathlib import Path
 
-from lmforge.artifacts import input_record, staged_output, write_manifest
+from lmforge.artifacts import input_record, write_manifest
 from lmforge.config import PretrainConfig
-from lmforge.errors import InputDataError
 from lmforge.model.build import build_model, load_tokenizer, save_model_dir
 from lmforge.report_html import page, table
 from lmforge.results import StageResult
 from lmforge.train.batches import open_matching_shards, shard_batches
 from lmforge.train.deepspeed_config import hf_zero3_init
-from lmforge.train.distributed import distributed_context
-from lmforge.train.loop import curves_section, full_state_dict, tokens_per_sec, train
+from lmforge.train.distributed import describe_backend, distributed_context, main_rank_outputs, refuse_occupied
+from lmforge.train.loop import curves_section, tokens_per_sec, train, whole_model
 from lmforge.train.losses import causal_lm_loss
 from lmforge.train.mfu import model_flops_per_token
 
 logger = logging.getLogger("lmforge.pretrain")
 
 TENSORBOARD_DIR = "tensorboard"
-
-
-def _refuse_occupied(output_dir: Path) -> None:
-    # Checked on every rank (rank 0's staged_output checks again) so that no rank starts training alone.
-    if output_dir.exists() and (output_dir.is_file() or any(output_dir.iterdir())):
-        raise InputDataError(f"output {output_dir} already exists and is not empty; refusing to overwrite it")
 
 
 def run(cfg: PretrainConfig, shards_dir: str | Path, tokenizer_dir: str | Path, output_dir: str | Path) -> StageResult:
@@ -52,11 +44,10 @@ def run(cfg: PretrainConfig, shards_dir: str | Path, tokenizer_dir: str | Path, 
     tokenizer = load_tokenizer(tokenizer_dir)
     inputs = {"shards": input_record(shards_dir), "tokenizer": input_record(tokenizer_dir)}
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    _refuse_occupied(Path(output_dir))
+    refuse_occupied(output_dir)
 
-    with distributed_context(tcfg.distributed) as ctx, contextlib.ExitStack() as outputs:
+    with distributed_context(tcfg.distributed) as ctx, main_rank_outputs(ctx, output_dir) as (out,):
         train_batch, val_batches = shard_batches(shards, tcfg, rank=ctx.rank, world_size=ctx.world_size)
-        out = outputs.enter_context(staged_output(output_dir)) if ctx.is_main else None
         with hf_zero3_init(tcfg, ctx.world_size):
             model = build_model(cfg.model, len(tokenizer), eos_id=tokenizer.eos_token_id, pad_id=pad_id, seed=tcfg.seed)
             partitioned = any(hasattr(p, "ds_id") for p in model.parameters())
@@ -72,12 +63,7 @@ def run(cfg: PretrainConfig, shards_dir: str | Path, tokenizer_dir: str | Path, 
                     tcfg.max_steps,
                     shards.index["splits"]["train"]["tokens"],
                     ctx.world_size,
-                    tcfg.distributed.backend
-                    + (
-                        f" ZeRO-{tcfg.distributed.deepspeed.zero.stage}"
-                        if tcfg.distributed.backend == "deepspeed"
-                        else ""
-                    ),
+                    describe_backend(tcfg.distributed),
                 )
             history = train(
                 model,
@@ -90,19 +76,15 @@ def run(cfg: PretrainConfig, shards_dir: str | Path, tokenizer_dir: str | Path, 
                 flops_per_token=model_flops_per_token(model, tcfg.seq_len),
                 tensorboard_dir=out / TENSORBOARD_DIR if out is not None else None,
             )
-            state = full_state_dict(model, ctx) if partitioned else None
+        # outside hf_zero3_init: the plain copy of ZeRO-3 weights must not be partitioned again
+        model = whole_model(
+            model,
+            ctx,
+            lambda: build_model(cfg.model, len(tokenizer), eos_id=tokenizer.eos_token_id, pad_id=pad_id, seed=0),
+        )
         if out is None:
             return StageResult(summary={"model_dir": str(output_dir), "rank": ctx.rank})
 
-        if partitioned:  # a plain copy of the consolidated ZeRO-3 weights saves as a normal HF model
-            model = build_model(cfg.model, len(tokenizer), eos_id=tokenizer.eos_token_id, pad_id=pad_id, seed=0)
-            missing, unexpected = model.load_state_dict(state, strict=False)
-            tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
-            if unexpected or set(missing) - tied:
-                raise RuntimeError(
-                    f"consolidated ZeRO-3 weights do not fit: missing {missing}, unexpected {unexpected}"
-                )
-            model.tie_weights()
         val_loss = history["eval_loss"][-1]
         metrics = {
             "train_loss": history["train_loss"][-1],
