@@ -26,13 +26,13 @@ VOCAB = 512
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory, tiny_model_dir):
-    """The tiny GPT-2 with its weight matrices scaled by 4: sharper logits, so greedy decoding changes token
+    """The tiny GPT-2 with its weight matrices scaled by 8: sharper logits, so greedy decoding changes token
     often instead of repeating one (a random-init model at HF scale does), and a cache bug shows."""
     model = load_causal_lm(tiny_model_dir)
     with torch.no_grad():
         for param in model.parameters():
             if param.ndim == 2:
-                param.mul_(4.0)
+                param.mul_(8.0)
     out = save_model_dir(model, load_tokenizer(tiny_model_dir), tmp_path_factory.mktemp("sharp-model"))
     write_manifest(out, "model")
     return out
