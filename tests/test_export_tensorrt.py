@@ -133,9 +133,16 @@ TRTEXEC_LOG = """\
 [11/29/2026-10:00:00] [I] TensorRT version: 10.9.0
 [11/29/2026-10:00:00] [I] Selected Device: NVIDIA H200
 [11/29/2026-10:00:40] [I] Engine built in 38.512 sec.
+[11/29/2026-10:00:44] [I] === Trace details ===
+[11/29/2026-10:00:44] [I] H2D Latency: min = 0.01 ms, max = 0.02 ms, mean = 0.015 ms, median = 0.015 ms
+[11/29/2026-10:00:44] [I] === Performance summary ===
 [11/29/2026-10:00:44] [I] Throughput: 2841.7 qps
 [11/29/2026-10:00:44] [I] Latency: min = 0.331 ms, max = 0.512 ms, mean = 0.348 ms, median = 0.345 ms, \
 percentile(90%) = 0.36 ms, percentile(95%) = 0.371 ms, percentile(99%) = 0.402 ms
+[11/29/2026-10:00:44] [I] Enqueue Time: min = 0.008 ms, max = 0.05 ms, mean = 0.012 ms, median = 0.009 ms
+[11/29/2026-10:00:44] [I] H2D Latency: min = 0.012 ms, max = 0.03 ms, mean = 0.016 ms, median = 0.015 ms
+[11/29/2026-10:00:44] [I] GPU Compute Time: min = 0.3 ms, max = 0.48 ms, mean = 0.32 ms, median = 0.318 ms
+[11/29/2026-10:00:44] [I] D2H Latency: min = 0.01 ms, max = 0.02 ms, mean = 0.012 ms, median = 0.012 ms
 &&&& PASSED TensorRT.trtexec [TensorRT v100900] [b34] # trtexec --onnx=model.onnx
 """
 

@@ -124,7 +124,9 @@ def trtexec_command(
     return command
 
 
-_LATENCY = re.compile(r"\bLatency: (?P<body>.*)$", re.MULTILINE)
+# The summary's own "Latency:" line: only "[timestamp] [I] " before it, so "H2D Latency:", "D2H Latency:" and
+# "End-to-End Host Latency:" (trtexec prints them in the same summary) are not taken for it.
+_LATENCY = re.compile(r"^(?:\[[^\]]*\]\s*)*Latency: (?P<body>.*)$", re.MULTILINE)
 _STAT = re.compile(r"(?P<key>min|max|mean|median|percentile\((?P<pct>[\d.]+)%\)) = (?P<value>[\d.eE+-]+) ms")
 
 
