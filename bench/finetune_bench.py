@@ -1,10 +1,14 @@
-"""Fine-tuning and distillation benchmarks: LoRA vs full fine-tuning, chunked vs naive KD loss, KD vs CE.
+"""Fine-tuning and distillation benchmarks: LoRA vs full fine-tuning, chunked vs naive KD loss, and the two
+quality figures on the demo data (LoRA held-out answer loss, KD vs CE-only student perplexity).
 
 Each measurement runs in a fresh subprocess so that peak RSS (``ru_maxrss``) belongs to that run alone.
 
-    python bench/finetune_bench.py                       # all sections, JSON to bench/finetune_bench.json
-    python bench/finetune_bench.py --sections lora,kd    # a subset
-    python bench/finetune_bench.py --sections kd_vs_ce --kd-steps 200
+    python bench/finetune_bench.py                            # all sections
+    python bench/finetune_bench.py --sections lora,kd         # a subset
+    python bench/finetune_bench.py --sections lora_demo,kd_vs_ce --seeds 1337,1,2
+
+Results are merged into ``--json`` (default ``bench/results/finetune_bench.json``) section by section, so
+sections run separately accumulate there.
 
 Sections:
 * ``lora``: the same GPT-2 shape (default 12 layers × 768, GPT-2's 50257 vocabulary, randomly initialized)
@@ -13,8 +17,15 @@ Sections:
 * ``kd``: one distillation step (teacher forward, student forward/backward) with
   :class:`~lmforge.train.losses.ChunkedKDLoss` vs the autograd reference :func:`~lmforge.train.losses.kd_loss`
   on full logits; tokens/s and peak RSS.
-* ``kd_vs_ce``: a teacher pretrained on the demo corpus, then the same random-init student trained with
-  KD (alpha 0.5, T 2) and with CE only (alpha 0), same steps, data and seed; held-out perplexity of each.
+* ``lora_demo``: the demo base (the preset's ``pretrain`` on the demo Shakespeare scenes, tokenizer trained on
+  them), then the preset's ``finetune_lora`` stage on ``demo://chatterbot`` once per seed; held-out answer loss
+  of the base and of the tuned model.
+* ``kd_vs_ce``: the same demo base as teacher (``--teacher-steps`` to pretrain it longer), then the preset's
+  ``distill`` stage twice per seed and student initialization: KD (the preset's alpha and temperature) and
+  CE only (alpha 0). Within a pair only the loss differs: same student init, steps, batches and seed.
+  Held-out perplexity of each student on the Shakespeare validation split.
+
+The ``lora_demo`` and ``kd_vs_ce`` sections share one tokenizer, shard set and base model.
 """
 
 from __future__ import annotations
@@ -121,56 +132,100 @@ def child_kd(args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def child_kd_vs_ce(args: dict[str, Any]) -> dict[str, Any]:
+def child_pretrain(args: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from lmforge.config import DistillConfig, ModelConfig, PretrainConfig, TrainConfig
-    from lmforge.train import distill, pretrain
+    from lmforge.config import resolve_stage_config
+    from lmforge.train import pretrain
+
+    torch.set_num_threads(args["threads"])
+    overrides = {"train.max_steps": args["steps"]} if args["steps"] else {}
+    cfg = resolve_stage_config("pretrain", args["preset"], overrides)
+    start = time.perf_counter()
+    metrics = pretrain.run(cfg, args["shards"], args["tokenizer"], args["output"]).metrics
+    return {
+        "steps": cfg.train.max_steps,
+        "val_loss": metrics["val_loss"],
+        "val_perplexity": metrics["val_perplexity"],
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def child_lora_demo(args: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from lmforge.config import resolve_stage_config
+    from lmforge.train import lora
 
     torch.set_num_threads(args["threads"])
     work = Path(args["workdir"])
-    shards, tokenizer = Path(args["shards"]), Path(args["tokenizer"])
-    teacher_dir = work / "teacher"
-    shape = ModelConfig(arch="gpt2", n_layer=4, n_head=4, n_embd=128, block_size=128)
+    seeds: dict[str, Any] = {}
+    for seed in args["seeds"]:
+        cfg = resolve_stage_config("finetune_lora", args["preset"], {"train.seed": seed})
+        start = time.perf_counter()
+        metrics = lora.run(cfg, args["base"], args["qa"], work / f"adapter-{seed}", work / f"merged-{seed}").metrics
+        keys = ("base_heldout_loss", "tuned_heldout_loss", "heldout_loss_reduction", "train_loss", "trainable_fraction")
+        seeds[str(seed)] = {k: metrics[k] for k in keys} | {"seconds": time.perf_counter() - start}
+    config = cfg.model_dump(mode="json", exclude={"train"}) | {"train": cfg.train.model_dump(exclude={"seed"})}
+    reductions = [r["heldout_loss_reduction"] for r in seeds.values()]
+    return {"seeds": seeds, "min_reduction": min(reductions), "config": config}
 
-    def loop(steps: int, lr: float) -> TrainConfig:
-        return TrainConfig(
-            max_steps=steps, batch_size=16, seq_len=128, lr=lr, min_lr=lr / 10, warmup_steps=min(20, steps // 10),
-            precision="fp32", eval_interval=steps, eval_batches=8, log_interval=max(1, steps // 4),
-        )  # fmt: skip
 
-    start = time.perf_counter()
-    teacher = pretrain.run(PretrainConfig(model=shape, train=loop(args["teacher_steps"], 3e-3)), shards, tokenizer,
-                           teacher_dir).metrics  # fmt: skip
-    results: dict[str, Any] = {"teacher_val_perplexity": teacher["val_perplexity"], "arms": {}}
-    for name, alpha in (("kd", 0.5), ("ce", 0.0)):
-        cfg = DistillConfig(init="random", alpha=alpha, temperature=2.0, train=loop(args["student_steps"], 3e-3))
-        metrics = distill.run(cfg, teacher_dir, shards, work / f"student-{name}").metrics
-        results["arms"][name] = {k: metrics[k] for k in ("student_val_loss", "student_val_perplexity", "kl")}
-    kd, ce = (results["arms"][k]["student_val_perplexity"] for k in ("kd", "ce"))
-    results["kd_vs_ce_perplexity_reduction"] = 1 - kd / ce
-    results["seconds"] = time.perf_counter() - start
+def child_kd_vs_ce(args: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from lmforge.config import resolve_stage_config
+    from lmforge.train import distill
+
+    torch.set_num_threads(args["threads"])
+    work = Path(args["workdir"])
+    preset = resolve_stage_config("distill", args["preset"])
+    results: dict[str, Any] = {"alpha": preset.alpha, "temperature": preset.temperature, "inits": {}}
+    for init in args["inits"]:
+        runs: dict[str, Any] = {}
+        for seed in args["seeds"]:
+            pair: dict[str, Any] = {}
+            for arm, alpha in (("kd", preset.alpha), ("ce", 0.0)):
+                overrides: dict[str, Any] = {"init": init, "alpha": alpha, "train.seed": seed}
+                if args["steps"]:
+                    overrides["train.max_steps"] = args["steps"]
+                cfg = resolve_stage_config("distill", args["preset"], overrides)
+                start = time.perf_counter()
+                out = work / f"student-{init}-{seed}-{arm}"
+                metrics = distill.run(cfg, args["teacher"], args["shards"], out).metrics
+                keys = ("student_val_loss", "student_val_perplexity", "teacher_val_perplexity", "kl")
+                pair[arm] = {k: metrics[k] for k in keys} | {"seconds": time.perf_counter() - start}
+            pair["kd_vs_ce_perplexity_reduction"] = (
+                1 - pair["kd"]["student_val_perplexity"] / pair["ce"]["student_val_perplexity"]
+            )
+            runs[str(seed)] = pair
+        reductions = [r["kd_vs_ce_perplexity_reduction"] for r in runs.values()]
+        results["inits"][init] = {"seeds": runs, "min_reduction": min(reductions), "steps": cfg.train.max_steps}
     return results
 
 
-CHILDREN = {"lora": child_lora, "kd": child_kd, "kd_vs_ce": child_kd_vs_ce}
+CHILDREN = {
+    "lora": child_lora,
+    "kd": child_kd,
+    "pretrain": child_pretrain,
+    "lora_demo": child_lora_demo,
+    "kd_vs_ce": child_kd_vs_ce,
+}
 
 
 # --------------------------------------------------------------------------- parent
 
 
 def _spawn(kind: str, args: dict[str, Any]) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", kind, json.dumps(args)],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+    out = subprocess.run([sys.executable, __file__, "--child", kind, json.dumps(args)], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"bench child {kind!r} failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _demo_shards(workdir: Path, scenes: int) -> tuple[Path, Path]:
-    """Tokenizer (2048 BPE) and token shards of the first ``scenes`` demo Shakespeare scenes (every 10th to val)."""
+    """Tokenizer (2048 BPE) and token shards of the first ``scenes`` (0: all) demo Shakespeare scenes, every 10th
+    scene to the validation split; the raw scenes, without the ``clean`` stage."""
     import itertools
 
     import numpy as np
@@ -181,7 +236,7 @@ def _demo_shards(workdir: Path, scenes: int) -> tuple[Path, Path]:
     from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
     from lmforge.model.build import load_tokenizer
 
-    docs = [d["text"] for d in itertools.islice(shakespeare_documents(), scenes)]
+    docs = [d["text"] for d in itertools.islice(shakespeare_documents(), scenes or None)]
     tok_dir, shards = workdir / "tokenizer", workdir / "shards"
     tok = train_bpe_tokenizer(docs, vocab_size=2048, min_frequency=2, eos_token="<|endoftext|>", pad_token="<|pad|>")
     tok.save_pretrained(tok_dir)
@@ -203,7 +258,7 @@ def _demo_shards(workdir: Path, scenes: int) -> tuple[Path, Path]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sections", default="lora,kd,kd_vs_ce")
+    parser.add_argument("--sections", default="lora,kd,lora_demo,kd_vs_ce")
     parser.add_argument("--threads", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--width", type=int, default=768)
@@ -214,24 +269,30 @@ def main() -> None:
     parser.add_argument("--kd-width", type=int, default=128)
     parser.add_argument("--kd-batch", type=int, default=8)
     parser.add_argument("--kd-seq", type=int, default=128)
-    parser.add_argument("--teacher-steps", type=int, default=600)
-    parser.add_argument("--student-steps", type=int, default=150)
-    parser.add_argument("--scenes", type=int, default=300)
-    parser.add_argument("--json", type=Path, default=HERE / "finetune_bench.json")
+    parser.add_argument("--preset", default="tiny-cpu", help="Preset whose pretrain/finetune_lora/distill run.")
+    parser.add_argument("--teacher-steps", type=int, default=0, help="Demo base pretrain steps (0: the preset's).")
+    parser.add_argument("--student-steps", type=int, default=0, help="Distillation steps (0: the preset's).")
+    parser.add_argument("--seeds", default="1337,1,2", help="Training seeds of lora_demo and kd_vs_ce.")
+    parser.add_argument("--kd-inits", default="random,teacher_layers", help="Student initializations for kd_vs_ce.")
+    parser.add_argument("--scenes", type=int, default=0, help="Demo scenes for the base (0: all).")
+    parser.add_argument("--json", type=Path, default=HERE / "results" / "finetune_bench.json")
     args = parser.parse_args()
     sections = args.sections.split(",")
-    report: dict[str, Any] = {
+    seeds = [int(seed) for seed in args.seeds.split(",")]
+    machine = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {args.threads} threads",
+        "load_average": os.getloadavg(),
         "python": platform.python_version(),
     }
+    report: dict[str, Any] = {}
 
     if "lora" in sections:
         common = {k: getattr(args, k) for k in ("threads", "layers", "width", "vocab", "batch", "seq", "steps")}
         common["heads"] = max(1, args.width // 64)
         runs = {mode: _spawn("lora", common | {"mode": mode}) for mode in ("full", "lora")}
         runs["lora_over_full_peak_rss"] = runs["lora"]["peak_rss_mb"] / runs["full"]["peak_rss_mb"]
-        report["lora_vs_full"] = runs | {"setup": common}
+        report["lora_vs_full"] = runs | {"setup": common} | machine
         print(f"\nLoRA vs full fine-tuning: gpt2 {args.layers}x{args.width}, vocab {args.vocab}, batch {args.batch}x"
               f"{args.seq}, fp32, {args.steps} steps")  # fmt: skip
         print(f"{'mode':6} {'trainable':>12} {'peak RSS MB':>12} {'tokens/s':>10}")
@@ -247,7 +308,7 @@ def main() -> None:
         }  # fmt: skip
         runs = {mode: _spawn("kd", common | {"mode": mode}) for mode in ("naive", "chunked")}
         runs["chunked_speedup"] = runs["chunked"]["tokens_per_sec"] / runs["naive"]["tokens_per_sec"]
-        report["kd_loss"] = runs | {"setup": common}
+        report["kd_loss"] = runs | {"setup": common} | machine
         print(f"\nDistillation step, 4-layer teacher -> 2-layer student, width {args.kd_width}, vocab {args.vocab}, "
               f"batch {args.kd_batch}x{args.kd_seq}")  # fmt: skip
         print(f"{'loss':8} {'tokens/s':>10} {'loss share':>11} {'peak RSS MB':>12}")
@@ -258,26 +319,45 @@ def main() -> None:
             )
         print(f"chunked / naive tokens/s = {runs['chunked_speedup']:.2f}")
 
-    if "kd_vs_ce" in sections:
+    if "lora_demo" in sections or "kd_vs_ce" in sections:
         with tempfile.TemporaryDirectory(prefix="lmforge-bench-") as tmp:
             tok_dir, shards = _demo_shards(Path(tmp), args.scenes)
-            result = _spawn(
-                "kd_vs_ce",
-                {
-                    "threads": args.threads, "workdir": tmp, "shards": str(shards), "tokenizer": str(tok_dir),
-                    "teacher_steps": args.teacher_steps, "student_steps": args.student_steps,
-                },
+            base = Path(tmp, "base")
+            common = {"threads": args.threads, "preset": args.preset, "seeds": seeds, "workdir": tmp}
+            pretrained = _spawn(
+                "pretrain",
+                {"threads": args.threads, "preset": args.preset, "steps": args.teacher_steps, "shards": str(shards),
+                 "tokenizer": str(tok_dir), "output": str(base)},
             )  # fmt: skip
-        report["kd_vs_ce"] = result | {"teacher_steps": args.teacher_steps, "student_steps": args.student_steps}
-        print(f"\nKD vs CE on {args.scenes} demo scenes: teacher 4x128 pretrained {args.teacher_steps} steps "
-              f"(val ppl {result['teacher_val_perplexity']:.1f}); 2-layer random-init students, "
-              f"{args.student_steps} steps each")  # fmt: skip
-        for name in ("kd", "ce"):
-            arm = result["arms"][name]
-            print(f"{name:3} val loss {arm['student_val_loss']:.4f}  perplexity {arm['student_val_perplexity']:.2f}")
-        print(f"KD perplexity is {result['kd_vs_ce_perplexity_reduction']:.1%} lower than CE-only")
+            print(f"\nDemo base: {args.preset} pretrain, {pretrained['steps']} steps on "
+                  f"{args.scenes or 'all'} demo scenes: val perplexity {pretrained['val_perplexity']:.1f} "
+                  f"({pretrained['seconds']:.0f} s)")  # fmt: skip
+            if "lora_demo" in sections:
+                result = _spawn("lora_demo", common | {"base": str(base), "qa": "demo://chatterbot"})
+                report["lora_demo"] = {"base": pretrained, **result, **machine}
+                print(f"LoRA on demo://chatterbot ({args.preset} finetune_lora): held-out answer loss")
+                for seed, r in result["seeds"].items():
+                    print(f"  seed {seed:>5}: {r['base_heldout_loss']:.4f} -> {r['tuned_heldout_loss']:.4f} "
+                          f"({r['heldout_loss_reduction']:.1%} lower, {r['seconds']:.0f} s)")  # fmt: skip
+            if "kd_vs_ce" in sections:
+                inits = args.kd_inits.split(",")
+                result = _spawn(
+                    "kd_vs_ce",
+                    common | {"teacher": str(base), "shards": str(shards), "inits": inits, "steps": args.student_steps},
+                )
+                report["kd_vs_ce"] = {"teacher": pretrained, **result, **machine}
+                print(f"KD (alpha {result['alpha']}, T {result['temperature']}) vs CE-only students of that teacher "
+                      "(val perplexity on the held-out scenes)")  # fmt: skip
+                for init, by_init in result["inits"].items():
+                    print(f"  init {init}, {by_init['steps']} steps:")
+                    for seed, r in by_init["seeds"].items():
+                        print(f"    seed {seed:>5}: KD {r['kd']['student_val_perplexity']:.1f}, "
+                              f"CE {r['ce']['student_val_perplexity']:.1f}: KD "
+                              f"{r['kd_vs_ce_perplexity_reduction']:.1%} lower")  # fmt: skip
 
-    args.json.write_text(json.dumps(report, indent=2), encoding="utf-8")
+    previous = json.loads(args.json.read_text(encoding="utf-8")) if args.json.is_file() else {}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(previous | report, indent=2), encoding="utf-8")
     print(f"\nwrote {args.json}")
 
 

@@ -138,6 +138,34 @@ def test_rslora_bias_and_modules_to_save_adapter_still_equals_merged(tmp_path, b
     assert not torch.equal(merged.transformer.ln_f.weight, base_ln)  # the saved module was trained
 
 
+@pytest.mark.parametrize("name", ["wte", "lm_head"])
+def test_tied_embedding_in_modules_to_save_trains_the_head_with_it_and_stays_tied(tmp_path, base_dir, qa_jsonl, name):
+    # Named by its input side, peft used to train a copy of wte only: the head kept the base rows and
+    # merging untied the two (tie_word_embeddings flipped to False).
+    cfg = CFG.model_copy(
+        update={
+            "modules_to_save": [name],
+            "train": CFG.train.model_copy(update={"max_steps": 3, "eval_interval": 3}),
+        }
+    )
+    lora.run(cfg, base_dir, qa_jsonl, tmp_path / "adapter", tmp_path / "merged")
+    base, merged = load_causal_lm(base_dir), load_causal_lm(tmp_path / "merged")
+    assert merged.config.tie_word_embeddings
+    assert merged.lm_head.weight is merged.transformer.wte.weight
+    assert not torch.equal(merged.transformer.wte.weight, base.transformer.wte.weight)
+    adapted = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    vocab = merged.config.vocab_size
+    assert torch.allclose(_logits(adapted, vocab), _logits(merged, vocab), atol=1e-4)
+
+
+def test_tied_embedding_as_lora_target_is_refused(base_dir):
+    # A LoRA delta merged into the shared weight changes the head too, which the adapter never did.
+    model = load_causal_lm(base_dir)
+    cfg = LoraConfig(target_modules=["c_attn", "wte"])
+    with pytest.raises(ConfigError, match=r"wte/lm_head is the token embedding tied to the output head"):
+        lora.peft_config(cfg, model, lora.target_modules(model, cfg.target_modules))
+
+
 @pytest.mark.s3
 def test_base_from_s3_and_adapter_and_merged_reload_from_s3_agree(tmp_path, s3_env, base_dir, qa_jsonl):
     from lmforge import storage
