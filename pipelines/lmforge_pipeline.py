@@ -6,6 +6,7 @@ names. Every stage's behaviour comes from its component and the ``lmforge`` libr
 """
 
 from kfp import dsl, kubernetes
+from kfp.dsl import Artifact, Dataset, Input, Model
 
 from components.build_tensorrt.component import build_tensorrt
 from components.clean_shard.component import clean_shard
@@ -30,6 +31,11 @@ DEFAULT_GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effe
 S3_ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")
 
 
+def _with_requests(task: dsl.PipelineTask, cpu, memory) -> dsl.PipelineTask:
+    """CPU and memory requests from (string) pipeline parameters, so the scheduler can place and account the step."""
+    return task.set_cpu_request(cpu).set_memory_request(memory)
+
+
 def _with_s3_credentials(task: dsl.PipelineTask, secret_name) -> dsl.PipelineTask:
     """Expose the S3 Secret's keys as env vars (optional: with IRSA no Secret exists)."""
     return kubernetes.use_secret_as_env(
@@ -43,12 +49,83 @@ def _with_run_id(task: dsl.PipelineTask) -> dsl.PipelineTask:
     return kubernetes.use_field_path_as_env(task, env_name=RUN_ID_ENV, field_path="metadata.labels['pipeline/runid']")
 
 
-def _on_gpu_pool(task: dsl.PipelineTask, accelerator, count, node_selector, tolerations) -> dsl.PipelineTask:
-    """Request GPUs and pin the task to the GPU node pool (selector + taint tolerations), all from parameters."""
-    task.set_accelerator_type(accelerator).set_accelerator_limit(count)
+def _on_gpu_pool(task: dsl.PipelineTask, accelerator, limit, node_selector, tolerations) -> dsl.PipelineTask:
+    """Request GPUs and pin the task to the GPU node pool (selector + taint tolerations), all from parameters.
+
+    ``limit`` must be a *string* channel: the KFP backend's driver reads a runtime accelerator limit with
+    ``GetStringValue`` (backend/src/v2/driver/resolve.go), so an integer parameter is silently dropped.
+    """
+    task.set_accelerator_type(accelerator).set_accelerator_limit(limit)
     kubernetes.add_node_selector_json(task, node_selector_json=node_selector)
     kubernetes.add_toleration_json(task, toleration_json=tolerations)
     return task
+
+
+@dsl.pipeline(name="clean-one-shard")
+def clean_one_shard(
+    corpus_uri: str,
+    shard_index: int,
+    shard_count: int,
+    corpus_fingerprint: str,
+    preset: str,
+    overrides: str,
+    cpu_request: str,
+    memory_request: str,
+    s3_secret_name: str,
+) -> Dataset:
+    """One iteration of the cleaning fan-out: ``clean_shard`` with its requests and credentials.
+
+    A sub-pipeline because KFP's SDK does not pass a pipeline parameter that only a task's *resources* use
+    into a ``ParallelFor`` DAG: the backend's driver then fails to resolve it (``parent DAG does not have input
+    parameter``). As inputs of this sub-pipeline the requests reach the step inside the loop.
+    """
+    shard = clean_shard(
+        corpus_uri=corpus_uri,
+        shard_index=shard_index,
+        shard_count=shard_count,
+        corpus_fingerprint=corpus_fingerprint,
+        preset=preset,
+        overrides=overrides,
+    )
+    shard.set_display_name("clean shard").set_retry(num_retries=2, backoff_duration="30s")
+    _with_s3_credentials(_with_requests(shard, cpu_request, memory_request), s3_secret_name)
+    return shard.outputs["shard"]
+
+
+@dsl.pipeline(name="promote-release")
+def promote_release(
+    student: Input[Model],
+    onnx_fp32: Input[Model],
+    int8_dynamic: Input[Model],
+    int8_qdq: Input[Model],
+    engine: Input[Artifact],
+    evaluation: Input[Artifact],
+    release_root: str,
+    version: str,
+    preset: str,
+    overrides: str,
+    cpu_request: str,
+    memory_request: str,
+    s3_secret_name: str,
+) -> str:
+    """``promote`` with its requests and credentials, as a sub-pipeline for the reason given in
+    :func:`clean_one_shard`: it runs inside the gate's ``dsl.If``, another DAG that the SDK would not pass the
+    request parameters into."""
+    released = promote(
+        student=student,
+        onnx_fp32=onnx_fp32,
+        int8_dynamic=int8_dynamic,
+        int8_qdq=int8_qdq,
+        engine=engine,
+        evaluation=evaluation,
+        release_root=release_root,
+        version=version,
+        preset=preset,
+        overrides=overrides,
+    )
+    released.set_display_name("promote").set_caching_options(False).set_retry(num_retries=2, backoff_duration="30s")
+    _with_s3_credentials(_with_requests(released, cpu_request, memory_request), s3_secret_name)
+    return released.output
 
 
 @dsl.pipeline(name=PIPELINE_NAME)
@@ -73,6 +150,10 @@ def lmforge_pipeline(
     gpu_count: int = 1,
     gpu_node_selector: dict = DEFAULT_GPU_NODE_SELECTOR,
     gpu_tolerations: list = DEFAULT_GPU_TOLERATIONS,
+    cpu_request: str = "2",
+    memory_request: str = "8Gi",
+    gpu_step_cpu_request: str = "8",
+    gpu_step_memory_request: str = "48Gi",
     launch: str = "{}",
     staging_uri: str = "",
     s3_secret_name: str = "lmforge-s3",
@@ -101,6 +182,11 @@ def lmforge_pipeline(
             above 1.
         gpu_node_selector: Node selector (JSON object) that pins GPU stages to the GPU node pool.
         gpu_tolerations: Tolerations (JSON list) for the GPU node pool's taints.
+        cpu_request: CPU request of every CPU step (Kubernetes quantity, e.g. "2" or "500m").
+        memory_request: Memory request of every CPU step (Kubernetes quantity, e.g. "8Gi").
+        gpu_step_cpu_request: CPU request of the GPU steps; the default fits gpt2-124m on one GPU with its data
+            loader.
+        gpu_step_memory_request: Memory request of the GPU steps (host memory: checkpoints, DeepSpeed offload).
         launch: JSON object of LaunchConfig fields for the training steps, e.g. {"num_nodes": 4, "gpus_per_node": 8}:
             num_nodes > 1 runs pretrain, LoRA and distill each as a Kubeflow Trainer TrainJob ({"backend":
             "pytorchjob"}: PyTorchJob) and needs staging_uri (and an s3:// or demo:// qa_uri); gpus_per_node defaults
@@ -109,29 +195,39 @@ def lmforge_pipeline(
             (<staging_uri>/<run id>/<task>/); needed only when launch sets num_nodes > 1.
         s3_secret_name: Secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL (optional with IRSA).
     """
-    gpu = (gpu_accelerator_type, gpu_count, gpu_node_selector, gpu_tolerations)
     checked = preflight(
-        corpus_uri=corpus_uri, qa_uri=qa_uri, release_root=release_root, s3_secret_name=s3_secret_name, launch=launch
+        corpus_uri=corpus_uri,
+        qa_uri=qa_uri,
+        release_root=release_root,
+        s3_secret_name=s3_secret_name,
+        launch=launch,
+        gpu_count=gpu_count,
+        preset=preset,
+        promote_overrides=promote_overrides,
     )
     checked.set_display_name("0 preflight checks").set_caching_options(False)
+    gpu = (gpu_accelerator_type, checked.outputs["gpu_limit"], gpu_node_selector, gpu_tolerations)
 
     shard_indices = plan_shards(shard_count=clean_shards)
     shard_indices.set_display_name("1a plan corpus shards")
     with dsl.ParallelFor(shard_indices.output, name="clean-fan-out") as shard_index:
-        shard = clean_shard(
+        shard = clean_one_shard(
             corpus_uri=corpus_uri,
             shard_index=shard_index,
             shard_count=clean_shards,
             corpus_fingerprint=checked.outputs["corpus_fingerprint"],
             preset=preset,
             overrides=clean_overrides,
+            cpu_request=cpu_request,
+            memory_request=memory_request,
+            s3_secret_name=s3_secret_name,
         )
-        shard.set_display_name("1b clean shard").set_retry(num_retries=2, backoff_duration="30s")
-    deduped = dedup_shards(shards=dsl.Collected(shard.outputs["shard"]), preset=preset, overrides=clean_overrides)
+        shard.set_display_name("1b clean shard")
+    deduped = dedup_shards(shards=dsl.Collected(shard.output), preset=preset, overrides=clean_overrides)
     deduped.set_display_name("1c global dedup (exact + MinHash LSH)")
     cleaned = merge_shards(
         corpus_uri=corpus_uri,
-        shards=dsl.Collected(shard.outputs["shard"]),
+        shards=dsl.Collected(shard.output),
         plan=deduped.outputs["plan"],
         preset=preset,
         overrides=clean_overrides,
@@ -209,13 +305,14 @@ def lmforge_pipeline(
         preset=preset,
         overrides=evaluate_overrides,
         promote_overrides=promote_overrides,
+        production_fingerprint=checked.outputs["production_fingerprint"],
     )
     evaluated.set_display_name("9 evaluate + gate")
 
     # kfp.local resolves a condition on a task's single return value ("Output") but not on a named
     # output, so evaluate returns the gate decision as its only parameter output.
     with dsl.If(evaluated.outputs["Output"] == True, name="gate-passed"):  # noqa: E712 - KFP condition
-        released = promote(
+        released = promote_release(
             student=student.outputs["student"],
             onnx_fp32=exported.outputs["onnx_model"],
             int8_dynamic=quantized.outputs["int8_dynamic"],
@@ -226,24 +323,17 @@ def lmforge_pipeline(
             version=release_version,
             preset=preset,
             overrides=promote_overrides,
+            cpu_request=cpu_request,
+            memory_request=memory_request,
+            s3_secret_name=s3_secret_name,
         )
         released.set_display_name("10 promote release").set_caching_options(False)
-        released.set_retry(num_retries=2, backoff_duration="30s")
 
-    for task in (
-        checked,
-        shard_indices,
-        shard,
-        deduped,
-        cleaned,
-        tokens,
-        base,
-        tuned,
-        student,
-        exported,
-        quantized,
-        engine,
-        evaluated,
-        released,
-    ):
+    gpu_steps = (base, tuned, student, engine)
+    cpu_steps = (checked, shard_indices, deduped, cleaned, tokens, exported, quantized, evaluated)
+    for task in cpu_steps:
+        _with_requests(task, cpu_request, memory_request)
+    for task in gpu_steps:
+        _with_requests(task, gpu_step_cpu_request, gpu_step_memory_request)
+    for task in (*cpu_steps, *gpu_steps):
         _with_s3_credentials(task, s3_secret_name)

@@ -9,7 +9,11 @@ It implements only what the launcher calls, with the real paths, query parameter
 - ``/api/v1/namespaces/{ns}/pods`` (``labelSelector`` with ``k=v`` terms) and ``.../pods/{name}/log``
   (``container``, ``follow``, ``tailLines``; 400 while the pod is Pending).
 
-- API discovery ``/apis/{group}/{version}`` (an ``APIResourceList``; 404 for a job kind not ``served``).
+- API discovery ``/apis/{group}/{version}`` (an ``APIResourceList``; 404 for a job kind not ``served``);
+- the OpenAPI v3 document ``/openapi/v3/apis/{group}/{version}``, built from the CRD of the chosen Kubeflow
+  Trainer release (``trainer_version``: ``v2.1.0`` has ``spec.podTemplateOverrides``, ``v2.3.0``
+  ``spec.runtimePatches``), and the API server's unknown-field rule on create (tests/crd_schema.py): with
+  ``fieldValidation=Strict`` an undeclared field is a 400, otherwise it is pruned (and listed in ``pruned``).
 
 A job moves through a *script*: a list of :class:`Step`, each setting the job's status conditions and its
 pods. Steps advance only while a watch on the job is open and has delivered every earlier event, so a
@@ -51,6 +55,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from crd_schema import CRDS, TRAINER_CRDS, crd_schema, unknown_fields
+
+PYTORCHJOB_CRD = CRDS / "kubeflow.org_pytorchjobs.yaml"
 KINDS = {  # (group, version, plural) -> (kind, pod label the operator sets, container name)
     ("trainer.kubeflow.org", "v1alpha1", "trainjobs"): ("TrainJob", "jobset.sigs.k8s.io/jobset-name", "node"),
     ("kubeflow.org", "v1", "pytorchjobs"): ("PyTorchJob", "training.kubeflow.org/job-name", "pytorch"),
@@ -123,6 +130,7 @@ class K8sApiServer:
         secrets: Mapping[str, Mapping[str, str]] | None = None,
         base_env: Mapping[str, str] | None = None,
         served: tuple[str, ...] = ("TrainJob", "PyTorchJob"),
+        trainer_version: str = "v2.3.0",
     ) -> None:
         self.requests: list[dict[str, Any]] = []
         self.execute = execute
@@ -130,6 +138,11 @@ class K8sApiServer:
         self.secrets = {name: dict(data) for name, data in (secrets or {}).items()}
         self.base_env = dict(base_env or {})
         self.served = served
+        self.schemas = {  # kind -> the openAPIV3Schema the server enforces
+            "TrainJob": crd_schema(TRAINER_CRDS[trainer_version], "v1alpha1"),
+            "PyTorchJob": crd_schema(PYTORCHJOB_CRD, "v1"),
+        }
+        self.pruned: list[str] = []  # fields dropped from created objects (no strict validation asked for)
         self.pod_envs: dict[str, dict[str, str]] = {}  # pod name -> the env its process got (execute mode)
         self._jobs: dict[tuple[str, str, str], _Job] = {}  # (plural, namespace, name)
         self._scripts: dict[str, list[Step]] = {}
@@ -266,6 +279,8 @@ class K8sApiServer:
             return self._pods(h, parts[3], parts[5:], query)
         if parts[0] == "apis" and len(parts) == 3 and method == "GET":
             return self._discovery(h, parts[1], parts[2])
+        if parts[:3] == ["openapi", "v3", "apis"] and len(parts) == 5 and method == "GET":
+            return self._openapi(h, parts[3], parts[4])
         if parts[0] == "apis" and len(parts) >= 6 and parts[3] == "namespaces":
             group, version, ns, plural = parts[1], parts[2], parts[4], parts[5]
             if (group, version, plural) in KINDS:
@@ -275,6 +290,16 @@ class K8sApiServer:
     def _custom(self, h, method, plural, ns, name, query, body) -> None:
         key = (plural, ns, name)
         if method == "POST" and name is None:
+            kind = body.get("kind", "")
+            unknown = unknown_fields(body, self.schemas[kind], prune=query.get("fieldValidation") != "Strict")
+            if unknown and query.get("fieldValidation") == "Strict":
+                version = body.get("apiVersion", "").rsplit("/", 1)[-1]
+                fields = ", ".join(f'unknown field "{path}"' for path in unknown)
+                message = (
+                    f'{kind} in version "{version}" cannot be handled as a {kind}: strict decoding error: {fields}'
+                )
+                return _status(h, 400, "BadRequest", message)
+            self.pruned.extend(unknown)
             with self._lock:
                 if (plural, ns, body["metadata"]["name"]) in self._jobs:
                     return _status(h, 409, "AlreadyExists", f'{plural} "{body["metadata"]["name"]}" already exists')
@@ -440,6 +465,20 @@ class K8sApiServer:
             return _status(h, 404, "NotFound", "the server could not find the requested resource")
         body = {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}"}
         return _json(h, 200, {**body, "resources": resources})
+
+    def _openapi(self, h, group: str, version: str) -> None:
+        """The group-version's OpenAPI v3 document: one schema per served kind, tagged with its GVK."""
+        schemas = {
+            f"{'.'.join(reversed(g.split('.')))}.{v}.{kind}": {
+                **self.schemas[kind],
+                "x-kubernetes-group-version-kind": [{"group": g, "version": v, "kind": kind}],
+            }
+            for (g, v, _), (kind, _, _) in KINDS.items()
+            if (g, v) == (group, version) and kind in self.served
+        }
+        if not schemas:
+            return _status(h, 404, "NotFound", "the server could not find the requested resource")
+        return _json(h, 200, {"openapi": "3.0.0", "info": {"title": "Kubernetes"}, "components": {"schemas": schemas}})
 
     # --- execute mode: run a created job's command locally, one process per node ----------------------------
     def _start(self, job: _Job) -> None:

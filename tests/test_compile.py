@@ -99,7 +99,7 @@ def test_gpu_settings_only_on_gpu_stages():
         resources = executors[executor]["container"].get("resources", {})
         placement = k8s[executor]
         if stage in GPU_STAGES:
-            assert "gpu_count" in resources["accelerator"]["resourceCount"], stage
+            assert "preflight-gpu_limit" in resources["accelerator"]["resourceCount"], stage
             assert "gpu_accelerator_type" in resources["accelerator"]["resourceType"], stage
             assert placement["nodeSelector"] == {"nodeSelectorJson": {"componentInputParameter": "gpu_node_selector"}}
             assert placement["tolerations"] == [{"tolerationJson": {"componentInputParameter": "gpu_tolerations"}}]

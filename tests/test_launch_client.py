@@ -44,7 +44,8 @@ def api(server):
 
 
 def manifest(backend: str = "trainjob", task: str = "pretrain") -> dict:
-    return build_job(LaunchConfig(backend=backend, num_nodes=2), ARGS, image="img", run_id=RUN, task=task)
+    cfg = LaunchConfig(backend=backend, num_nodes=2, namespace="lmforge")
+    return build_job(cfg, ARGS, image="img", run_id=RUN, task=task)
 
 
 def pods(name: str, n: int = 2, phase: str = "Running", lines: int = 3) -> list[Pod]:
@@ -203,7 +204,7 @@ def test_timeout_deletes_the_job(server, api):
 
 
 def test_launch_builds_from_config_and_deletes_on_success_when_asked(server, api):
-    cfg = LaunchConfig(num_nodes=2, delete_on_success=True, watch_window_s=5)
+    cfg = LaunchConfig(num_nodes=2, namespace="lmforge", delete_on_success=True, watch_window_s=5)
     job = build_job(cfg, ARGS, image="img", run_id=RUN, task="distill")
     name, kind = job["metadata"]["name"], job["kind"]
     server.script(name, [created(kind), succeeded(kind, pods(name, phase="Succeeded"))])
@@ -224,3 +225,42 @@ def test_a_job_deleted_by_someone_else_is_an_error(server, api):
     server.script(name, [created(kind), running(kind, pods(name), on_enter=delete_it)])
     with pytest.raises(LaunchError, match="was deleted while running"):
         launch_and_wait(job, api_client=api, watch_window_s=5)
+
+
+@pytest.mark.parametrize(("release", "field"), [("v2.1.0", "podTemplateOverrides"), ("v2.3.0", "runtimePatches")])
+def test_launch_places_pods_with_the_field_the_clusters_trainer_serves(release, field):
+    """Kubeflow 1.11 ships Trainer v2.1 (podTemplateOverrides); v2.2+ has runtimePatches. The launcher reads which
+    from the API server's OpenAPI v3 document and creates strictly, so nothing is pruned from the job."""
+    cfg = LaunchConfig(num_nodes=2, namespace="lmforge", watch_window_s=5)
+    with K8sApiServer(max_lifetime_s=30, trainer_version=release) as server:
+        api_cfg = kubernetes.client.Configuration()
+        api_cfg.host = server.url
+        with kubernetes.client.ApiClient(api_cfg) as api:
+            name = build_job(cfg, ARGS, image="img", run_id=RUN, task="pretrain")["metadata"]["name"]
+            server.script(name, [created("TrainJob"), succeeded("TrainJob", pods(name, phase="Succeeded"))])
+            launch(cfg, ARGS, image="img", run_id=RUN, task="pretrain", api_client=api)
+        (post,) = server.calls("POST")
+        assert post["query"]["fieldValidation"] == "Strict"
+        assert field in post["body"]["spec"] and server.pruned == []
+        assert server.calls("GET", "/openapi/v3/apis/trainer.kubeflow.org/v1alpha1")
+        stored = server.job("trainjobs", "lmforge", name)
+        (override,) = stored["spec"][field]
+        pod = override["spec"] if field == "podTemplateOverrides" else override["trainingRuntimeSpec"]["template"]
+        assert "lmforge-worker" in str(pod) and "lmforge.io/pool" in str(pod)  # placement and account kept
+
+
+def test_a_field_the_clusters_crd_lacks_fails_the_create_instead_of_being_pruned():
+    """Forced runtimePatches on a Trainer v2.1 cluster: strict field validation turns silent pruning into an error."""
+    cfg = LaunchConfig(num_nodes=2, namespace="lmforge", trainjob_pod_overrides="runtimePatches")
+    with K8sApiServer(max_lifetime_s=30, trainer_version="v2.1.0") as server:
+        api_cfg = kubernetes.client.Configuration()
+        api_cfg.host = server.url
+        with kubernetes.client.ApiClient(api_cfg) as api, pytest.raises(LaunchError) as err:
+            launch(cfg, ARGS, image="img", run_id=RUN, task="pretrain", api_client=api)
+        assert 'strict decoding error: unknown field "spec.runtimePatches"' in str(err.value)
+        assert (
+            server.job(
+                "trainjobs", "lmforge", build_job(cfg, ARGS, image="i", run_id=RUN, task="pretrain")["metadata"]["name"]
+            )
+            is None
+        )

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
-import yaml
+from crd_schema import CRDS, TRAINER_CRDS, load_crd, strict_validator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,49 +26,33 @@ from lmforge.launch import (
 )
 from lmforge.launch.manifests import MAX_JOB_NAME, job_command, kind_of
 
-CRDS = Path(__file__).parent / "data" / "crds"
-Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-RFC1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 ARGS = stage_args("pretrain", {"shards": "s3://b/shards", "model": "s3://b/model"}, preset="gpt2-124m")
-
-
-def _strict(schema: Any) -> Any:
-    """The schema as the API server applies it with strict field validation (kubectl's default):
-    an unknown field is an error, except under x-kubernetes-preserve-unknown-fields. x-kubernetes-*
-    keys themselves (CEL rules, list types) are dropped; the tests check the CEL rules that matter by hand.
-    """
-    if isinstance(schema, list):
-        return [_strict(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: _strict(v) for k, v in schema.items() if not k.startswith("x-kubernetes-")}
-    preserve = schema.get("x-kubernetes-preserve-unknown-fields")
-    if "properties" in schema and "additionalProperties" not in schema and not preserve:
-        out["additionalProperties"] = False
-    return out
+RFC1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# The TrainJob field each Kubeflow Trainer release places pods with (v2.1 is what Kubeflow 1.11 ships).
+POD_OVERRIDES_OF = {"v2.1.0": "podTemplateOverrides", "v2.3.0": "runtimePatches", "main": "runtimePatches"}
 
 
 def _load_crd(filename: str) -> dict[str, Any]:
-    crd = yaml.load((CRDS / filename).read_text(encoding="utf-8"), Loader=Loader)
-    return crd
+    return load_crd(CRDS / filename)
 
 
 @pytest.fixture(scope="module")
 def validators() -> dict[str, jsonschema.Validator]:
-    out = {}
-    for filename, kind in (
-        ("trainer.kubeflow.org_trainjobs.yaml", TRAINJOB),
-        ("kubeflow.org_pytorchjobs.yaml", PYTORCHJOB),
-    ):
-        crd = _load_crd(filename)
+    """Strict validators per kind; ``TrainJob@<release>`` for each Kubeflow Trainer release under test."""
+    out = {f"TrainJob@{release}": strict_validator(path, TRAINJOB.version) for release, path in TRAINER_CRDS.items()}
+    out["TrainJob"] = out["TrainJob@main"]
+    out["PyTorchJob"] = strict_validator(CRDS / "kubeflow.org_pytorchjobs.yaml", PYTORCHJOB.version)
+    for path, kind in ((TRAINER_CRDS["main"], TRAINJOB), (CRDS / "kubeflow.org_pytorchjobs.yaml", PYTORCHJOB)):
+        crd = load_crd(path)
         assert crd["spec"]["group"] == kind.group and crd["spec"]["names"]["kind"] == kind.kind
-        (version,) = [v for v in crd["spec"]["versions"] if v["name"] == kind.version]
-        out[kind.kind] = jsonschema.Draft7Validator(_strict(version["schema"]["openAPIV3Schema"]))
     return out
 
 
-def assert_valid(manifest: dict[str, Any], validators: dict[str, jsonschema.Validator]) -> None:
-    errors = sorted(validators[manifest["kind"]].iter_errors(manifest), key=lambda e: list(e.path))
+def assert_valid(
+    manifest: dict[str, Any], validators: dict[str, jsonschema.Validator], release: str | None = None
+) -> None:
+    validator = validators[f"{manifest['kind']}@{release}" if release else manifest["kind"]]
+    errors = sorted(validator.iter_errors(manifest), key=lambda e: list(e.path))
     assert not errors, "\n".join(f"{'/'.join(map(str, e.path))}: {e.message}" for e in errors)
     # The TrainJob CRD's root CEL rules (x-kubernetes-validations, not expressible in JSON Schema).
     name = manifest["metadata"]["name"]
@@ -101,13 +84,60 @@ CONFIGS = {
 }
 
 
+@pytest.mark.parametrize("release", POD_OVERRIDES_OF)
 @pytest.mark.parametrize("runtime", ["torch-distributed", "deepspeed-distributed"])
 @pytest.mark.parametrize("overrides", CONFIGS.values(), ids=CONFIGS.keys())
-def test_trainjob_validates_against_crd(runtime, overrides, validators):
-    cfg = LaunchConfig.model_validate({"runtime": runtime, "num_nodes": 2, **overrides})
-    manifest = build_job(cfg, ARGS, image="ghcr.io/lmforge/lmforge-train:0.1.0", run_id="run-1", task="pretrain")
+def test_trainjob_validates_strictly_against_each_trainer_release(release, runtime, overrides, validators):
+    """What lmforge sends to a cluster of each Trainer release passes that release's CRD with unknown fields as
+    errors (fieldValidation=Strict), so nothing is pruned: the pods keep their placement and service account."""
+    overrides = dict(overrides)
+    if release == "v2.1.0":
+        overrides.pop("active_deadline_s", None)  # no activeDeadlineSeconds in v2.1 (refused, tested below)
+    cfg = LaunchConfig.model_validate({"runtime": runtime, "num_nodes": 2, "namespace": "team-a", **overrides})
+    manifest = build_job(
+        cfg,
+        ARGS,
+        image="ghcr.io/lmforge/lmforge-train:0.1.0",
+        run_id="run-1",
+        task="pretrain",
+        pod_overrides=POD_OVERRIDES_OF[release],
+    )
     assert manifest["kind"] == "TrainJob" and kind_of(manifest) is TRAINJOB
-    assert_valid(manifest, validators)
+    assert_valid(manifest, validators, release)
+    if cfg.node_selector:
+        assert POD_OVERRIDES_OF[release] in manifest["spec"]
+
+
+def test_each_trainer_release_rejects_the_other_releases_placement_field(validators):
+    """The check is not vacuous: v2.1 has no runtimePatches, v2.3 no podTemplateOverrides."""
+    for release, other in (("v2.1.0", "runtimePatches"), ("v2.3.0", "podTemplateOverrides")):
+        manifest = build_job(LaunchConfig(num_nodes=2), ARGS, image="img", run_id="r", task="t", pod_overrides=other)
+        messages = " ".join(e.message for e in validators[f"TrainJob@{release}"].iter_errors(manifest))
+        assert other in messages, (release, messages)
+
+
+def test_active_deadline_is_refused_for_trainer_v2_1():
+    cfg = LaunchConfig(num_nodes=2, active_deadline_s=3600)
+    with pytest.raises(ValueError, match="active_deadline_s"):
+        build_job(cfg, ARGS, image="img", run_id="r", task="t", pod_overrides="podTemplateOverrides")
+
+
+def test_explicit_pod_overrides_setting_wins_over_the_detected_one():
+    cfg = LaunchConfig(num_nodes=2, trainjob_pod_overrides="podTemplateOverrides")
+    manifest = build_job(cfg, ARGS, image="img", run_id="r", task="t", pod_overrides="runtimePatches")
+    assert "podTemplateOverrides" in manifest["spec"] and "runtimePatches" not in manifest["spec"]
+
+
+def test_job_namespace_defaults_to_the_steps_own_namespace(tmp_path, monkeypatch):
+    import lmforge.launch.manifests as manifests_module
+
+    sa_namespace = tmp_path / "namespace"
+    sa_namespace.write_text("kubeflow-user-alice\n")
+    monkeypatch.setattr(manifests_module, "SERVICE_ACCOUNT_NAMESPACE", sa_namespace)
+    manifest = build_job(LaunchConfig(num_nodes=2), ARGS, image="img", run_id="r", task="t")
+    assert manifest["metadata"]["namespace"] == "kubeflow-user-alice"
+    pinned = build_job(LaunchConfig(num_nodes=2, namespace="team-b"), ARGS, image="img", run_id="r", task="t")
+    assert pinned["metadata"]["namespace"] == "team-b"
 
 
 @pytest.mark.parametrize("num_nodes", [1, 2, 8])
@@ -153,7 +183,7 @@ def test_trainjob_patches_name_jobs_and_containers_the_stock_runtime_has(runtime
         pod = job["template"]["spec"]["template"]["spec"]
         assert pod["nodeSelector"] == {"lmforge.io/pool": "gpu"}
         assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-        assert pod["serviceAccountName"] == "lmforge"
+        assert pod["serviceAccountName"] == "lmforge-worker"
         assert {c["name"] for c in pod["containers"]} <= stock[job["name"]]  # "Runtime must have this container"
         assert TRAINJOB.container in stock[job["name"]]
 
@@ -296,7 +326,7 @@ def test_stage_args_are_the_cli_stage_arguments():
 
 
 def test_builders_take_explicit_names():
-    cfg = LaunchConfig(num_nodes=2)
+    cfg = LaunchConfig(num_nodes=2, namespace="lmforge")
     assert build_trainjob("my-job", cfg, ARGS, image="i", run_id="r", task="t")["metadata"]["name"] == "my-job"
     pj = build_pytorchjob(
         "my-job", cfg.model_copy(update={"backend": "pytorchjob"}), ARGS, image="i", run_id="r", task="t"

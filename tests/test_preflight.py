@@ -124,6 +124,30 @@ def _cache_keys(spec: dict, params: dict, preflight_outputs: dict) -> dict[str, 
     return {k: v for k, v in keys.items() if k not in dags}
 
 
+PREFLIGHT_OUTPUTS = {"corpus_fingerprint": "c", "qa_fingerprint": "q", "production_fingerprint": "p", "gpu_limit": "1"}
+
+
+def test_a_new_production_release_changes_the_cache_key_of_evaluate(tmp_path):
+    """A scheduled run after a new release must re-run the gate against it, not reuse the old decision."""
+    from lmforge.release import production_fingerprint
+
+    spec = next(yaml.safe_load_all((REPO_ROOT / "pipelines/compiled/lmforge_pipeline.yaml").read_text()))
+    params = {name: p.get("defaultValue") for name, p in spec["root"]["inputDefinitions"]["parameters"].items()}
+    root = str(tmp_path / "registry")
+    none_yet = production_fingerprint(root, "demo")
+    assert production_fingerprint(root, "demo") == none_yet
+    before = _cache_keys(spec, params, {**PREFLIGHT_OUTPUTS, "production_fingerprint": none_yet})
+    (tmp_path / "registry" / "models" / "demo" / "v1").mkdir(parents=True)
+    (tmp_path / "registry" / "models" / "demo" / "v1" / "manifest.json").write_text(
+        json.dumps({"kind": "release", "version": "v1", "created_at": "2026-12-01T00:00:00Z", "evaluation": {}})
+    )
+    after_release = production_fingerprint(root, "demo")
+    assert after_release != none_yet
+    after = _cache_keys(spec, params, {**PREFLIGHT_OUTPUTS, "production_fingerprint": after_release})
+    changed = {task for task in before if before[task] != after[task]}
+    assert changed == {"evaluate", "promote"}, changed
+
+
 def test_changed_corpus_bytes_change_the_cache_key_of_every_downstream_stage(tmp_path):
     spec = next(yaml.safe_load_all((REPO_ROOT / "pipelines/compiled/lmforge_pipeline.yaml").read_text()))
     params = {name: p.get("defaultValue") for name, p in spec["root"]["inputDefinitions"]["parameters"].items()}
@@ -131,7 +155,7 @@ def test_changed_corpus_bytes_change_the_cache_key_of_every_downstream_stage(tmp
     params["corpus_uri"] = str(corpus)
 
     def keys() -> dict[str, str]:
-        outputs = {"corpus_fingerprint": fingerprint_uri(str(corpus)), "qa_fingerprint": "qa"}
+        outputs = {**PREFLIGHT_OUTPUTS, "corpus_fingerprint": fingerprint_uri(str(corpus))}
         return _cache_keys(spec, params, outputs)
 
     before, again = keys(), keys()

@@ -25,6 +25,7 @@ def evaluate(
     preset: str = "tiny-cpu",
     overrides: str = "{}",
     promote_overrides: str = "{}",
+    production_fingerprint: str = "",
 ) -> bool:
     """Held-out perplexity, size and latency of teacher, student, ONNX FP32, INT8 and engine; gate decision.
 
@@ -46,6 +47,8 @@ def evaluate(
         preset: lmforge preset the stage config starts from.
         overrides: JSON object of EvaluateConfig fields, e.g. {"gate.max_student_perplexity": 50.0}.
         promote_overrides: The promote stage's overrides, for the release name to compare against.
+        production_fingerprint: Fingerprint of that production release from ``preflight``; part of the cache key,
+            so a run after a new release re-evaluates instead of reusing a gate decided against the old one.
 
     Returns:
         Whether every gate check passed (``promote`` runs only then).
@@ -57,6 +60,7 @@ def evaluate(
     from lmforge.evaluate import evaluate as stage
 
     setup_logging()
+    evaluation.metadata["production_fingerprint"] = production_fingerprint
     cfg = resolve_stage_config("evaluate", preset, overrides)
     result = stage.run(
         cfg,

@@ -6,7 +6,7 @@ from components.images import image_for
 
 
 @dsl.component(base_image=image_for("plan_shards"), install_kfp_package=False)
-def plan_shards(shard_count: int) -> list:
+def plan_shards(shard_count: int) -> list[int]:
     """List ``0 .. shard_count-1`` for ``dsl.ParallelFor`` over corpus shards.
 
     Args:

@@ -1053,9 +1053,24 @@ class LaunchConfig(StrictModel):
     runtime_kind: Literal["ClusterTrainingRuntime", "TrainingRuntime"] = Field(
         "ClusterTrainingRuntime", description="Kind of the referenced runtime (TrainingRuntime: namespaced)."
     )
-    namespace: str = Field("lmforge", pattern=_DNS_LABEL, max_length=63, description="Namespace of the job.")
+    namespace: str | None = Field(
+        None,
+        pattern=_DNS_LABEL,
+        max_length=63,
+        description="Namespace of the job; null: the step's own namespace (its service account's, e.g. the "
+        "Kubeflow profile the run belongs to), outside a pod the kubeconfig context's.",
+    )
     service_account: str | None = Field(
-        "lmforge", pattern=_DNS_SUBDOMAIN, description="Service account of the training pods (null: default)."
+        "lmforge-worker",
+        pattern=_DNS_SUBDOMAIN,
+        description="Service account of the training pods (null: the namespace's default). manifests/ creates "
+        "lmforge-worker with no API token mounted and no RBAC: the pods only need S3.",
+    )
+    trainjob_pod_overrides: Literal["auto", "runtimePatches", "podTemplateOverrides"] = Field(
+        "auto",
+        description="How a TrainJob places its pods (selector, tolerations, service account, /dev/shm): "
+        "runtimePatches (Kubeflow Trainer >= v2.2) or podTemplateOverrides (Trainer v2.1, as in Kubeflow 1.11); "
+        "auto reads which one the cluster serves from its OpenAPI v3 document for trainer.kubeflow.org/v1alpha1.",
     )
     num_nodes: int = Field(1, ge=1, description="Training nodes (pods); more than 1 launches a job.")
     gpus_per_node: int = Field(1, ge=0, description="nvidia.com/gpu per node; also the processes per node.")

@@ -144,11 +144,19 @@ def check_training_api(cfg: LaunchConfig, api_client: Any = None) -> str:
 
 
 def run_checks(
-    *, corpus_uri: str, qa_uri: str, release_root: str, s3_secret_name: str, launch: LaunchConfig | None = None
+    *,
+    corpus_uri: str,
+    qa_uri: str,
+    release_root: str,
+    s3_secret_name: str,
+    launch: LaunchConfig | None = None,
+    model_name: str = "",
 ) -> PreflightReport:
     """Run every check, then fingerprint the inputs; raise :class:`PreflightError` listing all failures.
 
-    With ``launch`` asking for more than one node, also check that the cluster serves its job kind.
+    With ``launch`` asking for more than one node, also check that the cluster serves its job kind. With
+    ``model_name``, also fingerprint the production release of that name (``fingerprints["production"]``),
+    the baseline ``evaluate`` compares against.
     """
     report = PreflightReport()
     report.checks["s3_secret"] = check_secret(s3_secret_name) if s3_secret_name else "ok"
@@ -165,6 +173,14 @@ def run_checks(
         report.checks["release_root_writable"] = "ok"
     except (LmforgeError, OSError) as exc:
         report.checks["release_root_writable"] = f"{release_root}: {exc}"
+    if model_name:
+        from lmforge.release import production_fingerprint
+
+        try:
+            report.fingerprints["production"] = production_fingerprint(release_root, model_name)
+            report.checks["production_release_readable"] = "ok"
+        except (LmforgeError, OSError) as exc:
+            report.checks["production_release_readable"] = f"{release_root} ({model_name}): {exc}"
     for name, result in report.checks.items():
         log.info("preflight %s: %s", name, result)
     if report.failed:

@@ -28,6 +28,7 @@ server checks it).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import re
@@ -243,6 +244,16 @@ def production_summary(release_root: str | None, model_name: str) -> dict[str, A
         "created_at": release.get("created_at"),
         "metrics": dict((release.get("evaluation") or {}).get("metrics") or {}),
     }
+
+
+def production_fingerprint(release_root: str | None, model_name: str) -> str:
+    """sha256 of :func:`production_summary`: changes whenever the release the gate compares against changes.
+
+    ``preflight`` passes it to ``evaluate`` as a parameter, so a KFP cache key holds the production baseline
+    and a scheduled run re-evaluates after a new release instead of reusing a gate decided against the old one.
+    """
+    summary = production_summary(release_root, model_name)
+    return hashlib.sha256(json.dumps(summary, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def promote(

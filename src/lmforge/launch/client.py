@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import logging
 import signal
 import threading
@@ -36,7 +37,15 @@ from urllib3.exceptions import HTTPError as TransportError
 
 from lmforge.config import LaunchConfig
 from lmforge.errors import LmforgeError
-from lmforge.launch.manifests import JobKind, build_job, describe_command, job_command, kind_of
+from lmforge.launch.manifests import (
+    TRAINJOB,
+    JobKind,
+    PodOverrides,
+    build_job,
+    describe_command,
+    job_command,
+    kind_of,
+)
 
 log = logging.getLogger("lmforge.launch")
 
@@ -66,6 +75,14 @@ class LaunchResult:
     adopted: bool
     conditions: list[dict[str, Any]]
     log_tail: dict[str, list[str]] = field(default_factory=dict)
+
+
+def _api_message(exc: ApiException) -> str:
+    """The ``message`` of the API server's ``Status`` answer, else its raw body."""
+    try:
+        return str(json.loads(exc.body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(exc.body)
 
 
 def kube_api_client() -> k8s.ApiClient:
@@ -209,14 +226,18 @@ class _Launch:
 
     def create(self) -> dict[str, Any]:
         try:
-            job = self.custom.create_namespaced_custom_object(*self._path(), body=dict(self.manifest))
+            # Strict: a field the cluster's CRD lacks fails the create instead of being pruned silently.
+            job = self.custom.create_namespaced_custom_object(
+                *self._path(), body=dict(self.manifest), field_validation="Strict"
+            )
         except ApiException as exc:
             if exc.status == 409:  # another attempt created it between our GET and POST: adopt that one
                 existing = self.get()
                 if existing is not None:
                     self.adopted = True
                     return existing
-            raise LaunchError(f"{self.ref}: create failed: HTTP {exc.status} {exc.reason}: {exc.body}") from exc
+            reason = f"HTTP {exc.status} {exc.reason}: {_api_message(exc)}"
+            raise LaunchError(f"{self.ref}: create failed: {reason}") from exc
         log.info("%s: created", self.ref)
         return job
 
@@ -451,6 +472,44 @@ def launch_and_wait(
     return LaunchResult(launch.name, launch.namespace, launch.kind.kind, launch.adopted, conditions, tails)
 
 
+def _resolve_ref(doc: Mapping[str, Any], schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    for ref in [schema.get("$ref"), *(part.get("$ref") for part in schema.get("allOf") or [])]:
+        if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
+            return doc.get("components", {}).get("schemas", {}).get(ref.rsplit("/", 1)[-1], {})
+    return schema
+
+
+def served_trainjob_pod_overrides(api_client: k8s.ApiClient) -> PodOverrides:
+    """The TrainJob field that places pods on this cluster: ``runtimePatches`` or ``podTemplateOverrides``.
+
+    Read from the API server's OpenAPI v3 document for ``trainer.kubeflow.org/v1alpha1``, which any
+    authenticated client may read (the pipeline's namespaced Role cannot read the cluster-scoped CRD).
+    Kubeflow Trainer v2.1 has ``podTemplateOverrides``, v2.2 and later ``runtimePatches``.
+    """
+    path = f"/openapi/v3/apis/{TRAINJOB.group}/{TRAINJOB.version}"
+    try:
+        doc = api_client.call_api(
+            path, "GET", auth_settings=["BearerToken"], response_type="object", _return_http_data_only=True
+        )
+    except ApiException as exc:
+        raise LaunchError(
+            f"{path}: HTTP {exc.status} {exc.reason}; set launch.trainjob_pod_overrides to runtimePatches "
+            "(Kubeflow Trainer >= v2.2) or podTemplateOverrides (v2.1)"
+        ) from exc
+    for schema in (doc or {}).get("components", {}).get("schemas", {}).values():
+        kinds = {gvk.get("kind") for gvk in schema.get("x-kubernetes-group-version-kind") or []}
+        if TRAINJOB.kind not in kinds:
+            continue
+        spec = _resolve_ref(doc, schema.get("properties", {}).get("spec", {}))
+        fields = set(spec.get("properties", {}))
+        for name in ("runtimePatches", "podTemplateOverrides"):
+            if name in fields:
+                log.info("%s: TrainJob places pods with spec.%s", path, name)
+                return name  # type: ignore[return-value]
+        raise LaunchError(f"{path}: TrainJob has neither runtimePatches nor podTemplateOverrides: {sorted(fields)}")
+    raise LaunchError(f"{path}: no TrainJob schema; is Kubeflow Trainer v2 installed?")
+
+
 def launch(
     cfg: LaunchConfig,
     args: Sequence[str],
@@ -462,7 +521,11 @@ def launch(
     on_log: LogCallback | None = None,
 ) -> LaunchResult:
     """Build the job ``cfg`` describes for (run id, task) and :func:`launch_and_wait` for it."""
-    manifest = build_job(cfg, args, image=image, run_id=run_id, task=task)
+    api_client = api_client or kube_api_client()
+    pod_overrides: PodOverrides = "runtimePatches"
+    if cfg.backend == "trainjob" and cfg.trainjob_pod_overrides == "auto":
+        pod_overrides = served_trainjob_pod_overrides(api_client)
+    manifest = build_job(cfg, args, image=image, run_id=run_id, task=task, pod_overrides=pod_overrides)
     return launch_and_wait(
         manifest,
         api_client=api_client,

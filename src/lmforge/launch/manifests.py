@@ -5,7 +5,9 @@ Nothing here talks to a cluster. The manifests follow the CRDs as published by K
 
 - ``TrainJob`` (Kubeflow Trainer v2, ``trainer.kubeflow.org/v1alpha1``): the stock ``ClusterTrainingRuntime``
   supplies the pod template; lmforge sets ``spec.trainer`` (image, command, nodes, GPUs, env) and places the
-  pods with a ``spec.runtimePatches`` entry (node selector, tolerations, service account, /dev/shm).
+  pods (node selector, tolerations, service account, /dev/shm) with the field the cluster's Trainer has:
+  ``spec.runtimePatches`` (v2.2 and later) or ``spec.podTemplateOverrides`` (v2.1, what Kubeflow 1.11 ships;
+  v2.1 has no ``activeDeadlineSeconds`` either). The CRDs of both are under ``tests/data/crds/``.
 - ``PyTorchJob`` (Training Operator v1, ``kubeflow.org/v1``): a full pod template per replica type
   (``Master`` + ``Worker``), ``nprocPerNode`` and ``runPolicy``.
 """
@@ -18,7 +20,8 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 from lmforge.config import LaunchConfig
 
@@ -39,6 +42,9 @@ NCCL_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_DEBUG": "WARN"}
 # that must still fit a 63-character DNS label, so job names stay well below 63.
 MAX_JOB_NAME = 40
 _HASH_LEN = 10
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+PodOverrides = Literal["runtimePatches", "podTemplateOverrides"]
 
 
 @dataclass(frozen=True)
@@ -188,11 +194,32 @@ def _shm(cfg: LaunchConfig) -> tuple[list[dict[str, Any]], list[dict[str, str]]]
     return [volume], [{"name": "dshm", "mountPath": "/dev/shm"}]
 
 
+def current_namespace() -> str:
+    """The namespace this process runs in: its pod's service account namespace, else the kubeconfig context's.
+
+    Falls back to ``default``, as ``kubectl`` does.
+    """
+    if SERVICE_ACCOUNT_NAMESPACE.is_file():
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    from kubernetes import config as k8s_config
+
+    try:
+        _, context = k8s_config.list_kube_config_contexts()
+    except (k8s_config.ConfigException, OSError):
+        return "default"
+    return (context or {}).get("context", {}).get("namespace") or "default"
+
+
+def job_namespace(cfg: LaunchConfig) -> str:
+    """Where the job goes: ``cfg.namespace`` if set, else :func:`current_namespace`."""
+    return cfg.namespace or current_namespace()
+
+
 def _metadata(name: str, cfg: LaunchConfig, run_id: str, task: str, spec: Mapping[str, Any]) -> dict[str, Any]:
     spec_hash = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     return {
         "name": name,
-        "namespace": cfg.namespace,
+        "namespace": job_namespace(cfg),
         "labels": {
             LABEL_PART_OF: "lmforge",
             LABEL_TASK: _slug(task)[:63].strip("-") or "task",
@@ -210,14 +237,29 @@ def _mpirun(args: Sequence[str], env: Sequence[Mapping[str, Any]], module: str) 
 
 
 def build_trainjob(
-    name: str, cfg: LaunchConfig, args: Sequence[str], *, image: str, run_id: str, task: str, module: str = "lmforge"
+    name: str,
+    cfg: LaunchConfig,
+    args: Sequence[str],
+    *,
+    image: str,
+    run_id: str,
+    task: str,
+    module: str = "lmforge",
+    pod_overrides: PodOverrides = "runtimePatches",
 ) -> dict[str, Any]:
     """A ``TrainJob`` running ``python -m lmforge <args>`` on ``cfg.num_nodes`` nodes of the runtime.
 
     torch-distributed: ``torchrun -m lmforge ...``; Trainer sets the ``PET_*`` env torchrun reads
     (nodes, procs per node, node rank, master address). deepspeed-distributed: ``mpirun ... python -m
     lmforge ...`` from the launcher pod; Trainer provides the hostfile (``numProcPerNode`` slots per node).
+    ``pod_overrides`` names the TrainJob field that places the pods: ``runtimePatches`` (Trainer >= v2.2)
+    or ``podTemplateOverrides`` (Trainer v2.1).
     """
+    if pod_overrides == "podTemplateOverrides" and cfg.active_deadline_s:
+        raise ValueError(
+            "active_deadline_s: Kubeflow Trainer v2.1 TrainJobs have no activeDeadlineSeconds; "
+            "use wait_timeout_s, or Trainer >= v2.2"
+        )
     env = _env(cfg)
     if cfg.runtime == "deepspeed-distributed":
         command = _mpirun(args, env, module)
@@ -250,7 +292,9 @@ def build_trainjob(
         "runtimeRef": {"apiGroup": TRAINJOB.group, "kind": cfg.runtime_kind, "name": cfg.runtime},
         "trainer": trainer,
     }
-    if pod_spec:
+    if pod_spec and pod_overrides == "podTemplateOverrides":
+        spec["podTemplateOverrides"] = [{"targetJobs": [{"name": job} for job in patched_jobs], "spec": pod_spec}]
+    elif pod_spec:
         spec["runtimePatches"] = [
             {
                 "manager": PATCH_MANAGER,
@@ -328,12 +372,24 @@ def build_pytorchjob(
 
 
 def build_job(
-    cfg: LaunchConfig, args: Sequence[str], *, image: str, run_id: str, task: str, module: str = "lmforge"
+    cfg: LaunchConfig,
+    args: Sequence[str],
+    *,
+    image: str,
+    run_id: str,
+    task: str,
+    module: str = "lmforge",
+    pod_overrides: PodOverrides = "runtimePatches",
 ) -> dict[str, Any]:
-    """The job for ``cfg.backend``, named by :func:`job_name` from (run id, task)."""
+    """The job for ``cfg.backend``, named by :func:`job_name` from (run id, task).
+
+    ``pod_overrides`` (TrainJob only) is used when ``cfg.trainjob_pod_overrides`` is ``auto``.
+    """
     name = job_name(run_id, task)
-    builder = build_trainjob if cfg.backend == "trainjob" else build_pytorchjob
-    return builder(name, cfg, args, image=image, run_id=run_id, task=task, module=module)
+    if cfg.backend == "pytorchjob":
+        return build_pytorchjob(name, cfg, args, image=image, run_id=run_id, task=task, module=module)
+    chosen = pod_overrides if cfg.trainjob_pod_overrides == "auto" else cfg.trainjob_pod_overrides
+    return build_trainjob(name, cfg, args, image=image, run_id=run_id, task=task, module=module, pod_overrides=chosen)
 
 
 def job_command(manifest: Mapping[str, Any]) -> list[str]:
