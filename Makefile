@@ -24,6 +24,9 @@ lint:
 compile:
 	$(PYTHON) -m lmforge compile
 
+REGISTRY ?= ghcr.io/lmforge
+
 images:
-	# Build (and with PUSH=1 push) the cpu/train/tensorrt images from docker-bake.hcl; needs a Docker daemon.
-	docker buildx bake $(if $(PUSH),--push,)
+	# Build (and with PUSH=1 push) the cpu/train/tensorrt images to REGISTRY under the tag the compiled pipeline
+	# pulls (lmforge images --tag); needs a Docker daemon. Then: lmforge compile --registry $(REGISTRY) --root DIR
+	REGISTRY=$(REGISTRY) TAG=$$($(PYTHON) -m lmforge images --tag) docker buildx bake $(if $(PUSH),--push,)

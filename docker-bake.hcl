@@ -1,9 +1,9 @@
 # Build (and push) the three lmforge runtime images; image names and tags match components/images.py:
-#   <REGISTRY>/lmforge-<runtime>:<VERSION>, VERSION = the lmforge package version.
-#   docker buildx bake --print                                   # show the resolved plan, builds nothing
-#   docker buildx bake                                           # build cpu, train and tensorrt locally
-#   REGISTRY=registry.example.com/ml VERSION=0.1.0 docker buildx bake --push
-# Compile the pipeline with the same registry (LMFORGE_IMAGE_REGISTRY) so its steps pull these images.
+#   <REGISTRY>/lmforge-<runtime>:<TAG>, TAG = <package version>-<source hash> (`lmforge images --tag`).
+# Use `make images REGISTRY=... [PUSH=1]`, which sets TAG; by hand:
+#   TAG=$(lmforge images --tag) docker buildx bake --print       # show the resolved plan, builds nothing
+#   REGISTRY=registry.example.com/ml TAG=$(lmforge images --tag) docker buildx bake --push
+# Compile the pipeline with the same registry (`lmforge compile --registry ...`) so its steps pull these images.
 
 variable "REGISTRY" {
   default = "ghcr.io/lmforge"
@@ -12,6 +12,11 @@ variable "REGISTRY" {
 # Keep in step with [project] version in pyproject.toml (tests/test_images.py checks it).
 variable "VERSION" {
   default = "0.1.0"
+}
+
+# Set by `make images` from `lmforge images --tag`; the default is no tag the compiled pipeline uses.
+variable "TAG" {
+  default = "dev"
 }
 
 group "default" {
@@ -28,17 +33,17 @@ target "_common" {
 target "cpu" {
   inherits   = ["_common"]
   dockerfile = "images/cpu/Dockerfile"
-  tags       = ["${REGISTRY}/lmforge-cpu:${VERSION}"]
+  tags       = ["${REGISTRY}/lmforge-cpu:${TAG}"]
 }
 
 target "train" {
   inherits   = ["_common"]
   dockerfile = "images/train/Dockerfile"
-  tags       = ["${REGISTRY}/lmforge-train:${VERSION}"]
+  tags       = ["${REGISTRY}/lmforge-train:${TAG}"]
 }
 
 target "tensorrt" {
   inherits   = ["_common"]
   dockerfile = "images/tensorrt/Dockerfile"
-  tags       = ["${REGISTRY}/lmforge-tensorrt:${VERSION}"]
+  tags       = ["${REGISTRY}/lmforge-tensorrt:${TAG}"]
 }

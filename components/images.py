@@ -1,16 +1,28 @@
-"""The one place that maps each component to its container image.
+"""The one place that maps each component to its container image, and the image tag.
 
-Tag = the lmforge package version. The registry prefix defaults to ``ghcr.io/lmforge`` and can be
-overridden at compile time with ``LMFORGE_IMAGE_REGISTRY`` (e.g. your internal registry mirror).
+Tag = ``<package version>-<12 hex of the image sources' sha256>``: the Dockerfiles, ``pyproject.toml`` and the
+Python code the images install (``src/lmforge``, ``components``, ``pipelines``; generated files excluded). A
+changed image is a new tag, so KFP's cache, whose key holds the image reference, never reuses a step run by an
+older image under the same version. ``make images`` builds and pushes under the same tag (``lmforge images
+--tag``). In a checkout the tag is computed from the files; an installed package (inside an image) reads
+``image_tag.txt``, which ``lmforge compile`` writes and the compile test keeps current.
+
+The registry prefix defaults to ``ghcr.io/lmforge`` and is overridden at compile time with
+``LMFORGE_IMAGE_REGISTRY`` (``lmforge compile --registry``): the registry you push to.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+from functools import cache
+from pathlib import Path
 
 from lmforge import __version__
 
 DEFAULT_REGISTRY = "ghcr.io/lmforge"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TAG_FILE = Path(__file__).resolve().with_name("image_tag.txt")
 
 # Runtime (images/<runtime>/Dockerfile) for every component.
 RUNTIME_OF_COMPONENT: dict[str, str] = {
@@ -32,6 +44,15 @@ RUNTIME_OF_COMPONENT: dict[str, str] = {
 }
 
 GPU_RUNTIMES = frozenset({"train", "tensorrt"})
+# What the images are built from (relative to the repository root), by glob; generated files are not inputs.
+IMAGE_SOURCES = (
+    "pyproject.toml",
+    "images/*/Dockerfile",
+    "src/lmforge/**/*.py",
+    "src/lmforge/presets/*.yaml",
+    "components/**/*.py",
+    "pipelines/*.py",
+)
 
 
 def runs_on_gpu(component: str) -> bool:
@@ -39,8 +60,29 @@ def runs_on_gpu(component: str) -> bool:
     return RUNTIME_OF_COMPONENT[component] in GPU_RUNTIMES
 
 
+def source_digest(root: Path = REPO_ROOT) -> str:
+    """sha256 over the image sources under ``root`` (path and content of each, in path order)."""
+    files = sorted({p for pattern in IMAGE_SOURCES for p in root.glob(pattern) if p.is_file()})
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def computed_tag(root: Path = REPO_ROOT) -> str:
+    """The tag of images built from the sources under ``root``."""
+    return f"{__version__.split('+')[0]}-{source_digest(root)[:12]}"
+
+
+@cache
+def image_tag() -> str:
+    """The images' tag: computed in a checkout (``images/`` beside the package), else read from ``image_tag.txt``."""
+    if (REPO_ROOT / "images").is_dir() and (REPO_ROOT / "src" / "lmforge").is_dir():
+        return computed_tag()
+    return TAG_FILE.read_text(encoding="utf-8").strip()
+
+
 def image_for(component: str) -> str:
     """Fully qualified image reference for ``component``."""
     registry = os.environ.get("LMFORGE_IMAGE_REGISTRY", DEFAULT_REGISTRY).rstrip("/")
-    tag = __version__.split("+")[0]
-    return f"{registry}/lmforge-{RUNTIME_OF_COMPONENT[component]}:{tag}"
+    return f"{registry}/lmforge-{RUNTIME_OF_COMPONENT[component]}:{image_tag()}"

@@ -2,7 +2,7 @@
 
 Components go to ``components/<stage>/component.yaml`` (for reuse with
 ``kfp.components.load_component_from_file``) with a generated ``README.md`` beside it; pipelines go to
-``pipelines/compiled/<name>.yaml``.
+``pipelines/compiled/<name>.yaml``; the images' tag to ``components/image_tag.txt``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from kfp import compiler
 
-from components.images import RUNTIME_OF_COMPONENT
+from components.images import RUNTIME_OF_COMPONENT, image_tag
 from pipelines.component_docs import render_component_readme, render_index
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -44,7 +44,8 @@ def compile_all(root: Path = REPO_ROOT) -> list[Path]:
         (folder / "README.md").write_text(render_component_readme(stage, component), encoding="utf-8")
         written += [folder / "component.yaml", folder / "README.md"]
     (root / "components" / "README.md").write_text(render_index(components), encoding="utf-8")
-    written.append(root / "components" / "README.md")
+    (root / "components" / "image_tag.txt").write_text(image_tag() + "\n", encoding="utf-8")
+    written += [root / "components" / "README.md", root / "components" / "image_tag.txt"]
     for name in PIPELINES:
         target = root / "pipelines" / "compiled" / f"{name}.yaml"
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -43,7 +43,7 @@ def monkeypatch_module():
 
 def test_committed_yaml_and_readmes_match_a_fresh_compile(fresh_compile):
     fresh = sorted(p.relative_to(fresh_compile) for p in fresh_compile.rglob("*") if p.is_file())
-    assert len(fresh) == 2 * len(RUNTIME_OF_COMPONENT) + 2  # YAML + README per component, index, pipeline
+    assert len(fresh) == 2 * len(RUNTIME_OF_COMPONENT) + 3  # YAML + README per component, index, tag, pipeline
     stale = [
         str(rel)
         for rel in fresh

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.images import DEFAULT_REGISTRY, RUNTIME_OF_COMPONENT
+from components.images import DEFAULT_REGISTRY, IMAGE_SOURCES, RUNTIME_OF_COMPONENT, computed_tag, image_for
+from lmforge import __version__
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNTIMES = sorted(set(RUNTIME_OF_COMPONENT.values()))
@@ -178,8 +179,8 @@ def test_bake_target_builds_the_runtime_dockerfile_under_the_mapped_name(runtime
     body = _bake_targets().get(runtime)
     assert body is not None, f"docker-bake.hcl has no target {runtime}"
     assert f'dockerfile = "images/{runtime}/Dockerfile"' in body
-    # Same name and tag as components.images.image_for: <registry>/lmforge-<runtime>:<version>.
-    assert f'"${{REGISTRY}}/lmforge-{runtime}:${{VERSION}}"' in body
+    # Same name and tag as components.images.image_for: <registry>/lmforge-<runtime>:<tag>; `make images` sets TAG.
+    assert f'"${{REGISTRY}}/lmforge-{runtime}:${{TAG}}"' in body
     group = re.search(r'group\s+"default"\s*{\s*targets\s*=\s*\[([^\]]*)\]', _bake())
     assert group and f'"{runtime}"' in group.group(1)
 
@@ -194,3 +195,40 @@ def test_ci_workflow_installs_cpu_torch_first_and_fails_on_stale_compiled_yaml()
     assert positions == sorted(positions), "CI steps out of order"
     assert "download.pytorch.org/whl/cpu" in script
     assert "git diff --exit-code" in script[positions[-1] :]
+
+
+def test_make_images_builds_under_the_tag_the_pipeline_pulls() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert "TAG=$$($(PYTHON) -m lmforge images --tag)" in makefile and "REGISTRY=$(REGISTRY)" in makefile
+    assert image_for("pretrain").endswith(f":{computed_tag()}")
+
+
+def _copy_sources(dst: Path) -> None:
+    for pattern in IMAGE_SOURCES:
+        for path in ROOT.glob(pattern):
+            if path.is_file():
+                target = dst / path.relative_to(ROOT)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(path.read_bytes())
+
+
+def test_a_changed_image_source_changes_the_tag_and_a_generated_file_does_not(tmp_path: Path) -> None:
+    """A rebuilt image under the same package version must not hit KFP cache entries of the old one."""
+    _copy_sources(tmp_path)
+    tag = computed_tag(tmp_path)
+    assert tag == computed_tag(ROOT) and tag.startswith(f"{__version__}-")
+    (tmp_path / "components" / "README.md").write_text("regenerated")  # generated: not an input
+    assert computed_tag(tmp_path) == tag
+    loop = tmp_path / "src" / "lmforge" / "train" / "loop.py"
+    loop.write_text(loop.read_text() + "\n# changed\n")
+    assert computed_tag(tmp_path) != tag
+    dockerfile = tmp_path / "images" / "train" / "Dockerfile"
+    loop.write_text(loop.read_text().removesuffix("\n# changed\n"))
+    assert computed_tag(tmp_path) == tag
+    dockerfile.write_text(dockerfile.read_text() + "\n# changed\n")
+    assert computed_tag(tmp_path) != tag
+
+
+def test_installed_package_reads_the_committed_tag() -> None:
+    """Inside an image (no checkout) the tag comes from components/image_tag.txt, which must be current."""
+    assert (ROOT / "components" / "image_tag.txt").read_text().strip() == computed_tag()

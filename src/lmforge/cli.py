@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -135,12 +136,36 @@ def _fmt(value: Any) -> str:
 @app.command("compile")
 def compile_(
     root: Annotated[Path | None, typer.Option(help="Repository root to write into (default: this checkout).")] = None,
+    registry: Annotated[
+        str | None,
+        typer.Option(
+            help="Image registry the steps pull from, e.g. registry.example.com/ml (what `make images` "
+            "pushed to); default: $LMFORGE_IMAGE_REGISTRY, else ghcr.io/lmforge."
+        ),
+    ] = None,
 ) -> None:
     """Compile every component (components/*/component.yaml) and pipeline (pipelines/compiled/*.yaml)."""
+    if registry:
+        os.environ["LMFORGE_IMAGE_REGISTRY"] = registry
     from pipelines.compile import REPO_ROOT, compile_all
 
     for path in compile_all(root or REPO_ROOT):
         typer.echo(str(path))
+
+
+@app.command()
+def images(
+    tag: Annotated[bool, typer.Option("--tag", help="Print only the tag (what `make images` builds under).")] = False,
+) -> None:
+    """The runtime images the compiled pipeline pulls: <registry>/lmforge-<runtime>:<version>-<source hash>."""
+    from components.images import RUNTIME_OF_COMPONENT, image_for, image_tag
+
+    if tag:
+        typer.echo(image_tag())
+        return
+    for runtime in sorted(set(RUNTIME_OF_COMPONENT.values())):
+        component = next(c for c, r in RUNTIME_OF_COMPONENT.items() if r == runtime)
+        typer.echo(f"{runtime}\t{image_for(component)}")
 
 
 @app.command()
