@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import logging
+import os
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -38,8 +39,14 @@ _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 log = logging.getLogger("lmforge.remote")
 
 COMPILED_PIPELINE = Path(__file__).resolve().parent / "compiled" / "lmforge_pipeline.yaml"
-DEFAULT_NAMESPACE = "lmforge"
-DEFAULT_SERVICE_ACCOUNT = "lmforge"
+DEFAULT_NAMESPACE = ""  # single-user KFP; multi-user: the Kubeflow profile namespace
+DEFAULT_SERVICE_ACCOUNT = ""  # the server's default: pipeline-runner (single-user), default-editor (profiles)
+TOKEN_ENV = "LMFORGE_KFP_TOKEN"
+SA_TOKEN_ENV = "KF_PIPELINES_SA_TOKEN_PATH"  # kfp's own variable for a projected service-account token
+AUTH_HINT = (
+    f"the server wants an identity: pass --token (or ${TOKEN_ENV}), set ${SA_TOKEN_ENV} to a projected "
+    "service-account token (audience pipelines.kubeflow.org), or go through the Kubeflow gateway"
+)
 DEFAULT_EXPERIMENT = "lmforge"
 _PAGE_SIZE = 100
 
@@ -207,16 +214,38 @@ def kfp_cron(expression: str) -> str:
 # Talking to the server.
 
 
+def client_auth(token: str | None = None) -> dict[str, Any]:
+    """``kfp.Client`` arguments that authenticate as KFP users do, first match wins.
+
+    1. ``token`` (``--token``) or ``$LMFORGE_KFP_TOKEN``: sent as ``Authorization: Bearer`` (``existing_token``),
+       e.g. ``kubectl create token <sa> --audience=pipelines.kubeflow.org`` against a multi-user server.
+    2. ``$KF_PIPELINES_SA_TOKEN_PATH``: a projected service-account token file, re-read on every request
+       (kfp's ``ServiceAccountTokenVolumeCredentials``), as inside a pod or a CI runner.
+    3. Nothing: a port-forward of a single-user deployment, or a gateway URL that adds the identity itself.
+    """
+    token = token or os.environ.get(TOKEN_ENV)
+    if token:
+        return {"existing_token": token}
+    path = os.environ.get(SA_TOKEN_ENV)
+    if path:
+        if not Path(path).is_file():
+            raise RemoteError(f"${SA_TOKEN_ENV}={path}: no such token file")
+        from kfp.client.set_volume_credentials import ServiceAccountTokenVolumeCredentials
+
+        return {"credentials": ServiceAccountTokenVolumeCredentials(path)}
+    return {}
+
+
 class Remote:
     """A ``kfp.Client`` for one host and namespace, whose calls fail as one-line :class:`RemoteError`s."""
 
-    def __init__(self, host: str, namespace: str = DEFAULT_NAMESPACE) -> None:
+    def __init__(self, host: str, namespace: str = DEFAULT_NAMESPACE, *, token: str | None = None) -> None:
         self.host = check_host(host)
         self.namespace = namespace
         with self.call("connect"), warnings.catch_warnings():
             # kfp warns on every construction that it needs a v2 server; lmforge only talks to v2 servers.
             warnings.filterwarnings("ignore", category=FutureWarning, module="kfp")
-            self.client = kfp.Client(host=self.host, namespace=namespace)
+            self.client = kfp.Client(host=self.host, namespace=namespace, **client_auth(token))
 
     @contextlib.contextmanager
     def call(self, operation: str) -> Iterator[None]:
@@ -233,6 +262,9 @@ class Remote:
             status = f"HTTP {exc.status} {exc.reason}".strip() if exc.status else str(exc.reason)
             detail = _server_message(exc.body)
             message = f"{self.host}: {operation} failed: {status}" + (f": {detail}" if detail else "")
+            if exc.status == 401 or "no user identity header" in detail:
+                message = f"{_one_line(message)}; {AUTH_HINT}"
+                raise RemoteError(message) from exc
             raise RemoteError(_one_line(message)) from exc
         except urllib3.exceptions.HTTPError as exc:
             reason = exc.reason if isinstance(exc, urllib3.exceptions.MaxRetryError) else exc

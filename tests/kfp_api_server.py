@@ -35,7 +35,7 @@ import yaml
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 API = "/apis/v2beta1"
 _EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
-_GRPC_CODE = {400: 3, 404: 5, 409: 6, 413: 8, 429: 8, 500: 13, 503: 14}
+_GRPC_CODE = {400: 3, 401: 16, 404: 5, 409: 6, 413: 8, 429: 8, 500: 13, 503: 14}
 
 
 class ApiError(Exception):
@@ -69,6 +69,7 @@ class KfpApiServer:
     """In-memory KFP v2beta1 API on ``http://127.0.0.1:<port>``; use as a context manager."""
 
     multi_user: bool = False
+    token: str | None = None  # multi-user: the bearer token the (TokenReview) authenticator accepts
     lifetime_s: float = 120.0
     max_requests: int = 2000
     max_body_bytes: int = 16 * 1024 * 1024
@@ -412,6 +413,7 @@ class _Handler(BaseHTTPRequestHandler):
         query = {key: values[-1] for key, values in parse_qs(parts.query, keep_blank_values=True).items()}
         try:
             body = self._body()
+            self._authenticate()
             status, payload = self.api.handle(self.command, parts.path, query, body)
         except ApiError as exc:
             status = exc.status
@@ -422,6 +424,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def _authenticate(self) -> None:
+        """Multi-user mode: an identity header (``kubeflow-userid``, set by the Kubeflow gateway) or a bearer token.
+
+        Copied rule and message: kubeflow/pipelines ``backend/src/apiserver/auth/authenticator.go``
+        (``IdentityHeaderMissingError``, an Unauthenticated error, HTTP 401) at release 2.17.0.
+        """
+        if self.api.token is None or self.path.startswith(f"{API}/healthz"):
+            return
+        if self.headers.get("kubeflow-userid") or self.headers.get("Authorization") == f"Bearer {self.api.token}":
+            return
+        raise ApiError(401, "Request header error: there is no user identity header.")
 
     def _body(self) -> Any:
         length = int(self.headers.get("Content-Length") or 0)

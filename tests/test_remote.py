@@ -25,11 +25,18 @@ from pipelines.remote import COMPILED_PIPELINE, kfp_cron, load_package, pipeline
 runner = CliRunner()
 
 
+TOKEN = "t0k3n-for-the-stand-in"
+
+
 @pytest.fixture
 def server(monkeypatch, tmp_path):
-    """A multi-user (profile namespaces) stand-in; kfp's per-user context file is kept out of the test."""
+    """A multi-user (profile namespaces, bearer tokens) stand-in, with the namespace and token in the environment
+    as a CI job would set them; kfp's per-user context file is kept out of the test."""
     monkeypatch.setattr(kfp.Client, "_LOCAL_KFP_CONTEXT", str(tmp_path / "kfp-context.json"))
-    with KfpApiServer(multi_user=True, lifetime_s=60) as api:
+    monkeypatch.setenv("LMFORGE_KFP_NAMESPACE", "lmforge")
+    monkeypatch.setenv("LMFORGE_KFP_TOKEN", TOKEN)
+    monkeypatch.delenv("KF_PIPELINES_SA_TOKEN_PATH", raising=False)
+    with KfpApiServer(multi_user=True, token=TOKEN, lifetime_s=60) as api:
         yield api
 
 
@@ -90,7 +97,7 @@ def test_submit_uploads_the_pipeline_creates_experiment_and_run_and_prints_the_r
         "pipeline_id": pipeline["pipeline_id"],
         "pipeline_version_id": version["pipeline_version_id"],
     }
-    assert run["service_account"] == "lmforge"
+    assert run.get("service_account", "") == ""  # the server's default account (pipeline-runner / default-editor)
     assert run["runtime_config"]["parameters"] == {
         "preset": "tiny-cpu",
         "pretrain_overrides": json.dumps({"train.max_steps": 40}),
@@ -141,7 +148,7 @@ def test_second_schedule_with_the_same_name_moves_it_to_the_new_pipeline_version
     assert first.exit_code == 0, first.output
     [old] = server.recurring_runs_named("weekly")
     assert old["trigger"] == {"cron_schedule": {"cron": "0 0 3 * * 0"}}  # KFP's seconds-first form
-    assert (old["service_account"], old["max_concurrency"], old["no_catchup"]) == ("lmforge", 1, True)
+    assert (old.get("service_account", ""), old["max_concurrency"], old["no_catchup"]) == ("", 1, True)
 
     package.write_text(package.read_text() + "# a change to the pipeline\n")  # new content, new version
     second = _schedule(server, package)
@@ -250,7 +257,7 @@ def test_an_unreachable_host_is_one_line_error(tmp_path, monkeypatch):
     with KfpApiServer() as stopped:
         url = stopped.url
     line = _error_line(runner.invoke(app, ["runs", "--host", url]))
-    assert line.startswith(f"error: {url}: list runs failed: cannot reach the server")
+    assert line.startswith(f"error: {url}: ") and "failed: cannot reach the server" in line
     assert "Connection refused" in line
 
 
@@ -335,3 +342,40 @@ def test_pipeline_arguments_are_converted_to_the_declared_parameter_types(tmp_pa
             pipeline_arguments(package, "tiny-cpu", {}, {name: value})
     with pytest.raises(LmforgeError, match="recompile"):
         pipeline_arguments(package, "tiny-cpu", {"clean": {"min_words": 3}}, {})
+
+
+# -- authentication and single-user defaults ---------------------------------------------------------------------------
+
+
+def test_a_multi_user_server_without_credentials_fails_in_one_line_saying_how_to_authenticate(
+    server, package, monkeypatch
+):
+    monkeypatch.delenv("LMFORGE_KFP_TOKEN")
+    line = _error_line(runner.invoke(app, ["submit", "--host", server.url, "--package", str(package)]))
+    assert "HTTP 401" in line and "there is no user identity header" in line
+    assert "--token" in line and "KF_PIPELINES_SA_TOKEN_PATH" in line
+    assert not server.runs
+
+
+def test_a_service_account_token_file_authenticates(server, package, monkeypatch, tmp_path):
+    """What a pod or CI runner with a projected token (audience pipelines.kubeflow.org) does: kfp's own variable."""
+    monkeypatch.delenv("LMFORGE_KFP_TOKEN")
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    monkeypatch.setenv("KF_PIPELINES_SA_TOKEN_PATH", str(token_file))
+    result = runner.invoke(app, ["runs", "--host", server.url])
+    assert result.exit_code == 0, result.output
+    assert server.requests and all(r.path.endswith("healthz") or r.method for r in server.requests)
+
+
+def test_single_user_defaults_send_no_namespace_and_no_service_account(monkeypatch, tmp_path, package):
+    """Single-user KFP runs in `kubeflow` as pipeline-runner; naming another account (or namespace) breaks the run."""
+    monkeypatch.setattr(kfp.Client, "_LOCAL_KFP_CONTEXT", str(tmp_path / "kfp-context.json"))
+    for name in ("LMFORGE_KFP_NAMESPACE", "LMFORGE_KFP_TOKEN", "KF_PIPELINES_SA_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    with KfpApiServer(lifetime_s=60) as single_user:
+        result = runner.invoke(app, ["submit", "--host", single_user.url, "--package", str(package)])
+        assert result.exit_code == 0, result.output
+        [run] = single_user.runs.values()
+        [experiment] = single_user.experiments.values()
+    assert run.get("service_account", "") == "" and experiment["namespace"] == ""

@@ -242,10 +242,28 @@ ParamOpt = Annotated[
 ExperimentOpt = Annotated[str, typer.Option("--experiment", help="Experiment name; created when missing.")]
 NamespaceOpt = Annotated[
     str,
-    typer.Option("--namespace", help="Kubeflow profile namespace ('' for a single-user KFP deployment)."),
+    typer.Option(
+        "--namespace",
+        envvar="LMFORGE_KFP_NAMESPACE",
+        help="Kubeflow profile namespace of a multi-user deployment (default '': single-user KFP).",
+    ),
 ]
 ServiceAccountOpt = Annotated[
-    str, typer.Option("--service-account", help="Kubernetes service account the run's pods use.")
+    str,
+    typer.Option(
+        "--service-account",
+        help="Service account the run's pods use (default: the server's, pipeline-runner or default-editor).",
+    ),
+]
+TokenOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="LMFORGE_KFP_TOKEN",
+        show_default=False,
+        help="Bearer token for a multi-user KFP API (e.g. `kubectl create token SA --audience=pipelines.kubeflow."
+        "org`); else $KF_PIPELINES_SA_TOKEN_PATH names a token file, else no credentials (port-forward).",
+    ),
 ]
 PackageOpt = Annotated[
     Path | None,
@@ -288,8 +306,9 @@ def submit(
     set_: SetOpt = None,
     param: ParamOpt = None,
     experiment: ExperimentOpt = "lmforge",
-    namespace: NamespaceOpt = "lmforge",
-    service_account: ServiceAccountOpt = "lmforge",
+    namespace: NamespaceOpt = "",
+    service_account: ServiceAccountOpt = "",
+    token: TokenOpt = None,
     run_name: Annotated[str, typer.Option("--run-name", help="Run name; default pipeline, version and time.")] = "",
     package: PackageOpt = None,
     verbose: VerboseOpt = False,
@@ -300,7 +319,7 @@ def submit(
         pkg, arguments = _remote_arguments(host, package, preset, set_, param)
         from pipelines.remote import Remote
 
-        submitted = Remote(host, namespace).submit(
+        submitted = Remote(host, namespace, token=token).submit(
             pkg, arguments, experiment=experiment, run_name=run_name, service_account=service_account
         )
     except LmforgeError as exc:
@@ -322,8 +341,9 @@ def schedule(
     set_: SetOpt = None,
     param: ParamOpt = None,
     experiment: ExperimentOpt = "lmforge",
-    namespace: NamespaceOpt = "lmforge",
-    service_account: ServiceAccountOpt = "lmforge",
+    namespace: NamespaceOpt = "",
+    service_account: ServiceAccountOpt = "",
+    token: TokenOpt = None,
     package: PackageOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -336,7 +356,7 @@ def schedule(
         kfp_cron(cron)  # reject a bad expression before contacting the server
         if not name.strip():
             raise LmforgeError("--name: a recurring run needs a name")
-        scheduled = Remote(host, namespace).schedule(
+        scheduled = Remote(host, namespace, token=token).schedule(
             pkg, arguments, name=name, cron=cron, experiment=experiment, service_account=service_account
         )
     except LmforgeError as exc:
@@ -361,7 +381,8 @@ def runs(
     host: HostOpt,
     limit: Annotated[int, typer.Option("--limit", min=1, max=1000, help="How many recent runs to show.")] = 20,
     experiment: Annotated[str, typer.Option("--experiment", help="Only runs of this experiment.")] = "",
-    namespace: NamespaceOpt = "lmforge",
+    namespace: NamespaceOpt = "",
+    token: TokenOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """List the most recent runs on a Kubeflow Pipelines server with their state."""
@@ -370,7 +391,7 @@ def runs(
         from pipelines.remote import Remote, check_host
 
         check_host(host)
-        rows = Remote(host, namespace).list_runs(limit=limit, experiment=experiment)
+        rows = Remote(host, namespace, token=token).list_runs(limit=limit, experiment=experiment)
     except LmforgeError as exc:
         _fail(exc)
     table = Table(title=f"runs on {host.rstrip('/')}" + (f" — experiment {experiment}" if experiment else ""))
