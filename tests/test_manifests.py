@@ -20,7 +20,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFESTS = ROOT / "manifests"
-OVERLAYS = ("local-minio", "aws-s3", "gpu-pool")
+OVERLAYS = ("kubeflow-seaweedfs", "aws-s3", "gpu-pool", "pytorchjob")
 NAMESPACE = "lmforge"
 K8S_VERSIONS = ("1.30.0", "1.37.0")
 CLUSTER_SCOPED_KINDS = {"Namespace", "PriorityClass"}
@@ -84,6 +84,7 @@ def test_overlay_builds_the_core_objects(rendered: dict[str, list[dict[str, Any]
     assert {
         ("Namespace", NAMESPACE),
         ("ServiceAccount", "lmforge"),
+        ("ServiceAccount", "lmforge-worker"),
         ("Role", "lmforge"),
         ("RoleBinding", "lmforge"),
         ("ConfigMap", "kfp-launcher"),
@@ -149,8 +150,7 @@ def test_role_grants_exactly_what_lmforge_does(rendered: dict[str, list[dict[str
                 granted[(group, resource)] = (set(rule["verbs"]), set(rule.get("resourceNames", [])))
     jobs = {"create", "get", "list", "watch", "delete"}
     assert granted == {
-        ("trainer.kubeflow.org", "trainjobs"): (jobs, set()),
-        ("kubeflow.org", "pytorchjobs"): (jobs, set()),
+        ("trainer.kubeflow.org", "trainjobs"): (jobs, set()),  # only the job kind in use (pytorchjob: below)
         ("", "pods"): ({"get", "list"}, set()),
         ("", "pods/log"): ({"get"}, set()),
         ("", "configmaps"): ({"get"}, {"kfp-launcher"}),
@@ -186,12 +186,54 @@ def test_launcher_configmap_takes_credentials_by_reference(
     assert ref["secretName"] in readable, "the launcher runs as lmforge and must be able to read the Secret"
 
 
-def test_local_minio_uses_the_in_cluster_endpoint_over_http(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    _, providers = _launcher_providers(rendered["local-minio"])
+def test_pytorchjob_component_grants_pytorchjobs_instead_of_trainjobs(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    rules = _one(rendered["pytorchjob"], "Role", "lmforge")["rules"]
+    jobs = [
+        (group, resource)
+        for r in rules
+        for group in r["apiGroups"]
+        for resource in r["resources"]
+        if "jobs" in resource
+    ]
+    assert jobs == [("kubeflow.org", "pytorchjobs")]
+
+
+def test_training_pods_run_as_a_worker_account_without_an_api_token(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """Job pods need S3, not the Kubernetes API: their account mounts no token and no RoleBinding names it."""
+    from lmforge.config import LaunchConfig
+
+    assert LaunchConfig().service_account == "lmforge-worker"
+    for overlay in OVERLAYS:
+        worker = _one(rendered[overlay], "ServiceAccount", "lmforge-worker")
+        assert worker["automountServiceAccountToken"] is False
+        bound = [s["name"] for o in rendered[overlay] if o["kind"] == "RoleBinding" for s in o["subjects"]]
+        assert "lmforge-worker" not in bound
+
+
+def test_namespace_enforces_pod_security_baseline_and_warns_on_restricted(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    labels = _one(rendered["base"], "Namespace", NAMESPACE)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
+    assert labels["pod-security.kubernetes.io/warn"] == labels["pod-security.kubernetes.io/audit"] == "restricted"
+
+
+def test_kubeflow_seaweedfs_uses_kfps_in_cluster_s3_gateway(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """KFP >= 2.16 ships SeaweedFS (seaweedfs.kubeflow:8333) behind a NetworkPolicy that admits only namespaces
+    labelled as Kubeflow profiles; the Secret recipe carries AWS_ENDPOINT_URL so boto3 in the steps finds it."""
+    objs = rendered["kubeflow-seaweedfs"]
+    _, providers = _launcher_providers(objs)
     default = providers["s3"]["default"]
-    assert default["endpoint"].startswith("minio-service.")
+    assert default["endpoint"] == "seaweedfs.kubeflow:8333"
     assert default["disableSSL"] is True
     assert default["credentials"]["secretRef"]["secretName"] == SECRET_NAME
+    labels = _one(objs, "Namespace", NAMESPACE)["metadata"]["labels"]
+    assert labels["app.kubernetes.io/part-of"] == "kubeflow-profile"
+    recipe = (MANIFESTS / "overlays" / "kubeflow-seaweedfs" / "kustomization.yaml").read_text()
+    assert "--from-literal=AWS_ENDPOINT_URL=http://seaweedfs.kubeflow:8333" in recipe
+    assert "minio-service" not in default["endpoint"]
 
 
 def test_aws_s3_uses_irsa_and_no_static_credentials(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -208,7 +250,7 @@ def test_gpu_pool_documents_the_placement_the_pipeline_uses(rendered: dict[str, 
 
     assert DEFAULT_GPU_NODE_SELECTOR == GPU_NODE_SELECTOR, "pipeline default changed; update components/gpu-pool"
     assert DEFAULT_GPU_TOLERATIONS == [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
-    for overlay in ("gpu-pool", "aws-s3"):
+    for overlay in ("gpu-pool", "aws-s3", "pytorchjob"):
         pool = _one(rendered[overlay], "ConfigMap", "lmforge-gpu-pool")["data"]
         assert json.loads(pool["nodeSelector.json"]) == GPU_NODE_SELECTOR
         assert json.loads(pool["tolerations.json"]) == [
@@ -216,7 +258,7 @@ def test_gpu_pool_documents_the_placement_the_pipeline_uses(rendered: dict[str, 
         ]
         quota = _one(rendered[overlay], "ResourceQuota", "lmforge-gpu")
         assert int(quota["spec"]["hard"]["requests.nvidia.com/gpu"]) > 0
-    assert not [o for o in rendered["local-minio"] if o["metadata"]["name"] == "lmforge-gpu-pool"]
+    assert not [o for o in rendered["kubeflow-seaweedfs"] if o["metadata"]["name"] == "lmforge-gpu-pool"]
 
 
 def test_training_priority_class_is_never_the_cluster_default(rendered: dict[str, list[dict[str, Any]]]) -> None:
