@@ -3,25 +3,27 @@
 Every stage writes its output directory through :func:`staged_output`: files go into a hidden sibling
 directory, ``manifest.json`` (what it is, inputs, config, per-file sha256) is written last, and the
 directory is renamed into place. A directory without a manifest is incomplete, and
-:func:`read_manifest` refuses it.
+:func:`read_manifest` refuses it. An artifact is made of regular files only: a symbolic link in it is refused
+when it is described or copied, and every name a manifest lists must stay inside the artifact
+(:func:`lmforge.storage.safe_join`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
-import shutil
 import time
-import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from lmforge import __version__
-from lmforge.errors import ArtifactIncompleteError, InputDataError, LmforgeError
-from lmforge.storage import write_bytes
+from lmforge.errors import ArtifactIncompleteError, InputDataError, LmforgeError, StorageError
+from lmforge.scratch import scratch_dir
+from lmforge.storage import local_files, safe_join, write_bytes, write_error
 
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
@@ -37,12 +39,16 @@ def sha256_file(path: str | Path) -> str:
 
 
 def describe_files(root: str | Path) -> dict[str, dict[str, Any]]:
-    """``{relative path: {"sha256", "bytes"}}`` for every file under ``root`` except the manifest."""
+    """``{relative path: {"sha256", "bytes"}}`` for every file under ``root`` except the manifest.
+
+    Raises:
+        UnsafePathError: a symbolic link under ``root`` (never followed).
+    """
     root = Path(root)
     return {
-        p.relative_to(root).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
+        name: {"sha256": sha256_file(root / name), "bytes": (root / name).stat().st_size}
+        for name in local_files(root)
+        if Path(name).name != MANIFEST
     }
 
 
@@ -93,11 +99,16 @@ def read_manifest(root: str | Path, *, verify: bool = False) -> dict[str, Any]:
     if not path.is_file():
         raise ArtifactIncompleteError(f"{root}: no {MANIFEST}; the artifact is incomplete or not an lmforge output")
     manifest = read_json_file(path, error=ArtifactIncompleteError)
+    files = manifest.get("files", {}) if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(m, dict) and "sha256" in m for m in files.values()):
+        raise ArtifactIncompleteError(f"{path}: not an lmforge manifest ('files' must map names to sha256 records)")
+    for name in files:
+        safe_join(root, name, where=str(path))
     if verify:
-        for name, meta in manifest.get("files", {}).items():
+        for name, meta in files.items():
             file = Path(root, name)
-            if not file.is_file():
-                raise ArtifactIncompleteError(f"{root}: {name} listed in the manifest is missing")
+            if file.is_symlink() or not file.is_file():
+                raise ArtifactIncompleteError(f"{root}: {name} listed in the manifest is missing or not a file")
             actual = sha256_file(file)
             if actual != meta["sha256"]:
                 raise ArtifactIncompleteError(f"{file}: sha256 mismatch, expected {meta['sha256']}, got {actual}")
@@ -110,24 +121,35 @@ def input_record(root: str | Path) -> dict[str, Any]:
     return {"uri": str(root), "kind": manifest.get("kind"), "fingerprint": fingerprint(manifest)}
 
 
+# Errors of the disk rather than of the code: reported in one line naming the path (no traceback).
+_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO})
+
+
 @contextlib.contextmanager
 def staged_output(final: str | Path) -> Iterator[Path]:
     """Yield a scratch directory; on success rename it to ``final``, on error delete it.
 
     ``final`` may already exist as an empty directory (KFP creates some output paths); a non-empty
-    ``final`` is refused so that nothing already written is lost.
+    ``final`` is refused so that nothing already written is lost. Scratch directories of ``final`` left by a
+    killed process are removed first (:mod:`lmforge.scratch`). A disk error (full, quota, read-only,
+    permission) while writing raises :class:`~lmforge.errors.StorageError` naming the path.
     """
     final = Path(final)
     if final.exists() and (final.is_file() or any(final.iterdir())):
         raise InputDataError(f"output {final} already exists and is not empty; refusing to overwrite it")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    scratch = final.with_name(f".{final.name}.partial-{uuid.uuid4().hex[:8]}")
-    scratch.mkdir()
     try:
-        yield scratch
-        if final.exists():
-            final.rmdir()
-        os.replace(scratch, final)
-    finally:
-        if scratch.exists():
-            shutil.rmtree(scratch, ignore_errors=True)
+        final.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise write_error(final, exc) from exc
+    with scratch_dir(f".{final.name}.partial-", final.parent) as scratch:
+        try:
+            yield scratch
+            if final.exists():
+                final.rmdir()
+            os.replace(scratch, final)
+        except OSError as exc:
+            if exc.errno not in _DISK_ERRNOS:
+                raise
+            if exc.filename is None or Path(exc.filename).is_relative_to(scratch):
+                raise write_error(final, exc) from exc
+            raise StorageError(f"{exc.filename}: {exc.strerror or exc}") from exc

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
+from lmforge.component_io import cap_credential_loggers
 from lmforge.config import STAGES, list_presets, parse_overrides, resolve_config, resolve_stage_config
 from lmforge.errors import LmforgeError
 
@@ -44,6 +45,7 @@ def _setup_logging(verbose: bool) -> None:
         handlers=[RichHandler(console=console, show_path=False)],
         force=True,
     )
+    cap_credential_loggers()
 
 
 def _parse_assignments(items: list[str] | None, what: str) -> dict[str, Any]:

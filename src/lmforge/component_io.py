@@ -28,9 +28,22 @@ class FileArtifact(Protocol):
     path: str
 
 
+# At DEBUG these log every request's headers and signing steps: X-Amz-Security-Token, and the access key id in
+# Authorization. They stay at INFO even in verbose mode, so that no log line carries a credential.
+CREDENTIAL_LOGGERS = ("botocore", "boto3", "s3transfer", "urllib3")
+
+
+def cap_credential_loggers() -> None:
+    """Keep the AWS SDK and HTTP loggers at INFO or above whatever the root level (see ``CREDENTIAL_LOGGERS``)."""
+    for name in CREDENTIAL_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(max(logger.level, logging.INFO))
+
+
 def setup_logging(level: int = logging.INFO) -> None:
-    """Plain timestamped logs on stderr for a component's container."""
+    """Plain timestamped logs on stderr for a component's container; never a credential, even at DEBUG."""
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    cap_credential_loggers()
 
 
 def publish(

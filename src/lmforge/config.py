@@ -257,6 +257,13 @@ class CleanConfig(StrictModel):
         description="Malformed records (bad JSON, missing text) tolerated and counted; one more fails the "
         "stage with an error naming file and line.",
     )
+    max_record_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        le=1024 * 1024 * 1024,
+        description="Largest JSONL line or .txt document read, in bytes; a larger one is a malformed record "
+        "(counted, skipped without being held in memory). Bounds the memory one record can take.",
+    )
 
 
 ChunkLang = Literal["en", "zh", "auto"]

@@ -23,6 +23,10 @@ class StorageError(LmforgeError):
     """Reading or writing a local path or ``s3://`` object failed."""
 
 
+class UnsafePathError(InputDataError):
+    """A file name from outside (a manifest, an S3 key, a symbolic link) would write or read outside its root."""
+
+
 class ArtifactIncompleteError(InputDataError):
     """An artifact directory or prefix has no (valid) ``manifest.json``, so it is not complete."""
 

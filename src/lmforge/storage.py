@@ -7,7 +7,12 @@ connection errors are botocore's (``standard`` mode), large files go up as multi
 
 Writes are never visible half-done: a local file is written to a temporary name and renamed; an S3
 object is created by a single PUT or a completed multipart upload. A *prefix* (directory) counts as
-complete only once its ``manifest.json`` is written, last (see :mod:`lmforge.artifacts`).
+complete only once its ``manifest.json`` is written, last (see :mod:`lmforge.artifacts`). A local write
+that fails (disk full, permission) raises :class:`StorageError` naming the path and leaves no temporary file.
+
+Names that come from outside (S3 keys in a listing, file names in a manifest) are mapped to local paths only
+through :func:`safe_join`, which refuses any name that could land outside its root; listings refuse such keys,
+and local directories are listed without following symbolic links (:func:`local_files`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from lmforge.errors import StorageError
+from lmforge.errors import StorageError, UnsafePathError
 
 S3_SCHEME = "s3://"
 
@@ -45,6 +50,80 @@ def join(base: str, *parts: str) -> str:
     if is_s3(base):
         return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
     return str(Path(base, *parts))
+
+
+def _name_problem(name: str) -> str | None:
+    if not name:
+        return "empty name"
+    if name.startswith("/"):
+        return "absolute path"
+    if "\\" in name:
+        return "backslash in name"
+    if "\0" in name:
+        return "NUL byte in name"
+    for segment in name.split("/"):
+        if segment == "":
+            return "empty path segment ('//' or a trailing '/')"
+        if segment in (".", ".."):
+            return f"'{segment}' path segment"
+    return None
+
+
+def check_name(name: str, where: str) -> str:
+    """``name`` when it is a plain relative POSIX path, else :class:`UnsafePathError` naming it and ``where``.
+
+    Refused: empty names, absolute names, backslashes, NUL bytes, and empty, ``.`` or ``..`` segments: each could
+    make ``root / name`` land outside ``root`` (AWS S3 keeps ``//`` and ``..`` in keys as they are).
+    """
+    problem = _name_problem(name)
+    if problem is not None:
+        raise UnsafePathError(f"{where}: refusing file name {name!r}: {problem}")
+    return name
+
+
+def safe_join(root: str | os.PathLike[str], name: str, *, where: str) -> Path:
+    """``root / name`` for a name that came from outside (an S3 key, a manifest), checked to stay inside ``root``.
+
+    Args:
+        where: The URI or file the name came from, for the error message.
+
+    Raises:
+        UnsafePathError: ``name`` is not a plain relative path (:func:`check_name`), or it resolves outside
+            ``root`` through a symbolic link already there.
+    """
+    check_name(name, where)
+    path = Path(root, name)
+    if not path.resolve().is_relative_to(Path(root).resolve()):
+        raise UnsafePathError(f"{where}: refusing file name {name!r}: it resolves outside {root}")
+    return path
+
+
+def local_files(root: str | os.PathLike[str]) -> list[str]:
+    """Relative POSIX paths of the regular files below ``root``, sorted; symbolic links are refused, not followed.
+
+    An artifact holds regular files only: following a link such as ``merges.txt -> /etc/secret`` would publish
+    whatever it points to.
+
+    Raises:
+        UnsafePathError: a symbolic link below ``root``, named with its target.
+    """
+    root = Path(root)
+    names = []
+    for dirpath, dirnames, filenames in os.walk(root):  # never follows links to directories
+        for entry in (*dirnames, *filenames):
+            path = Path(dirpath, entry)
+            if path.is_symlink():
+                raise UnsafePathError(
+                    f"{root}: {path.relative_to(root).as_posix()} is a symbolic link (to {os.readlink(path)}); "
+                    "artifacts are made of regular files only, copy the file in instead"
+                )
+        names.extend(Path(dirpath, f).relative_to(root).as_posix() for f in filenames if Path(dirpath, f).is_file())
+    return sorted(names)
+
+
+def write_error(path: str | os.PathLike[str], exc: OSError) -> StorageError:
+    """The one-line error for a failed local write (disk full, quota, permission), naming ``path``."""
+    return StorageError(f"cannot write {path}: {exc.strerror or exc}")
 
 
 @functools.cache
@@ -128,14 +207,18 @@ def list_files(uri: str) -> list[str]:
             return [root.name]
         if not root.is_dir():
             raise StorageError(f"no such file or directory: {uri}")
-        return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+        return local_files(root)
     bucket, key = split_s3(uri)
     prefix = key.rstrip("/") + "/" if key else ""
     paginator = s3_client().get_paginator("list_objects_v2")
     names: list[str] = []
     for page in _s3_call("list", uri, lambda: list(paginator.paginate(Bucket=bucket, Prefix=prefix))):
-        names.extend(obj["Key"][len(prefix) :] for obj in page.get("Contents", []))
-    return sorted(n for n in names if n)
+        for obj in page.get("Contents", []):
+            name = obj["Key"][len(prefix) :]
+            if not name or (name.endswith("/") and not obj.get("Size")):
+                continue  # the prefix itself, or an empty "folder" marker object
+            names.append(check_name(name, f"listing {uri}"))
+    return sorted(names)
 
 
 def read_bytes(uri: str) -> bytes:
@@ -163,16 +246,21 @@ def open_read(uri: str) -> IO[bytes]:
 
 def _durable_temp(path: Path, data: bytes) -> Path:
     """``data`` in a fsynced, world-readable temporary file beside ``path`` (the caller renames or links it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise write_error(path, exc) from exc
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; artifacts are read by other users and containers
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise write_error(path, exc) from exc
         raise
     return Path(tmp)
 
@@ -186,6 +274,8 @@ def write_bytes(uri: str, data: bytes) -> None:
     tmp = _durable_temp(Path(uri), data)
     try:
         os.replace(tmp, uri)
+    except OSError as exc:
+        raise write_error(uri, exc) from exc
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -224,6 +314,8 @@ def create_if_absent(uri: str, data: bytes) -> bool:
         os.link(tmp, uri)
     except FileExistsError:
         return False
+    except OSError as exc:
+        raise write_error(uri, exc) from exc
     finally:
         tmp.unlink(missing_ok=True)
     return True
@@ -236,23 +328,35 @@ def upload_file(local: str | Path, uri: str) -> None:
         _s3_call("upload", uri, s3_client().upload_file, str(local), bucket, key)
         return
     dest = Path(uri)
-    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.tmp")
-    shutil.copyfile(local, tmp)
-    os.replace(tmp, dest)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(local, tmp)
+        os.replace(tmp, dest)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.filename is not None and Path(exc.filename) == Path(local):
+            raise StorageError(f"cannot read {local}: {exc.strerror or exc}") from exc
+        raise write_error(dest, exc) from exc
 
 
 def download_file(uri: str, local: str | Path) -> Path:
     """Copy one file or object to a local path; returns that path."""
     local = Path(local)
-    local.parent.mkdir(parents=True, exist_ok=True)
-    if is_s3(uri):
-        bucket, key = split_s3(uri)
-        tmp = local.with_name(f".{local.name}.tmp")
-        _s3_call("download", uri, s3_client().download_file, bucket, key, str(tmp))
-        os.replace(tmp, local)
-    else:
-        shutil.copyfile(uri, local)
+    tmp = local.with_name(f".{local.name}.tmp")
+    try:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        if is_s3(uri):
+            bucket, key = split_s3(uri)
+            _s3_call("download", uri, s3_client().download_file, bucket, key, str(tmp))
+            os.replace(tmp, local)
+        else:
+            shutil.copyfile(uri, local)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.filename is not None and not is_s3(uri) and Path(exc.filename) == Path(uri):
+            raise StorageError(f"cannot read {uri}: {exc.strerror or exc}") from exc
+        raise write_error(local, exc) from exc
     return local
 
 
@@ -262,14 +366,14 @@ def copy_tree(src: str, dst: str, *, last: tuple[str, ...] = ("manifest.json",))
     Writing the manifest last means a reader that sees it sees a complete copy.
     Returns the relative paths copied.
     """
-    names = list_files(src)
+    names = list_files(src)  # S3 keys checked, local links refused
     ordered = [n for n in names if n not in last] + [n for n in names if n in last]
     with tempfile.TemporaryDirectory(prefix="lmforge-copy-") as scratch:
         for name in ordered:
             source = join(src, name)
             if is_s3(source):
-                source = str(download_file(source, Path(scratch, name)))
-            upload_file(source, join(dst, name))
+                source = str(download_file(source, safe_join(scratch, name, where=src)))
+            upload_file(source, join(dst, name) if is_s3(dst) else str(safe_join(dst, name, where=src)))
     return ordered
 
 
@@ -280,14 +384,14 @@ def localize(uri: str, workdir: str | Path) -> Path:
             raise StorageError(f"no such file or directory: {uri}")
         return Path(uri)
     bucket, key = split_s3(uri)
-    target = Path(workdir, bucket, key)
+    target = safe_join(workdir, "/".join(p for p in (bucket, key.rstrip("/")) if p), where=uri)
     if is_file(uri):
         return download_file(uri, target)
-    names = list_files(uri)
+    names = list_files(uri)  # every key checked
     if not names:
         raise StorageError(f"no such object or prefix: {uri}")
     for name in names:
-        download_file(join(uri, name), target / name)
+        download_file(join(uri, name), safe_join(target, name, where=uri))
     return target
 
 

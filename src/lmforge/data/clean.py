@@ -21,7 +21,6 @@ import json
 import logging
 import re
 import shutil
-import tempfile
 import time
 import unicodedata
 from collections import Counter
@@ -56,6 +55,7 @@ from lmforge.data.minhash import MinHasher
 from lmforge.data.pii import PiiRedactor
 from lmforge.errors import InputDataError
 from lmforge.results import StageResult
+from lmforge.scratch import scratch_dir
 
 __all__ = [
     "UNDETERMINED_LANG",
@@ -263,6 +263,7 @@ def clean_shard(
                 input_uri,
                 text_field=cfg.text_field,
                 max_bad_records=cfg.max_bad_records,
+                max_record_bytes=cfg.max_record_bytes,
                 shard=(shard_index, shard_count),
                 on_bad=lambda bad: bad_fh.write(json.dumps({"source": bad.source, "problem": bad.problem}) + "\n"),
             )
@@ -468,8 +469,7 @@ def run(cfg: CleanConfig, input_uri: str, output_dir: str | Path) -> StageResult
             no document survives cleaning.
     """
     start = time.perf_counter()
-    Path(output_dir).parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".lmforge-clean-", dir=Path(output_dir).parent) as scratch:
+    with scratch_dir(".lmforge-clean-", Path(output_dir).parent) as scratch:
         shard = Path(scratch, "shard-00000")
         clean_shard(cfg, input_uri, shard)
         dedup.run(cfg, [shard], Path(scratch, "dedup"))

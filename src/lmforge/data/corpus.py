@@ -6,8 +6,14 @@ directory first), or a ``demo://`` corpus. Formats by extension:
 
 * ``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst``, ``.json``: one JSON object per line; the text is in
   ``text_field``. A truncated or corrupt compressed stream counts as one bad record and ends that file.
-* ``.parquet``: one document per row; the text is in the ``text_field`` column.
+* ``.parquet``: one document per row; the text is in the ``text_field`` column. An unreadable file counts as
+  one bad record.
 * ``.txt``: the whole file is one document.
+
+No record can crash the reader or take unbounded memory: a line longer than ``max_record_bytes`` (read and
+dropped in chunks up to its newline), a ``.txt`` file larger than that, invalid UTF-8, invalid JSON and JSON
+nested too deeply to parse are each one bad record (:mod:`lmforge.data.jsonl`). A UTF-8 byte order mark at
+the start of a file is accepted.
 
 Every document carries ``source`` (``file:line``, ``file:row`` for Parquet, ``file`` for text files)
 and ``id`` (the record's ``id`` when present, else a stable hash of ``source``). Malformed records are
@@ -25,17 +31,18 @@ from __future__ import annotations
 import glob
 import gzip
 import hashlib
-import json
 import logging
-import tempfile
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lmforge import storage
+from lmforge.data import jsonl
 from lmforge.data.demo import is_demo, materialize
 from lmforge.errors import InputDataError
+from lmforge.scratch import scratch_dir
 
 log = logging.getLogger("lmforge.corpus")
 
@@ -97,6 +104,7 @@ class CorpusReader:
         max_bad_records: int = 0,
         shard: tuple[int, int] = (0, 1),
         on_bad: Callable[[BadRecord], None] | None = None,
+        max_record_bytes: int = jsonl.DEFAULT_MAX_RECORD_BYTES,
     ) -> None:
         index, count = shard
         self.on_bad = on_bad
@@ -106,13 +114,14 @@ class CorpusReader:
         self.uri = str(uri)
         self.text_field = text_field
         self.max_bad_records = max_bad_records
+        self.max_record_bytes = max_record_bytes
         self.bad_records = 0
         self.bad_samples: list[BadRecord] = []
         self.files: list[str] = []
 
     def __iter__(self) -> Iterator[Document]:
         index, count = self.shard
-        with tempfile.TemporaryDirectory(prefix="lmforge-corpus-") as workdir:
+        with scratch_dir("lmforge-corpus-download-") as workdir:
             files = self._resolve(Path(workdir))
             by_file = len(files) >= count
             for file_index, (path, name) in enumerate(files):
@@ -189,54 +198,47 @@ class CorpusReader:
     ) -> Iterator[Document]:
         index, count = stripe
         with _open_lines(path, suffix) as fh:
-            lineno = 0
-            while True:
-                try:
-                    raw = fh.readline()
-                except (OSError, EOFError, ValueError) as exc:  # truncated or corrupt compressed stream
-                    if (lineno + 1) % count == index:
-                        self._bad(f"{name}:{lineno + 1}", f"cannot decompress, rest of file skipped ({exc})")
-                    break
-                if not raw:
-                    break
-                lineno += 1
-                if lineno % count != index:
-                    continue
+            lines = jsonl.iter_json_lines(
+                fh,
+                max_bytes=self.max_record_bytes,
+                wanted=lambda lineno: lineno % count == index,
+                stream_errors=_stream_errors(suffix),
+            )
+            for lineno, record in lines:
                 source = f"{name}:{lineno}"
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    self._bad(source, f"invalid UTF-8 at byte {exc.start}")
-                    continue
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    self._bad(source, f"not valid JSON ({exc.msg} at char {exc.pos})")
-                    continue
-                if (doc := self._document(record, source, document_key(file_index, lineno))) is not None:
+                if isinstance(record, jsonl.BadLine):
+                    self._bad(source, record.problem)
+                elif (doc := self._document(record, source, document_key(file_index, lineno))) is not None:
                     yield doc
 
     def _read_parquet(self, path: Path, name: str, file_index: int, stripe: tuple[int, int]) -> Iterator[Document]:
         import pyarrow.parquet as pq
 
-        parquet = pq.ParquetFile(path)
-        if self.text_field not in parquet.schema_arrow.names:
-            raise InputDataError(f"{name}: no column {self.text_field!r} (columns: {parquet.schema_arrow.names})")
-        columns = [c for c in (self.text_field, "id") if c in parquet.schema_arrow.names]
         row = 0
-        for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH, columns=columns):
-            for record in batch.to_pylist():
-                row += 1
-                if row % stripe[1] != stripe[0]:
-                    continue
-                if (doc := self._document(record, f"{name}:{row}", document_key(file_index, row))) is not None:
-                    yield doc
+        try:  # pyarrow's errors are OSError (I/O) or ValueError (ArrowInvalid: not Parquet, corrupt pages)
+            parquet = pq.ParquetFile(path)
+            if self.text_field not in parquet.schema_arrow.names:
+                raise InputDataError(f"{name}: no column {self.text_field!r} (columns: {parquet.schema_arrow.names})")
+            columns = [c for c in (self.text_field, "id") if c in parquet.schema_arrow.names]
+            for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH, columns=columns):
+                for record in batch.to_pylist():
+                    row += 1
+                    if row % stripe[1] != stripe[0]:
+                        continue
+                    if (doc := self._document(record, f"{name}:{row}", document_key(file_index, row))) is not None:
+                        yield doc
+        except (OSError, ValueError) as exc:
+            if stripe[0] == 0:  # one bad record for the file, counted once
+                self._bad(f"{name}:{row + 1}", f"not a readable Parquet file, rest of file skipped ({exc})")
 
     def _read_text(self, path: Path, name: str, file_index: int) -> Iterator[Document]:
+        with open(path, "rb") as fh:
+            data = fh.read(self.max_record_bytes + 1)
+        if len(data) > self.max_record_bytes:
+            self._bad(name, f"text file larger than {self.max_record_bytes} bytes")
+            return
         try:
-            text = path.read_bytes().decode("utf-8")
+            text = data.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
             self._bad(name, f"invalid UTF-8 at byte {exc.start}")
             return
@@ -258,6 +260,17 @@ class CorpusReader:
         has_id = isinstance(raw_id, str | int) and not isinstance(raw_id, bool) and str(raw_id) != ""
         doc_id = str(raw_id) if has_id else stable_id(source)
         return Document(id=doc_id, text=text, source=source, key=key)
+
+
+def _stream_errors(suffix: str) -> tuple[type[BaseException], ...]:
+    """What a truncated or corrupt compressed file raises while it is read."""
+    if suffix == ".jsonl.gz":
+        return (OSError, EOFError, ValueError, zlib.error)
+    if suffix == ".jsonl.zst":
+        import zstandard
+
+        return (OSError, EOFError, ValueError, zstandard.ZstdError)
+    return ()
 
 
 def _open_lines(path: Path, suffix: str) -> Any:
@@ -282,7 +295,14 @@ def _files_below(root: Path) -> list[Path]:
 
 
 def iter_documents(
-    uri: str | Path, *, text_field: str = "text", max_bad_records: int = 0, shard: tuple[int, int] = (0, 1)
+    uri: str | Path,
+    *,
+    text_field: str = "text",
+    max_bad_records: int = 0,
+    shard: tuple[int, int] = (0, 1),
+    max_record_bytes: int = jsonl.DEFAULT_MAX_RECORD_BYTES,
 ) -> Iterator[Document]:
     """Stream the documents of ``uri`` (see :class:`CorpusReader`)."""
-    yield from CorpusReader(uri, text_field=text_field, max_bad_records=max_bad_records, shard=shard)
+    yield from CorpusReader(
+        uri, text_field=text_field, max_bad_records=max_bad_records, shard=shard, max_record_bytes=max_record_bytes
+    )

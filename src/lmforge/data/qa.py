@@ -35,6 +35,7 @@ from lmforge import storage
 from lmforge.config import MIN_CHUNK_TOKENS, ChunkLang
 from lmforge.data.chunking import SentenceChunker
 from lmforge.data.demo import is_demo, materialize
+from lmforge.data.jsonl import DEFAULT_MAX_RECORD_BYTES, BadLine, iter_json_lines
 from lmforge.errors import InputDataError
 
 PROMPT_TEMPLATE = "Question: {prompt}\nAnswer:"
@@ -91,27 +92,27 @@ class Chat:
 Example = QAPair | Chat
 
 
-def load_examples(uri: str) -> list[Example]:
-    """Read all examples from a JSONL file (local, ``s3://`` or ``demo://``); errors name file and line."""
+def load_examples(uri: str, *, max_line_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> list[Example]:
+    """Read all examples from a JSONL file (local, ``s3://`` or ``demo://``).
+
+    The first bad line (longer than ``max_line_bytes``, not UTF-8, not JSON, or not an example) raises
+    :class:`InputDataError` naming ``file:line``. A UTF-8 byte order mark at the start is accepted.
+    """
     with tempfile.TemporaryDirectory(prefix="lmforge-qa-") as workdir:
         path = materialize(uri, workdir) if is_demo(uri) else storage.localize(uri, workdir)
         if path.is_dir():
             raise InputDataError(f"Q&A data {uri}: expected a JSONL file, got a directory")
-        examples = list(_parse_jsonl(path, uri))
+        examples = list(_parse_jsonl(path, uri, max_line_bytes))
     if not examples:
         raise InputDataError(f"Q&A data {uri}: no examples (the file is empty)")
     return examples
 
 
-def _parse_jsonl(path: Path, name: str) -> Iterator[Example]:
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputDataError(f"{name}:{lineno}: not valid JSON ({exc.msg})") from exc
+def _parse_jsonl(path: Path, name: str, max_line_bytes: int) -> Iterator[Example]:
+    with open(path, "rb") as fh:
+        for lineno, record in iter_json_lines(fh, max_bytes=max_line_bytes):
+            if isinstance(record, BadLine):
+                raise InputDataError(f"{name}:{lineno}: {record.problem}")
             if not isinstance(record, dict):
                 raise InputDataError(f"{name}:{lineno}: expected a JSON object")
             yield _parse_record(record, f"{name}:{lineno}")

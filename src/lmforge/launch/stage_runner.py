@@ -36,6 +36,7 @@ from lmforge.errors import ArtifactIncompleteError, ConfigError, InputDataError,
 from lmforge.launch.client import LaunchCancelled, LaunchError, _Cancel, _sigterm_raises, launch
 from lmforge.launch.manifests import describe_command, single_pod_command, stage_args
 from lmforge.results import StageResult
+from lmforge.scratch import scratch_dir
 from lmforge.stages import STAGE_SPECS, run_stage
 
 log = logging.getLogger("lmforge.launch")
@@ -306,7 +307,7 @@ def run_stage_uris(
     root = Path(workdir or os.environ.get(WORKDIR_ENV) or tempfile.gettempdir())
     root.mkdir(parents=True, exist_ok=True)
     main = int(os.environ.get("RANK", "0")) == 0
-    with tempfile.TemporaryDirectory(prefix=f"lmforge-{stage}-", dir=root) as scratch:
+    with scratch_dir(f"lmforge-stage-{stage}-", root) as scratch:
         local, uploads, localized = dict(io), {}, {}
         for name, uri in io.items():
             if not storage.is_s3(uri) or name.endswith("_uri"):
@@ -351,13 +352,17 @@ def fetch_artifact(uri: str, local: str | Path, *, manifest: bytes | None = None
     ``local`` must be absent or empty; nothing is left there unless the whole copy verified.
     """
     raw = manifest if manifest is not None else _remote_manifest(uri)
+    where = storage.join(uri, MANIFEST)
     try:
         listed = json.loads(raw)["files"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ArtifactIncompleteError(f"{storage.join(uri, MANIFEST)}: not an lmforge manifest ({exc})") from exc
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise ArtifactIncompleteError(f"{where}: not an lmforge manifest ({exc})") from exc
+    if not isinstance(listed, dict):
+        raise ArtifactIncompleteError(f"{where}: not an lmforge manifest ('files' is not an object)")
     with staged_output(local) as scratch:
-        for name in sorted(listed):
-            storage.download_file(storage.join(uri, name), scratch / name)
+        targets = {name: storage.safe_join(scratch, name, where=where) for name in sorted(listed)}  # all, first
+        for name, target in targets.items():
+            storage.download_file(storage.join(uri, name), target)
         (scratch / MANIFEST).write_bytes(raw)
         try:
             return read_manifest(scratch, verify=True)
