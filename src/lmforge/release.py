@@ -21,6 +21,14 @@ different versions all land and ``latest.json`` ends at the newest complete one,
 which their writes interleave. Readers (:func:`latest_release`) never report a release without its
 manifest: a ``latest.json`` naming one is ignored in favour of the newest complete release.
 
+Gate baseline. ``evaluate`` records in ``results.json`` which production release its gate compared
+with (``production``: version and :func:`release_fingerprint`, or ``status: none``). ``promote`` refuses
+an evaluation whose baseline is no longer the latest release (:class:`GateBaselineMovedError`): before
+claiming the version, and again inside the compare-and-swap of ``latest.json``, so of two runs gated
+against the same release only the first to promote becomes latest; the other must be evaluated again
+against it. (If the second one's baseline moves while it is copying, its release is complete but
+``latest.json`` is left alone and the promotion fails saying so.)
+
 Conditional writes need an S3 server that implements them (AWS S3, MinIO, SeaweedFS ≥ 3.8x; the test
 server checks it).
 """
@@ -28,6 +36,7 @@ server checks it).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import re
@@ -40,7 +49,7 @@ from typing import Any
 from lmforge import __version__, storage
 from lmforge.artifacts import MANIFEST, fingerprint, read_json_file, read_manifest
 from lmforge.config import PromoteConfig
-from lmforge.errors import ConfigError, InputDataError, ReleaseExistsError, StorageError
+from lmforge.errors import ConfigError, GateBaselineMovedError, InputDataError, ReleaseExistsError, StorageError
 from lmforge.export.accuracy_gate import gate_result
 from lmforge.results import StageResult
 
@@ -155,10 +164,17 @@ def _parse_json(data: bytes, uri: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def update_latest(model_root: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+def update_latest(
+    model_root: str, entry: Mapping[str, Any], *, baseline: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Point ``latest.json`` at ``entry`` unless it already names a newer release; returns what it names.
 
-    Compare-and-swap: read (with ETag), decide, write only if unchanged, else read again.
+    Compare-and-swap: read (with ETag), decide, write only if unchanged, else read again. With
+    ``baseline`` (the ``production`` record of the evaluation behind ``entry``), the swap happens only
+    while the production release is still that baseline.
+
+    Raises:
+        GateBaselineMovedError: ``baseline`` is given and production is another release now.
     """
     uri = storage.join(model_root, LATEST)
     data = json.dumps(dict(entry), indent=2).encode()
@@ -166,6 +182,14 @@ def update_latest(model_root: str, entry: Mapping[str, Any]) -> dict[str, Any]:
         for _ in range(_CAS_ATTEMPTS):
             raw, etag = _read_tagged(uri)
             current = _parse_json(raw, uri) if raw is not None else None
+            if baseline is not None:
+                now = _identity(_effective_latest(model_root, current, exclude=str(entry.get("version"))))
+                if now != baseline_identity(baseline):
+                    raise GateBaselineMovedError(
+                        f"release {entry.get('version')} is complete at {entry.get('manifest_uri')} but latest.json "
+                        f"was not moved to it: {_moved(baseline, now)}. Evaluate it again against the current "
+                        "production release and promote a new version if it passes"
+                    )
             if current is not None and _order(current) >= _order(entry) and _complete(current):
                 log.info("latest.json stays at %s (newer than %s)", current.get("version"), entry.get("version"))
                 return current
@@ -184,9 +208,45 @@ def _complete(latest: Mapping[str, Any]) -> bool:
     return bool(manifest) and manifest.get("kind") == "release" and manifest.get("version") == latest.get("version")
 
 
+def release_fingerprint(manifest: Mapping[str, Any]) -> str:
+    """sha256 of a release manifest's canonical JSON: identifies one release exactly (lineage, metrics, time)."""
+    body = {k: v for k, v in manifest.items() if k != "manifest_uri"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def baseline_identity(production: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``(version, fingerprint)`` of a recorded gate baseline; ``None`` when it says there was no release."""
+    if production.get("status") == "none":
+        return None
+    return str(production.get("version")), str(production.get("fingerprint"))
+
+
+def _identity(release: Mapping[str, Any] | None) -> tuple[str, str] | None:
+    return None if release is None else (str(release.get("version")), release_fingerprint(release))
+
+
+def _moved(baseline: Mapping[str, Any], now: tuple[str, str] | None) -> str:
+    was = baseline_identity(baseline)
+    before = f"production {was[0]} (fingerprint {was[1][:12]})" if was else "no production release"
+    after = f"{now[0]} (fingerprint {now[1][:12]})" if now else "no complete release"
+    return f"the evaluation's gate compared it with {before}, but the latest release is now {after}"
+
+
+def _effective_latest(model_root: str, latest: Mapping[str, Any] | None, *, exclude: str) -> dict[str, Any] | None:
+    """The release a reader takes as latest, given ``latest.json``'s content; ``exclude`` (the release being
+    promoted, already complete) does not count as the fall-back newest release."""
+    if latest is not None and _complete(latest):
+        return _parse_json(storage.read_bytes(latest["manifest_uri"]), latest["manifest_uri"])
+    others = [r for r in _releases_under(model_root) if r.get("version") != exclude]
+    return others[-1] if others else None
+
+
 def list_releases(release_root: str, model_name: str) -> list[dict[str, Any]]:
     """Manifests of the complete releases of ``model_name`` (those with ``manifest.json``), oldest first."""
-    model_root = storage.join(release_root, "models", model_name)
+    return _releases_under(storage.join(release_root, "models", model_name))
+
+
+def _releases_under(model_root: str) -> list[dict[str, Any]]:
     if not storage.exists(model_root):
         return []
     releases = []
@@ -229,7 +289,8 @@ def production_summary(release_root: str | None, model_name: str) -> dict[str, A
     """What the gate compares against: the latest release's version and evaluation metrics.
 
     ``{"status": "none", "reason": ...}`` when there is no registry or no release yet, else
-    ``{"status": "found", "version", "manifest_uri", "created_at", "metrics"}``.
+    ``{"status": "found", "version", "manifest_uri", "fingerprint", "created_at", "metrics"}``. ``evaluate``
+    stores it in ``results.json`` as the gate's baseline; ``promote`` re-checks it.
     """
     if not release_root:
         return {"status": "none", "reason": "no release registry given"}
@@ -240,6 +301,7 @@ def production_summary(release_root: str | None, model_name: str) -> dict[str, A
         "status": "found",
         "version": release.get("version"),
         "manifest_uri": release.get("manifest_uri"),
+        "fingerprint": release_fingerprint(release),
         "created_at": release.get("created_at"),
         "metrics": dict((release.get("evaluation") or {}).get("metrics") or {}),
     }
@@ -302,6 +364,19 @@ def promote(
     model_root = storage.join(release_root, "models", cfg.model_name)
     target = storage.join(model_root, version)
     release_manifest_uri = storage.join(target, MANIFEST)
+    baseline = results.get("production")
+    if isinstance(baseline, Mapping):
+        now = _identity(latest_release(release_root, cfg.model_name))
+        if now != baseline_identity(baseline):
+            raise GateBaselineMovedError(
+                f"evaluation {evaluation_dir} is stale: {_moved(baseline, now)}. Evaluate again against the "
+                "current production release before promoting"
+            )
+    else:
+        baseline = None
+        log.warning(
+            "%s records no gate baseline (production); latest.json is moved without re-checking it", evaluation_dir
+        )
     if _occupied(target):
         raise ReleaseExistsError(
             f"release {target} already exists as {_state(target)}; releases are never overwritten, choose a new version"
@@ -349,7 +424,9 @@ def promote(
     if not storage.create_if_absent(release_manifest_uri, json.dumps(release, indent=2, sort_keys=True).encode()):
         raise ReleaseExistsError(f"{release_manifest_uri} appeared during the promotion; the claim was bypassed")
     latest = update_latest(
-        model_root, {"version": version, "manifest_uri": release_manifest_uri, "created_at": created_at}
+        model_root,
+        {"version": version, "manifest_uri": release_manifest_uri, "created_at": created_at},
+        baseline=baseline,
     )
     log.info("released %s %s at %s; latest is %s", cfg.model_name, version, target, latest.get("version"))
     return StageResult(
