@@ -58,7 +58,7 @@ def test_a_crafted_pickle_in_a_checkpoint_is_refused_before_it_is_unpickled(tmp_
 
     ckpt.save(4, write)
     marker = tmp_path / "PWNED"
-    _craft(Path(ckpt.uri(4)), "deepspeed/mp_rank_00_model_states.pt", marker)
+    _craft(tmp_path / "ckpt" / step_name(4), "deepspeed/mp_rank_00_model_states.pt", marker)
 
     with pytest.raises(
         UnsafeCheckpointError,

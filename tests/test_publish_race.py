@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from lmforge import storage
-from lmforge.artifacts import read_manifest, write_manifest
+from lmforge.artifacts import PUBLISH_CLAIM, read_manifest, write_manifest
 from lmforge.errors import ArtifactConflictError
-from lmforge.launch.stage_runner import PUBLISH_CLAIM, fetch_artifact, publish_artifact
+from lmforge.launch.stage_runner import fetch_artifact, publish_artifact
 
 PUBLISHERS = 20
 

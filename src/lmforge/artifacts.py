@@ -24,6 +24,8 @@ from lmforge.errors import ArtifactIncompleteError, InputDataError, LmforgeError
 from lmforge.storage import write_bytes
 
 MANIFEST = "manifest.json"
+PUBLISH_CLAIM = ".publishing.json"
+"""Created (conditionally) in a remote prefix by the one publisher allowed to write an artifact there."""
 _CHUNK = 1 << 20
 
 

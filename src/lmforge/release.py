@@ -40,6 +40,7 @@ import hashlib
 import json
 import logging
 import re
+import shutil
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -47,9 +48,16 @@ from pathlib import Path
 from typing import Any
 
 from lmforge import __version__, storage
-from lmforge.artifacts import MANIFEST, fingerprint, read_json_file, read_manifest
+from lmforge.artifacts import MANIFEST, PUBLISH_CLAIM, fingerprint, read_json_file, read_manifest
 from lmforge.config import PromoteConfig
-from lmforge.errors import ConfigError, GateBaselineMovedError, InputDataError, ReleaseExistsError, StorageError
+from lmforge.errors import (
+    ConfigError,
+    GateBaselineMovedError,
+    InputDataError,
+    LmforgeError,
+    ReleaseExistsError,
+    StorageError,
+)
 from lmforge.export.accuracy_gate import gate_result
 from lmforge.results import StageResult
 
@@ -388,41 +396,23 @@ def promote(
             "choose a new version"
         )
 
-    lineage: dict[str, Any] = {}
-    all_manifests = {**manifests, EVALUATION: eval_manifest}
-    for name, source in {**sources, EVALUATION: evaluation_dir}.items():
-        dest = storage.join(target, name)
-        log.info("copying %s -> %s", source, dest)
-        copied = storage.copy_tree(str(source), dest)
-        manifest = all_manifests[name]
-        lineage[name] = {
-            "kind": manifest.get("kind"),
-            "fingerprint": fingerprint(manifest),
-            "source_uri": str(source),
-            "uri": dest,
-            "files": len(copied),
-        }
-
-    created_at = _now()
-    release = {
-        "kind": "release",
-        "model_name": cfg.model_name,
-        "version": version,
-        "created_at": created_at,
-        "lmforge_version": __version__,
-        "run_id": run_id,
-        "artifacts": {name: lineage[name] for name in sources},
-        "withheld": withheld,
-        "evaluation": {
-            **lineage[EVALUATION],
-            "metrics": eval_manifest.get("metrics", {}),
-            "gate": results.get("gate", {}),
-            "passed": bool(results.get("passed")),
-        },
-    }
-    # The release manifest goes last: a reader that sees it sees a complete release.
-    if not storage.create_if_absent(release_manifest_uri, json.dumps(release, indent=2, sort_keys=True).encode()):
+    try:
+        release = _write_release(
+            cfg, version, target, run_id, sources, manifests, evaluation_dir, eval_manifest, results, withheld
+        )
+        # The release manifest goes last: a reader that sees it sees a complete release.
+        created = storage.create_if_absent(release_manifest_uri, json.dumps(release, indent=2, sort_keys=True).encode())
+    except BaseException as exc:  # disk full, a lost connection, SIGTERM: give the version back
+        released = _release_claim(target, claim["claim_id"])
+        if isinstance(exc, OSError):
+            raise StorageError(
+                f"promote {version}: {exc.filename or target}: {exc.strerror or exc}; {released}"
+            ) from exc
+        log.error("promote %s failed: %s", version, released)
+        raise
+    if not created:
         raise ReleaseExistsError(f"{release_manifest_uri} appeared during the promotion; the claim was bypassed")
+    created_at = release["created_at"]
     latest = update_latest(
         model_root,
         {"version": version, "manifest_uri": release_manifest_uri, "created_at": created_at},
@@ -438,6 +428,157 @@ def promote(
             "latest_version": latest.get("version"),
         },
     )
+
+
+def _write_release(
+    cfg: PromoteConfig,
+    version: str,
+    target: str,
+    run_id: str | None,
+    sources: Mapping[str, Path],
+    manifests: Mapping[str, Mapping[str, Any]],
+    evaluation_dir: Path,
+    eval_manifest: Mapping[str, Any],
+    results: Mapping[str, Any],
+    withheld: Mapping[str, str],
+) -> dict[str, Any]:
+    """Copy every artifact and the evaluation under ``target``; return the release manifest (not yet written)."""
+    lineage: dict[str, Any] = {}
+    all_manifests = {**manifests, EVALUATION: eval_manifest}
+    for name, source in {**sources, EVALUATION: evaluation_dir}.items():
+        dest = storage.join(target, name)
+        log.info("copying %s -> %s", source, dest)
+        copied = storage.copy_tree(str(source), dest)
+        manifest = all_manifests[name]
+        lineage[name] = {
+            "kind": manifest.get("kind"),
+            "fingerprint": fingerprint(manifest),
+            "source_uri": str(source),
+            "uri": dest,
+            "files": len(copied),
+        }
+    return {
+        "kind": "release",
+        "model_name": cfg.model_name,
+        "version": version,
+        "created_at": _now(),
+        "lmforge_version": __version__,
+        "run_id": run_id,
+        "artifacts": {name: lineage[name] for name in sources},
+        "withheld": dict(withheld),
+        "evaluation": {
+            **lineage[EVALUATION],
+            "metrics": eval_manifest.get("metrics", {}),
+            "gate": results.get("gate", {}),
+            "passed": bool(results.get("passed")),
+        },
+    }
+
+
+def _release_claim(target: str, claim_id: str) -> str:
+    """Delete what a failed promotion wrote under ``target``, its claim last; say what happened.
+
+    Only our own claim is released (its ``claim_id``); until it goes, nobody else can claim the version,
+    so deleting the rest first is safe. If this fails too, ``lmforge registry gc`` cleans up later.
+    """
+    claim_uri = storage.join(target, CLAIM)
+    try:
+        holder = _parse_json(storage.read_bytes(claim_uri), claim_uri) or {}
+        if holder.get("claim_id") != claim_id:
+            return f"the claim on {target} is not this promotion's; left alone"
+        if storage.is_s3(target):
+            for name in storage.list_files(target):
+                if name != CLAIM:
+                    storage.delete(storage.join(target, name))
+            storage.delete(claim_uri)
+        else:
+            shutil.rmtree(target)
+    except (LmforgeError, OSError) as exc:
+        return f"its claim on {target} could not be released ({exc}); `lmforge registry gc` removes it later"
+    return f"nothing was kept under {target} and the version can be promoted again"
+
+
+def collect_garbage(
+    root: str, *, older_than_s: float, dry_run: bool = False, now: float | None = None
+) -> dict[str, list[str]]:
+    """Clean what interrupted writers left under ``root`` (a release root or a staging prefix).
+
+    * a promotion's claim (``models/<name>/<version>/.promotion.json``) without a release manifest, older
+      than ``older_than_s``: everything under that version is deleted, the claim last, so the version
+      can be promoted again;
+    * a publisher's claim (``.publishing.json``) without the artifact's manifest, older than that: the
+      claim and the files beside it are deleted, so the prefix can be published again;
+    * on S3, multipart uploads under ``root`` started longer ago than that are aborted (their parts are
+      otherwise stored, and billed, forever; a bucket lifecycle rule does the same: docs/security.md).
+
+    A claim younger than ``older_than_s`` may belong to a promotion that is still copying and is left
+    alone. Returns ``{"releases": [...], "artifacts": [...], "uploads": [...]}`` (what was, or with
+    ``dry_run`` would be, removed).
+    """
+    import datetime
+
+    cutoff = (time.time() if now is None else now) - older_than_s
+    done: dict[str, list[str]] = {"releases": [], "artifacts": [], "uploads": []}
+    names = set(storage.list_files(root)) if storage.exists(root) else set()
+    for name in sorted(names):
+        folder, _, leaf = name.rpartition("/")
+        if leaf not in (CLAIM, PUBLISH_CLAIM) or f"{folder}/{MANIFEST}".lstrip("/") in names:
+            continue
+        claim_uri = storage.join(root, name)
+        claimed_at = (_parse_json(storage.read_bytes(claim_uri), claim_uri) or {}).get("claimed_at")
+        try:
+            stamp = datetime.datetime.fromisoformat(str(claimed_at)).timestamp()
+        except ValueError:
+            log.warning("%s: claimed_at %r is not a time; left alone", claim_uri, claimed_at)
+            continue
+        if stamp > cutoff:
+            continue
+        folder_uri = storage.join(root, folder) if folder else root
+        done["releases" if leaf == CLAIM else "artifacts"].append(folder_uri)
+        if dry_run:
+            continue
+        inside = sorted(n for n in names if n != name and (not folder or n.startswith(f"{folder}/")))
+        for other in inside:
+            storage.delete(storage.join(root, other))
+        storage.delete(claim_uri)
+        if not storage.is_s3(root) and folder:
+            shutil.rmtree(folder_uri, ignore_errors=True)  # the empty directories left behind
+        log.info(
+            "removed the stale claim %s (claimed at %s) and %d files beside it", claim_uri, claimed_at, len(inside)
+        )
+    if storage.is_s3(root):
+        done["uploads"] = _abort_uploads(root, cutoff, dry_run)
+    return done
+
+
+def _abort_uploads(root: str, cutoff: float, dry_run: bool) -> list[str]:
+    """Abort the multipart uploads under ``root`` started before ``cutoff``; their ``s3://`` keys."""
+    bucket, key = storage.split_s3(root)
+    prefix = key.rstrip("/") + "/" if key.strip("/") else ""
+    client = storage.s3_client()
+    pages = storage._s3_call(
+        "list multipart uploads",
+        root,
+        lambda: list(client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=prefix)),
+    )
+    aborted = []
+    for page in pages:
+        for upload in page.get("Uploads", []):
+            if upload["Initiated"].timestamp() > cutoff:
+                continue
+            uri = f"{storage.S3_SCHEME}{bucket}/{upload['Key']}"
+            aborted.append(uri)
+            if not dry_run:
+                storage._s3_call(
+                    "abort multipart upload",
+                    uri,
+                    client.abort_multipart_upload,
+                    Bucket=bucket,
+                    Key=upload["Key"],
+                    UploadId=upload["UploadId"],
+                )
+                log.info("aborted the incomplete multipart upload of %s (started %s)", uri, upload["Initiated"])
+    return aborted
 
 
 def _now() -> str:

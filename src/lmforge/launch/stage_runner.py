@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge import storage
-from lmforge.artifacts import MANIFEST, read_manifest, staged_output
+from lmforge.artifacts import MANIFEST, PUBLISH_CLAIM, read_manifest, staged_output
 from lmforge.config import LaunchConfig, parse_overrides, resolve_stage_config, validate_config
 from lmforge.errors import ArtifactConflictError, ArtifactIncompleteError, ConfigError, InputDataError, StorageError
 from lmforge.launch.client import LaunchCancelled, LaunchError, _Cancel, _sigterm_raises, launch
@@ -367,10 +367,6 @@ def fetch_artifact(uri: str, local: str | Path, *, manifest: bytes | None = None
             raise ArtifactIncompleteError(str(exc).replace(str(scratch), uri)) from exc
 
 
-PUBLISH_CLAIM = ".publishing.json"
-"""Created (conditionally) in a prefix by the one :func:`publish_artifact` call allowed to write there."""
-
-
 def publish_artifact(local: str | Path, uri: str) -> bool:
     """Copy a complete local artifact to ``uri``, manifest last; False when the same artifact is already there.
 
@@ -401,7 +397,7 @@ def publish_artifact(local: str | Path, uri: str) -> bool:
             raise ArtifactConflictError(
                 f"{uri}: another publisher claimed it for a different artifact ({claim_uri}, claimed at "
                 f"{holder.get('claimed_at', '?')} on {holder.get('host', '?')}); refusing to write into it. If that "
-                "publisher died, `lmforge registry gc --root <prefix above it>` removes the stale claim"
+                "publisher died, `lmforge registry gc <a prefix above it>` removes the stale claim"
             )
         log.info("%s: claimed by a publisher of the same artifact (a retry); copying again", uri)
     for name in storage.list_files(str(local)):
