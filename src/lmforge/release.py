@@ -101,7 +101,7 @@ def _read_results(evaluation_dir: Path) -> dict[str, Any]:
     return read_json_file(path)
 
 
-def _read_tagged(uri: str) -> tuple[bytes | None, str | None]:
+def read_tagged(uri: str) -> tuple[bytes | None, str | None]:
     """Content and S3 ETag of ``uri`` (``(None, None)`` when absent; the tag is ``None`` locally)."""
     if not storage.is_s3(uri):
         path = Path(uri)
@@ -120,7 +120,7 @@ def _read_tagged(uri: str) -> tuple[bytes | None, str | None]:
     return resp["Body"].read(), resp["ETag"]
 
 
-def _swap(uri: str, data: bytes, etag: str | None, existed: bool) -> bool:
+def swap_if_unchanged(uri: str, data: bytes, etag: str | None, existed: bool) -> bool:
     """Write ``uri`` only if it is unchanged since read (S3 ``If-Match`` / ``If-None-Match``)."""
     if not storage.is_s3(uri):
         storage.write_bytes(uri, data)  # the caller holds the local lock
@@ -188,7 +188,7 @@ def update_latest(
     data = json.dumps(dict(entry), indent=2).encode()
     with _local_lock(model_root):
         for _ in range(_CAS_ATTEMPTS):
-            raw, etag = _read_tagged(uri)
+            raw, etag = read_tagged(uri)
             current = _parse_json(raw, uri) if raw is not None else None
             if baseline is not None:
                 now = _identity(_effective_latest(model_root, current, exclude=str(entry.get("version"))))
@@ -201,7 +201,7 @@ def update_latest(
             if current is not None and _order(current) >= _order(entry) and _complete(current):
                 log.info("latest.json stays at %s (newer than %s)", current.get("version"), entry.get("version"))
                 return current
-            if _swap(uri, data, etag, existed=raw is not None):
+            if swap_if_unchanged(uri, data, etag, existed=raw is not None):
                 return dict(entry)
             time.sleep(0.05)
     raise StorageError(f"{uri}: changed concurrently {_CAS_ATTEMPTS} times in a row; latest.json not updated")
@@ -277,7 +277,7 @@ def latest_release(release_root: str, model_name: str) -> dict[str, Any] | None:
     """
     model_root = storage.join(release_root, "models", model_name)
     uri = storage.join(model_root, LATEST)
-    raw, _ = _read_tagged(uri)
+    raw, _ = read_tagged(uri)
     latest = _parse_json(raw, uri) if raw is not None else None
     if latest is not None and _complete(latest):
         manifest = _parse_json(storage.read_bytes(latest["manifest_uri"]), latest["manifest_uri"]) or {}
