@@ -68,13 +68,30 @@ def test_a_crafted_pickle_in_a_checkpoint_is_refused_before_it_is_unpickled(tmp_
     assert not marker.exists()
 
 
-def test_resume_skips_a_crafted_checkpoint_quarantines_it_and_keeps_the_older_one(tmp_path, caplog):
+def _torn(folder: Path, marker: Path) -> None:
+    (folder / "optimizer.pt").write_bytes(b"torn")
+
+
+def _manifest_not_json(folder: Path, marker: Path) -> None:
+    (folder / MANIFEST).write_text('{"kind": "checkpoint", ')
+
+
+def _manifest_of_another_shape(folder: Path, marker: Path) -> None:
+    (folder / MANIFEST).write_text('{"kind": "checkpoint", "step": 4, "files": {"optimizer.pt": 1}}')
+
+
+def _crafted(folder: Path, marker: Path) -> None:
+    _craft(folder, "optimizer.pt", marker)
+
+
+@pytest.mark.parametrize("corrupt", [_torn, _manifest_not_json, _manifest_of_another_shape, _crafted])
+def test_resume_skips_a_bad_newest_checkpoint_quarantines_it_and_keeps_the_older_one(corrupt, tmp_path, caplog):
     root = tmp_path / "ckpt"
     ckpt = Checkpointer(CheckpointConfig(dir=str(root), every_steps=1, keep_last=5), DistContext())
     for step in (2, 4):
         ckpt.save(step, lambda folder, s=step: torch.save({"w": torch.full((2,), float(s))}, folder / "optimizer.pt"))
     marker = tmp_path / "PWNED"
-    _craft(root / step_name(4), "optimizer.pt", marker)
+    corrupt(root / step_name(4), marker)
 
     with caplog.at_level(logging.WARNING, logger="lmforge.train"):
         step, folder = ckpt.fetch_newest_valid(tmp_path / "work")

@@ -41,7 +41,7 @@ from typing import Any
 from lmforge import __version__, storage
 from lmforge.artifacts import MANIFEST, describe_files, read_manifest
 from lmforge.config import CheckpointConfig
-from lmforge.errors import ArtifactIncompleteError, ConfigError, StorageError, UnsafeCheckpointError
+from lmforge.errors import ArtifactIncompleteError, ConfigError, UnsafeCheckpointError
 from lmforge.train.distributed import DistContext
 
 logger = logging.getLogger("lmforge.train")
@@ -223,7 +223,9 @@ class Checkpointer:
             manifest = read_manifest(local, verify=True)
         except ArtifactIncompleteError as exc:  # name the checkpoint, not this machine's temporary copy
             raise type(exc)(str(exc).replace(str(local), uri)) from exc
-        if manifest.get("kind") != KIND or manifest.get("step") != step:
+        except (AttributeError, KeyError, TypeError) as exc:  # valid JSON of the wrong shape
+            raise ArtifactIncompleteError(f"{uri}: {MANIFEST} is not a checkpoint manifest ({exc!r})") from exc
+        if not isinstance(manifest, dict) or manifest.get("kind") != KIND or manifest.get("step") != step:
             raise ArtifactIncompleteError(f"{uri}: manifest is not the checkpoint of step {step}")
         check_tensor_only(local, uri=uri)
         return local
@@ -244,7 +246,7 @@ class Checkpointer:
             for step in reversed(complete_steps(self.root)):
                 try:
                     folder = self.fetch(step, Path(workdir, step_name(step)))
-                except (ArtifactIncompleteError, StorageError) as exc:
+                except ArtifactIncompleteError as exc:  # the content is bad; a storage outage is not caught
                     quarantined.append(self.quarantine(step, str(exc)))
                     continue
                 chosen = step
