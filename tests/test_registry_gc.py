@@ -55,14 +55,23 @@ def _promote(registry: str, inputs: dict[str, Path], version: str = "v1"):
     )
 
 
-def test_a_disk_full_promotion_fails_in_one_line_and_does_not_burn_the_version(registry, inputs, monkeypatch):
+def _enospc(uri: str) -> Exception:
+    return OSError(errno.ENOSPC, "No space left on device", uri)
+
+
+def _storage_enospc(uri: str) -> Exception:  # what storage raises once it turns OSError into one line
+    return StorageError(f"cannot write {uri}: No space left on device")
+
+
+@pytest.mark.parametrize("error", [_enospc, _storage_enospc])
+def test_a_disk_full_promotion_fails_in_one_line_and_does_not_burn_the_version(registry, inputs, monkeypatch, error):
     upload = storage.upload_file
     calls = []
 
     def upload_until_the_disk_is_full(local, uri):
         calls.append(uri)
         if len(calls) == 4:  # the student (3 files) is copied, the next artifact hits a full disk
-            raise OSError(errno.ENOSPC, "No space left on device", str(uri))
+            raise error(str(uri))
         upload(local, uri)
 
     monkeypatch.setattr(storage, "upload_file", upload_until_the_disk_is_full)

@@ -408,6 +408,8 @@ def promote(
             raise StorageError(
                 f"promote {version}: {exc.filename or target}: {exc.strerror or exc}; {released}"
             ) from exc
+        if isinstance(exc, StorageError):  # storage already named the path
+            raise StorageError(f"promote {version}: {exc}; {released}") from exc
         log.error("promote %s failed: %s", version, released)
         raise
     if not created:
@@ -486,6 +488,8 @@ def _release_claim(target: str, claim_id: str) -> str:
         holder = _parse_json(storage.read_bytes(claim_uri), claim_uri) or {}
         if holder.get("claim_id") != claim_id:
             return f"the claim on {target} is not this promotion's; left alone"
+        if storage.is_file(storage.join(target, MANIFEST)):  # the failure came after the release was complete
+            return f"the release at {target} is complete and was left in place"
         if storage.is_s3(target):
             for name in storage.list_files(target):
                 if name != CLAIM:
