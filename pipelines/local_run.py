@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,13 +42,21 @@ class LocalRun:
         return (self.run_dir / "promote").is_dir()
 
 
+def new_run_id() -> str:
+    """A run id unique on this machine and sortable by start time: ``YYYYMMDD-HHMMSS-<8 hex>``."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{uuid.uuid4().hex[:8]}"
+
+
 def run_pipeline_locally(
     params: dict[str, Any], pipeline_root: Path, pipeline_yaml: Path = COMPILED_PIPELINE
 ) -> LocalRun:
-    """Run the compiled pipeline with ``SubprocessRunner(use_venv=False)``; raise if any task fails."""
-    pipeline_root = Path(pipeline_root).resolve()
-    pipeline_root.mkdir(parents=True, exist_ok=True)
-    before = {p.name for p in pipeline_root.iterdir()}
+    """Run the compiled pipeline with ``SubprocessRunner(use_venv=False)``; raise if any task fails.
+
+    Each call gets its own directory ``<pipeline_root>/<run id>/`` (:func:`new_run_id`), so two runs
+    started on one ``--output`` never share, or mistake each other's, outputs.
+    """
+    pipeline_root = Path(pipeline_root).resolve() / new_run_id()
+    pipeline_root.mkdir(parents=True)  # never exist_ok: a run directory belongs to one run
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root), raise_on_error=True)
     start = time.perf_counter()
     with warnings.catch_warnings():
@@ -62,7 +71,7 @@ def run_pipeline_locally(
                 f"{message} The task's own error is in its log above; outputs: {pipeline_root}"
             ) from exc
     seconds = time.perf_counter() - start
-    new = sorted(p for p in pipeline_root.iterdir() if p.name not in before and p.is_dir())
+    new = sorted(p for p in pipeline_root.iterdir() if p.is_dir())
     if len(new) != 1:
         raise RuntimeError(f"expected one new run directory under {pipeline_root}, found {[p.name for p in new]}")
     return LocalRun(new[0], seconds)

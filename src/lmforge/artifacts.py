@@ -26,6 +26,8 @@ from lmforge.scratch import scratch_dir
 from lmforge.storage import local_files, safe_join, write_bytes, write_error
 
 MANIFEST = "manifest.json"
+PUBLISH_CLAIM = ".publishing.json"
+"""Created (conditionally) in a remote prefix by the one publisher allowed to write an artifact there."""
 _CHUNK = 1 << 20
 
 

@@ -410,3 +410,37 @@ def runs(
 
 def _when(moment: Any) -> str:
     return "—" if moment is None else f"{moment:%Y-%m-%d %H:%M}"
+
+
+registry_app = typer.Typer(no_args_is_help=True, help="Maintain a release registry (or a staging prefix).")
+app.add_typer(registry_app, name="registry")
+
+
+@registry_app.command("gc")
+def registry_gc(
+    root: Annotated[str, typer.Argument(help="Release root or staging prefix: a local path or s3://bucket/prefix.")],
+    older_than_hours: Annotated[
+        float,
+        typer.Option(
+            "--older-than-hours",
+            min=0.0,
+            help="Only claims and multipart uploads older than this (a younger one may still be running).",
+        ),
+    ] = 24.0,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list what would be removed.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Remove stale claims of interrupted promotions and publishes, and abort old incomplete multipart uploads."""
+    _setup_logging(verbose)
+    from lmforge.release import collect_garbage
+
+    try:
+        done = collect_garbage(root, older_than_s=older_than_hours * 3600, dry_run=dry_run)
+    except LmforgeError as exc:
+        _fail(exc)
+    verb = "would remove" if dry_run else "removed"
+    for what, items in done.items():
+        for item in items:
+            typer.echo(f"{verb} {what[:-1]} {item}")
+    if not any(done.values()):
+        typer.echo(f"nothing to clean under {root}")

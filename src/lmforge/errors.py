@@ -33,3 +33,15 @@ class ArtifactIncompleteError(InputDataError):
 
 class ReleaseExistsError(StorageError):
     """The release version already exists (completely or partly); releases are never overwritten."""
+
+
+class UnsafeCheckpointError(ArtifactIncompleteError):
+    """A checkpoint file is not a plain tensor file: loading it could run code, so it is never loaded."""
+
+
+class ArtifactConflictError(InputDataError):
+    """Another writer holds (or already completed) a different artifact at the target; nothing is overwritten."""
+
+
+class GateBaselineMovedError(InputDataError):
+    """The production release the gate compared against is no longer latest; the evaluation is stale."""

@@ -1,10 +1,10 @@
 """Fail-fast checks before any GPU step, and content fingerprints of the external inputs.
 
 The ``preflight`` component runs first: it checks that the corpus and Q&A data are reachable, that
-the release root is writable, (inside a cluster) that the S3 credentials Secret exists and, given a launch
-config for multi-node training, that the cluster serves its job kind; then it fingerprints the input
-data. The fingerprints are passed to ``clean`` and ``finetune_lora`` as parameters, so a KFP cache key
-changes whenever the data behind an unchanged URI changes.
+the release root is writable and its store enforces conditional writes, (inside a cluster) that the
+S3 credentials Secret exists and, given a launch config for multi-node training, that the cluster
+serves its job kind; then it fingerprints the input data. The fingerprints are passed to ``clean``
+and ``finetune_lora`` as parameters, so a KFP cache key changes whenever the data behind an unchanged URI changes.
 """
 
 from __future__ import annotations
@@ -83,6 +83,43 @@ def check_writable(root: str) -> None:
     probe = storage.join(root, ".lmforge-preflight", uuid.uuid4().hex)
     storage.write_bytes(probe, b"lmforge preflight probe\n")
     storage.delete(probe)
+
+
+def check_conditional_writes(root: str) -> str:
+    """``ok`` when the object store under ``root`` honours ``If-None-Match: *`` and ``If-Match``; a reason otherwise.
+
+    Release claims, release and artifact manifests (conditional create) and ``latest.json``
+    (compare-and-swap) are only exclusive if the server enforces these headers; a server that ignores
+    them accepts every write and two promotions both "win". The probe creates an object, creates it
+    again (must be refused, content kept), replaces it under a wrong ETag (must be refused) and under
+    the right one (must succeed), then deletes it. A local ``root`` uses hard links and a file lock
+    instead; its conditional create is probed the same way.
+    """
+    from lmforge.release import read_tagged, swap_if_unchanged
+
+    probe = storage.join(root, ".lmforge-preflight", f"conditional-{uuid.uuid4().hex}")
+    try:
+        if not storage.create_if_absent(probe, b"first"):
+            return f"{probe}: a conditional create (If-None-Match: *) of a new object was refused"
+        if storage.create_if_absent(probe, b"second") or storage.read_bytes(probe) != b"first":
+            return (
+                f"{root}: the object store ignores If-None-Match: a conditional create replaced an existing "
+                "object, so release claims and manifests would not be exclusive; use a server that enforces "
+                "conditional writes (AWS S3, MinIO, SeaweedFS >= 3.8x)"
+            )
+        if not storage.is_s3(root):
+            return "ok"
+        _, etag = read_tagged(probe)
+        if swap_if_unchanged(probe, b"third", '"0123456789abcdef0123456789abcdef"', existed=True):
+            return (
+                f"{root}: the object store ignores If-Match: a write under a wrong ETag replaced the object, so "
+                "latest.json's compare-and-swap would not detect concurrent promotions"
+            )
+        if not swap_if_unchanged(probe, b"fourth", etag, existed=True):
+            return f"{root}: a write with a matching If-Match was refused; compare-and-swap cannot succeed"
+        return "ok"
+    finally:
+        storage.delete(probe)
 
 
 def check_secret(name: str) -> str:
@@ -173,6 +210,11 @@ def run_checks(
         report.checks["release_root_writable"] = "ok"
     except (LmforgeError, OSError) as exc:
         report.checks["release_root_writable"] = f"{release_root}: {exc}"
+    else:
+        try:
+            report.checks["release_root_conditional_writes"] = check_conditional_writes(release_root)
+        except (LmforgeError, OSError) as exc:
+            report.checks["release_root_conditional_writes"] = f"{release_root}: {exc}"
     if model_name:
         from lmforge.release import production_fingerprint
 

@@ -21,6 +21,14 @@ different versions all land and ``latest.json`` ends at the newest complete one,
 which their writes interleave. Readers (:func:`latest_release`) never report a release without its
 manifest: a ``latest.json`` naming one is ignored in favour of the newest complete release.
 
+Gate baseline. ``evaluate`` records in ``results.json`` which production release its gate compared
+with (``production``: version and :func:`release_fingerprint`, or ``status: none``). ``promote`` refuses
+an evaluation whose baseline is no longer the latest release (:class:`GateBaselineMovedError`): before
+claiming the version, and again inside the compare-and-swap of ``latest.json``, so of two runs gated
+against the same release only the first to promote becomes latest; the other must be evaluated again
+against it. (If the second one's baseline moves while it is copying, its release is complete but
+``latest.json`` is left alone and the promotion fails saying so.)
+
 Conditional writes need an S3 server that implements them (AWS S3, MinIO, SeaweedFS ≥ 3.8x; the test
 server checks it).
 """
@@ -32,6 +40,7 @@ import hashlib
 import json
 import logging
 import re
+import shutil
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -39,9 +48,16 @@ from pathlib import Path
 from typing import Any
 
 from lmforge import __version__, storage
-from lmforge.artifacts import MANIFEST, fingerprint, read_json_file, read_manifest
+from lmforge.artifacts import MANIFEST, PUBLISH_CLAIM, fingerprint, read_json_file, read_manifest
 from lmforge.config import PromoteConfig
-from lmforge.errors import ConfigError, InputDataError, ReleaseExistsError, StorageError
+from lmforge.errors import (
+    ConfigError,
+    GateBaselineMovedError,
+    InputDataError,
+    LmforgeError,
+    ReleaseExistsError,
+    StorageError,
+)
 from lmforge.export.accuracy_gate import gate_result
 from lmforge.results import StageResult
 
@@ -85,7 +101,7 @@ def _read_results(evaluation_dir: Path) -> dict[str, Any]:
     return read_json_file(path)
 
 
-def _read_tagged(uri: str) -> tuple[bytes | None, str | None]:
+def read_tagged(uri: str) -> tuple[bytes | None, str | None]:
     """Content and S3 ETag of ``uri`` (``(None, None)`` when absent; the tag is ``None`` locally)."""
     if not storage.is_s3(uri):
         path = Path(uri)
@@ -104,7 +120,7 @@ def _read_tagged(uri: str) -> tuple[bytes | None, str | None]:
     return resp["Body"].read(), resp["ETag"]
 
 
-def _swap(uri: str, data: bytes, etag: str | None, existed: bool) -> bool:
+def swap_if_unchanged(uri: str, data: bytes, etag: str | None, existed: bool) -> bool:
     """Write ``uri`` only if it is unchanged since read (S3 ``If-Match`` / ``If-None-Match``)."""
     if not storage.is_s3(uri):
         storage.write_bytes(uri, data)  # the caller holds the local lock
@@ -156,21 +172,36 @@ def _parse_json(data: bytes, uri: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def update_latest(model_root: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+def update_latest(
+    model_root: str, entry: Mapping[str, Any], *, baseline: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Point ``latest.json`` at ``entry`` unless it already names a newer release; returns what it names.
 
-    Compare-and-swap: read (with ETag), decide, write only if unchanged, else read again.
+    Compare-and-swap: read (with ETag), decide, write only if unchanged, else read again. With
+    ``baseline`` (the ``production`` record of the evaluation behind ``entry``), the swap happens only
+    while the production release is still that baseline.
+
+    Raises:
+        GateBaselineMovedError: ``baseline`` is given and production is another release now.
     """
     uri = storage.join(model_root, LATEST)
     data = json.dumps(dict(entry), indent=2).encode()
     with _local_lock(model_root):
         for _ in range(_CAS_ATTEMPTS):
-            raw, etag = _read_tagged(uri)
+            raw, etag = read_tagged(uri)
             current = _parse_json(raw, uri) if raw is not None else None
+            if baseline is not None:
+                now = _identity(_effective_latest(model_root, current, exclude=str(entry.get("version"))))
+                if now != baseline_identity(baseline):
+                    raise GateBaselineMovedError(
+                        f"release {entry.get('version')} is complete at {entry.get('manifest_uri')} but latest.json "
+                        f"was not moved to it: {_moved(baseline, now)}. Evaluate it again against the current "
+                        "production release and promote a new version if it passes"
+                    )
             if current is not None and _order(current) >= _order(entry) and _complete(current):
                 log.info("latest.json stays at %s (newer than %s)", current.get("version"), entry.get("version"))
                 return current
-            if _swap(uri, data, etag, existed=raw is not None):
+            if swap_if_unchanged(uri, data, etag, existed=raw is not None):
                 return dict(entry)
             time.sleep(0.05)
     raise StorageError(f"{uri}: changed concurrently {_CAS_ATTEMPTS} times in a row; latest.json not updated")
@@ -185,9 +216,45 @@ def _complete(latest: Mapping[str, Any]) -> bool:
     return bool(manifest) and manifest.get("kind") == "release" and manifest.get("version") == latest.get("version")
 
 
+def release_fingerprint(manifest: Mapping[str, Any]) -> str:
+    """sha256 of a release manifest's canonical JSON: identifies one release exactly (lineage, metrics, time)."""
+    body = {k: v for k, v in manifest.items() if k != "manifest_uri"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def baseline_identity(production: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``(version, fingerprint)`` of a recorded gate baseline; ``None`` when it says there was no release."""
+    if production.get("status") == "none":
+        return None
+    return str(production.get("version")), str(production.get("fingerprint"))
+
+
+def _identity(release: Mapping[str, Any] | None) -> tuple[str, str] | None:
+    return None if release is None else (str(release.get("version")), release_fingerprint(release))
+
+
+def _moved(baseline: Mapping[str, Any], now: tuple[str, str] | None) -> str:
+    was = baseline_identity(baseline)
+    before = f"production {was[0]} (fingerprint {was[1][:12]})" if was else "no production release"
+    after = f"{now[0]} (fingerprint {now[1][:12]})" if now else "no complete release"
+    return f"the evaluation's gate compared it with {before}, but the latest release is now {after}"
+
+
+def _effective_latest(model_root: str, latest: Mapping[str, Any] | None, *, exclude: str) -> dict[str, Any] | None:
+    """The release a reader takes as latest, given ``latest.json``'s content; ``exclude`` (the release being
+    promoted, already complete) does not count as the fall-back newest release."""
+    if latest is not None and _complete(latest):
+        return _parse_json(storage.read_bytes(latest["manifest_uri"]), latest["manifest_uri"])
+    others = [r for r in _releases_under(model_root) if r.get("version") != exclude]
+    return others[-1] if others else None
+
+
 def list_releases(release_root: str, model_name: str) -> list[dict[str, Any]]:
     """Manifests of the complete releases of ``model_name`` (those with ``manifest.json``), oldest first."""
-    model_root = storage.join(release_root, "models", model_name)
+    return _releases_under(storage.join(release_root, "models", model_name))
+
+
+def _releases_under(model_root: str) -> list[dict[str, Any]]:
     if not storage.exists(model_root):
         return []
     releases = []
@@ -210,7 +277,7 @@ def latest_release(release_root: str, model_name: str) -> dict[str, Any] | None:
     """
     model_root = storage.join(release_root, "models", model_name)
     uri = storage.join(model_root, LATEST)
-    raw, _ = _read_tagged(uri)
+    raw, _ = read_tagged(uri)
     latest = _parse_json(raw, uri) if raw is not None else None
     if latest is not None and _complete(latest):
         manifest = _parse_json(storage.read_bytes(latest["manifest_uri"]), latest["manifest_uri"]) or {}
@@ -230,7 +297,8 @@ def production_summary(release_root: str | None, model_name: str) -> dict[str, A
     """What the gate compares against: the latest release's version and evaluation metrics.
 
     ``{"status": "none", "reason": ...}`` when there is no registry or no release yet, else
-    ``{"status": "found", "version", "manifest_uri", "created_at", "metrics"}``.
+    ``{"status": "found", "version", "manifest_uri", "fingerprint", "created_at", "metrics"}``. ``evaluate``
+    stores it in ``results.json`` as the gate's baseline; ``promote`` re-checks it.
     """
     if not release_root:
         return {"status": "none", "reason": "no release registry given"}
@@ -241,6 +309,7 @@ def production_summary(release_root: str | None, model_name: str) -> dict[str, A
         "status": "found",
         "version": release.get("version"),
         "manifest_uri": release.get("manifest_uri"),
+        "fingerprint": release_fingerprint(release),
         "created_at": release.get("created_at"),
         "metrics": dict((release.get("evaluation") or {}).get("metrics") or {}),
     }
@@ -313,6 +382,19 @@ def promote(
     model_root = storage.join(release_root, "models", cfg.model_name)
     target = storage.join(model_root, version)
     release_manifest_uri = storage.join(target, MANIFEST)
+    baseline = results.get("production")
+    if isinstance(baseline, Mapping):
+        now = _identity(latest_release(release_root, cfg.model_name))
+        if now != baseline_identity(baseline):
+            raise GateBaselineMovedError(
+                f"evaluation {evaluation_dir} is stale: {_moved(baseline, now)}. Evaluate again against the "
+                "current production release before promoting"
+            )
+    else:
+        baseline = None
+        log.warning(
+            "%s records no gate baseline (production); latest.json is moved without re-checking it", evaluation_dir
+        )
     if _occupied(target):
         raise ReleaseExistsError(
             f"release {target} already exists as {_state(target)}; releases are never overwritten, choose a new version"
@@ -324,6 +406,55 @@ def promote(
             "choose a new version"
         )
 
+    try:
+        release = _write_release(
+            cfg, version, target, run_id, sources, manifests, evaluation_dir, eval_manifest, results, withheld
+        )
+        # The release manifest goes last: a reader that sees it sees a complete release.
+        created = storage.create_if_absent(release_manifest_uri, json.dumps(release, indent=2, sort_keys=True).encode())
+    except BaseException as exc:  # disk full, a lost connection, SIGTERM: give the version back
+        released = _release_claim(target, claim["claim_id"])
+        if isinstance(exc, OSError):
+            raise StorageError(
+                f"promote {version}: {exc.filename or target}: {exc.strerror or exc}; {released}"
+            ) from exc
+        if isinstance(exc, StorageError):  # storage already named the path
+            raise StorageError(f"promote {version}: {exc}; {released}") from exc
+        log.error("promote %s failed: %s", version, released)
+        raise
+    if not created:
+        raise ReleaseExistsError(f"{release_manifest_uri} appeared during the promotion; the claim was bypassed")
+    created_at = release["created_at"]
+    latest = update_latest(
+        model_root,
+        {"version": version, "manifest_uri": release_manifest_uri, "created_at": created_at},
+        baseline=baseline,
+    )
+    log.info("released %s %s at %s; latest is %s", cfg.model_name, version, target, latest.get("version"))
+    return StageResult(
+        metrics={},
+        summary={
+            "release_uri": target,
+            "version": version,
+            "manifest_uri": release_manifest_uri,
+            "latest_version": latest.get("version"),
+        },
+    )
+
+
+def _write_release(
+    cfg: PromoteConfig,
+    version: str,
+    target: str,
+    run_id: str | None,
+    sources: Mapping[str, Path],
+    manifests: Mapping[str, Mapping[str, Any]],
+    evaluation_dir: Path,
+    eval_manifest: Mapping[str, Any],
+    results: Mapping[str, Any],
+    withheld: Mapping[str, str],
+) -> dict[str, Any]:
+    """Copy every artifact and the evaluation under ``target``; return the release manifest (not yet written)."""
     lineage: dict[str, Any] = {}
     all_manifests = {**manifests, EVALUATION: eval_manifest}
     for name, source in {**sources, EVALUATION: evaluation_dir}.items():
@@ -338,17 +469,15 @@ def promote(
             "uri": dest,
             "files": len(copied),
         }
-
-    created_at = _now()
-    release = {
+    return {
         "kind": "release",
         "model_name": cfg.model_name,
         "version": version,
-        "created_at": created_at,
+        "created_at": _now(),
         "lmforge_version": __version__,
         "run_id": run_id,
         "artifacts": {name: lineage[name] for name in sources},
-        "withheld": withheld,
+        "withheld": dict(withheld),
         "evaluation": {
             **lineage[EVALUATION],
             "metrics": eval_manifest.get("metrics", {}),
@@ -356,22 +485,114 @@ def promote(
             "passed": bool(results.get("passed")),
         },
     }
-    # The release manifest goes last: a reader that sees it sees a complete release.
-    if not storage.create_if_absent(release_manifest_uri, json.dumps(release, indent=2, sort_keys=True).encode()):
-        raise ReleaseExistsError(f"{release_manifest_uri} appeared during the promotion; the claim was bypassed")
-    latest = update_latest(
-        model_root, {"version": version, "manifest_uri": release_manifest_uri, "created_at": created_at}
+
+
+def _release_claim(target: str, claim_id: str) -> str:
+    """Delete what a failed promotion wrote under ``target``, its claim last; say what happened.
+
+    Only our own claim is released (its ``claim_id``); until it goes, nobody else can claim the version,
+    so deleting the rest first is safe. If this fails too, ``lmforge registry gc`` cleans up later.
+    """
+    claim_uri = storage.join(target, CLAIM)
+    try:
+        holder = _parse_json(storage.read_bytes(claim_uri), claim_uri) or {}
+        if holder.get("claim_id") != claim_id:
+            return f"the claim on {target} is not this promotion's; left alone"
+        if storage.is_file(storage.join(target, MANIFEST)):  # the failure came after the release was complete
+            return f"the release at {target} is complete and was left in place"
+        if storage.is_s3(target):
+            for name in storage.list_files(target):
+                if name != CLAIM:
+                    storage.delete(storage.join(target, name))
+            storage.delete(claim_uri)
+        else:
+            shutil.rmtree(target)
+    except (LmforgeError, OSError) as exc:
+        return f"its claim on {target} could not be released ({exc}); `lmforge registry gc` removes it later"
+    return f"nothing was kept under {target} and the version can be promoted again"
+
+
+def collect_garbage(
+    root: str, *, older_than_s: float, dry_run: bool = False, now: float | None = None
+) -> dict[str, list[str]]:
+    """Clean what interrupted writers left under ``root`` (a release root or a staging prefix).
+
+    * a promotion's claim (``models/<name>/<version>/.promotion.json``) without a release manifest, older
+      than ``older_than_s``: everything under that version is deleted, the claim last, so the version
+      can be promoted again;
+    * a publisher's claim (``.publishing.json``) without the artifact's manifest, older than that: the
+      claim and the files beside it are deleted, so the prefix can be published again;
+    * on S3, multipart uploads under ``root`` started longer ago than that are aborted (their parts are
+      otherwise stored, and billed, forever; a bucket lifecycle rule does the same: docs/security.md).
+
+    A claim younger than ``older_than_s`` may belong to a promotion that is still copying and is left
+    alone. Returns ``{"releases": [...], "artifacts": [...], "uploads": [...]}`` (what was, or with
+    ``dry_run`` would be, removed).
+    """
+    import datetime
+
+    cutoff = (time.time() if now is None else now) - older_than_s
+    done: dict[str, list[str]] = {"releases": [], "artifacts": [], "uploads": []}
+    names = set(storage.list_files(root)) if storage.exists(root) else set()
+    for name in sorted(names):
+        folder, _, leaf = name.rpartition("/")
+        if leaf not in (CLAIM, PUBLISH_CLAIM) or f"{folder}/{MANIFEST}".lstrip("/") in names:
+            continue
+        claim_uri = storage.join(root, name)
+        claimed_at = (_parse_json(storage.read_bytes(claim_uri), claim_uri) or {}).get("claimed_at")
+        try:
+            stamp = datetime.datetime.fromisoformat(str(claimed_at)).timestamp()
+        except ValueError:
+            log.warning("%s: claimed_at %r is not a time; left alone", claim_uri, claimed_at)
+            continue
+        if stamp > cutoff:
+            continue
+        folder_uri = storage.join(root, folder) if folder else root
+        done["releases" if leaf == CLAIM else "artifacts"].append(folder_uri)
+        if dry_run:
+            continue
+        inside = sorted(n for n in names if n != name and (not folder or n.startswith(f"{folder}/")))
+        for other in inside:
+            storage.delete(storage.join(root, other))
+        storage.delete(claim_uri)
+        if not storage.is_s3(root) and folder:
+            shutil.rmtree(folder_uri, ignore_errors=True)  # the empty directories left behind
+        log.info(
+            "removed the stale claim %s (claimed at %s) and %d files beside it", claim_uri, claimed_at, len(inside)
+        )
+    if storage.is_s3(root):
+        done["uploads"] = _abort_uploads(root, cutoff, dry_run)
+    return done
+
+
+def _abort_uploads(root: str, cutoff: float, dry_run: bool) -> list[str]:
+    """Abort the multipart uploads under ``root`` started before ``cutoff``; their ``s3://`` keys."""
+    bucket, key = storage.split_s3(root)
+    prefix = key.rstrip("/") + "/" if key.strip("/") else ""
+    client = storage.s3_client()
+    pages = storage._s3_call(
+        "list multipart uploads",
+        root,
+        lambda: list(client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=prefix)),
     )
-    log.info("released %s %s at %s; latest is %s", cfg.model_name, version, target, latest.get("version"))
-    return StageResult(
-        metrics={},
-        summary={
-            "release_uri": target,
-            "version": version,
-            "manifest_uri": release_manifest_uri,
-            "latest_version": latest.get("version"),
-        },
-    )
+    aborted = []
+    for page in pages:
+        for upload in page.get("Uploads", []):
+            if upload["Initiated"].timestamp() > cutoff:
+                continue
+            uri = f"{storage.S3_SCHEME}{bucket}/{upload['Key']}"
+            aborted.append(uri)
+            if not dry_run:
+                storage._s3_call(
+                    "abort multipart upload",
+                    uri,
+                    client.abort_multipart_upload,
+                    Bucket=bucket,
+                    Key=upload["Key"],
+                    UploadId=upload["UploadId"],
+                )
+                log.info("aborted the incomplete multipart upload of %s (started %s)", uri, upload["Initiated"])
+    return aborted
 
 
 def _now() -> str:

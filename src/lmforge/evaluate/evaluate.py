@@ -444,7 +444,7 @@ def run(
     if qa is not None:
         inputs["qa"] = {"uri": qa.uri, "heldout_fraction": qa.heldout_fraction, "prompts": len(qa.groups)}
     if results["production"].get("status") == "found":
-        inputs["production"] = {k: results["production"][k] for k in ("version", "manifest_uri")}
+        inputs["production"] = {k: results["production"][k] for k in ("version", "manifest_uri", "fingerprint")}
     with staged_output(output_dir) as scratch:
         (scratch / REPORT_HTML).write_text(report, encoding="utf-8")
         (scratch / REPORT_MD).write_text(markdown_summary(results), encoding="utf-8")

@@ -25,14 +25,16 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from lmforge import storage
-from lmforge.artifacts import MANIFEST, read_manifest, staged_output
+from lmforge.artifacts import MANIFEST, PUBLISH_CLAIM, read_manifest, staged_output
 from lmforge.config import LaunchConfig, parse_overrides, resolve_stage_config, validate_config
-from lmforge.errors import ArtifactIncompleteError, ConfigError, InputDataError, StorageError
+from lmforge.errors import ArtifactConflictError, ArtifactIncompleteError, ConfigError, InputDataError, StorageError
 from lmforge.launch.client import LaunchCancelled, LaunchError, _Cancel, _sigterm_raises, launch
 from lmforge.launch.manifests import describe_command, single_pod_command, stage_args
 from lmforge.results import StageResult
@@ -373,19 +375,65 @@ def fetch_artifact(uri: str, local: str | Path, *, manifest: bytes | None = None
 def publish_artifact(local: str | Path, uri: str) -> bool:
     """Copy a complete local artifact to ``uri``, manifest last; False when the same artifact is already there.
 
+    Concurrent publishers to one prefix cannot tear it: each first creates ``uri/.publishing.json``
+    (naming its manifest's sha256) with a conditional create (S3 ``If-None-Match: *``, locally a hard
+    link), and only the one that created it, or a publisher of the very same manifest (a retry: same
+    bytes), writes files; the manifest itself is created conditionally too, last. The claim is kept
+    after success, so a later publisher of a different artifact is refused even while the manifest is
+    being read. A claim left by a publisher that died is removed by ``lmforge registry gc``.
+
     Raises:
         ArtifactIncompleteError: ``local`` has no manifest.
-        InputDataError: ``uri`` holds a different complete artifact (never overwritten).
+        ArtifactConflictError: ``uri`` holds, or is being given, a different artifact (never overwritten).
     """
     read_manifest(local)
     mine = Path(local, MANIFEST).read_bytes()
+    digest = hashlib.sha256(mine).hexdigest()
     target = storage.join(uri, MANIFEST)
-    if storage.is_file(target):
+    if _same_complete(target, mine, uri):
+        return False
+    claim_uri = storage.join(uri, PUBLISH_CLAIM)
+    claim = {"manifest_sha256": digest, "claim_id": uuid.uuid4().hex, "claimed_at": _utc_now(), "host": os.uname()[1]}
+    if not storage.create_if_absent(claim_uri, json.dumps(claim).encode()):
+        holder = _read_claim(claim_uri)
+        if holder.get("manifest_sha256") != digest:
+            if _same_complete(target, mine, uri):
+                return False
+            raise ArtifactConflictError(
+                f"{uri}: another publisher claimed it for a different artifact ({claim_uri}, claimed at "
+                f"{holder.get('claimed_at', '?')} on {holder.get('host', '?')}); refusing to write into it. If that "
+                "publisher died, `lmforge registry gc <a prefix above it>` removes the stale claim"
+            )
+        log.info("%s: claimed by a publisher of the same artifact (a retry); copying again", uri)
+    for name in storage.list_files(str(local)):
+        if name != MANIFEST:
+            storage.upload_file(Path(local, name), storage.join(uri, name))
+    if not storage.create_if_absent(target, mine):
         if storage.read_bytes(target) == mine:
-            return False
-        raise InputDataError(f"{uri} already holds a different complete artifact; refusing to overwrite it")
-    storage.copy_tree(str(local), uri)
+            return False  # a publisher of the same artifact finished first
+        raise ArtifactConflictError(f"{target} appeared during publishing although {claim_uri} was ours")
     return True
+
+
+def _same_complete(target: str, mine: bytes, uri: str) -> bool:
+    """True when ``target`` exists with exactly ``mine``; a different manifest there is a conflict."""
+    if not storage.is_file(target):
+        return False
+    if storage.read_bytes(target) == mine:
+        return True
+    raise ArtifactConflictError(f"{uri} already holds a different complete artifact; refusing to overwrite it")
+
+
+def _read_claim(claim_uri: str) -> dict[str, Any]:
+    try:
+        value = json.loads(storage.read_bytes(claim_uri))
+    except (ValueError, StorageError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _remote_manifest(uri: str) -> bytes:

@@ -8,11 +8,23 @@ manifest. Only the newest ``keep_last`` complete checkpoints are kept; deleting 
 first, so a half-deleted checkpoint is never mistaken for a complete one.
 
 What goes into a checkpoint is the training loop's business (:mod:`lmforge.train.loop`); this module
-only decides when, where and how atomically.
+only decides when, where and how atomically, and what may be loaded back.
+
+Trust. Anyone who can write ``checkpoint.dir`` can also rewrite its manifest, so the sha256 check only
+catches torn or corrupted files, not tampering. What holds against a hostile writer is that no file of
+a checkpoint can run code when it is loaded: weights are safetensors, JSON is JSON, and every pickle
+(``optimizer.pt``, DeepSpeed's ``*.pt``) is read only by PyTorch's ``weights_only`` unpickler, which
+builds tensors, containers and an explicit allowlist of DeepSpeed's plain data classes and refuses any
+other global before it is called (:func:`check_tensor_only`, :func:`tensor_only_deepspeed_loading`).
+Such a writer can still poison the model's weights; a signed manifest would be needed to stop that.
+
+Resume (``resume: auto``) takes the newest checkpoint that verifies; a newer one that does not (torn
+file, unreadable manifest, unsafe pickle) is moved aside under ``<dir>/quarantine/`` and reported by URI.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -21,20 +33,102 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+import zipfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from lmforge import __version__, storage
 from lmforge.artifacts import MANIFEST, describe_files, read_manifest
 from lmforge.config import CheckpointConfig
-from lmforge.errors import ConfigError, StorageError
+from lmforge.errors import ArtifactIncompleteError, ConfigError, UnsafeCheckpointError
 from lmforge.train.distributed import DistContext
 
 logger = logging.getLogger("lmforge.train")
 
 KIND = "checkpoint"
+QUARANTINE = "quarantine"
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
+PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".ckpt")
+"""Files that ``torch.load`` reads (pickles); every one is checked by :func:`check_tensor_only` before use."""
+
+
+def deepspeed_safe_globals() -> list[type]:
+    """The non-tensor classes a DeepSpeed ZeRO checkpoint pickles: plain data, no code runs when rebuilt."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+def _safe_globals() -> list[type]:
+    try:
+        return deepspeed_safe_globals()
+    except ImportError:  # no DeepSpeed installed: its checkpoints cannot be resumed anyway
+        return []
+
+
+def load_tensor_file(path: str | Path, *, map_location: Any = "cpu", mmap: bool = False) -> Any:
+    """``torch.load`` with the ``weights_only`` unpickler (plus DeepSpeed's data classes); never runs code."""
+    import torch
+
+    with torch.serialization.safe_globals(_safe_globals()):
+        return torch.load(Path(path), map_location=map_location, weights_only=True, mmap=mmap)
+
+
+def check_tensor_only(folder: str | Path, *, uri: str | None = None) -> None:
+    """Refuse a checkpoint holding a pickle that the ``weights_only`` unpickler does not accept.
+
+    Every file with a suffix in :data:`PICKLE_SUFFIXES` is loaded by :func:`load_tensor_file`, which
+    refuses an unknown global before anything is called, so a crafted file is refused without running.
+
+    Raises:
+        UnsafeCheckpointError: naming the file (by ``uri`` when given) and PyTorch's reason.
+    """
+    folder = Path(folder)
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in PICKLE_SUFFIXES):
+        try:
+            # mmap: checking a large optimizer state does not read its tensors into memory
+            load_tensor_file(path, mmap=zipfile.is_zipfile(path))
+        except Exception as exc:  # hostile bytes can make the unpickler raise almost anything
+            name = storage.join(uri, path.relative_to(folder).as_posix()) if uri else str(path)
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            reason = _unpickler_reason(lines) if lines else type(exc).__name__
+            raise UnsafeCheckpointError(
+                f"{name}: refused, PyTorch's weights_only loader does not accept it ({reason}); "
+                "a checkpoint file is loaded only if it holds nothing but tensors and plain data"
+            ) from exc
+
+
+def _unpickler_reason(lines: list[str]) -> str:
+    """The informative part of PyTorch's multi-paragraph weights_only error: the global it refused."""
+    for line in lines:
+        if match := re.search(r"Unsupported (global|operand): \S+ \S+", line):
+            return match[0]
+    return lines[-1][:300]
+
+
+@contextlib.contextmanager
+def tensor_only_deepspeed_loading(engine: Any) -> Iterator[None]:
+    """Inside the block, ``engine.load_checkpoint`` reads every file with the ``weights_only`` unpickler.
+
+    DeepSpeed's own checkpoint engine calls ``torch.load(weights_only=False)``; it is swapped for one that
+    loads through :func:`load_tensor_file` (so a file changed after :func:`check_tensor_only` still
+    cannot run code), and restored afterwards.
+    """
+    from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
+
+    class TensorOnlyCheckpointEngine(TorchCheckpointEngine):
+        def load(self, path: str, map_location: Any = None) -> Any:
+            return load_tensor_file(path, map_location=map_location)
+
+    original = engine.checkpoint_engine
+    engine.checkpoint_engine = TensorOnlyCheckpointEngine(engine._config)
+    try:
+        yield
+    finally:
+        engine.checkpoint_engine = original
 
 
 def step_name(step: int) -> str:
@@ -88,6 +182,7 @@ class Checkpointer:
         self.root = cfg.dir.rstrip("/") if storage.is_s3(cfg.dir) else str(Path(cfg.dir))
         self.ctx = ctx
         self.last_save = time.monotonic()
+        self.quarantined: list[dict[str, str]] = []
 
     # -- when ---------------------------------------------------------------------------------------
     def due(self, step: int) -> bool:
@@ -97,6 +192,10 @@ class Checkpointer:
         return by_steps or by_time
 
     # -- where from -----------------------------------------------------------------------------------
+    def uri(self, step: int) -> str:
+        """Where checkpoint ``step`` lives (local path or ``s3://`` URI)."""
+        return storage.join(self.root, step_name(step))
+
     def resume_step(self) -> int | None:
         """The step to resume from (newest complete checkpoint), or None to start fresh (same on all ranks)."""
         steps = complete_steps(self.root) if self.ctx.is_main else []
@@ -111,13 +210,73 @@ class Checkpointer:
         return steps[-1] if steps else None
 
     def fetch(self, step: int, workdir: str | Path) -> Path:
-        """A local, verified copy of checkpoint ``step`` (the directory itself when local)."""
-        uri = storage.join(self.root, step_name(step))
+        """A local, verified, tensor-only copy of checkpoint ``step`` (the directory itself when local).
+
+        Raises:
+            ArtifactIncompleteError: a file is missing or its sha256 differs (named by URI), or the
+                manifest is unreadable or not this step's; :class:`UnsafeCheckpointError` for a pickle
+                that could run code.
+        """
+        uri = self.uri(step)
         local = storage.localize(uri, workdir) if storage.is_s3(uri) else Path(uri)
-        manifest = read_manifest(local, verify=True)
-        if manifest.get("kind") != KIND or manifest.get("step") != step:
-            raise StorageError(f"{uri}: manifest is not the checkpoint of step {step}")
+        try:
+            manifest = read_manifest(local, verify=True)
+        except ArtifactIncompleteError as exc:  # name the checkpoint, not this machine's temporary copy
+            raise type(exc)(str(exc).replace(str(local), uri)) from exc
+        except (AttributeError, KeyError, TypeError) as exc:  # valid JSON of the wrong shape
+            raise ArtifactIncompleteError(f"{uri}: {MANIFEST} is not a checkpoint manifest ({exc!r})") from exc
+        if not isinstance(manifest, dict) or manifest.get("kind") != KIND or manifest.get("step") != step:
+            raise ArtifactIncompleteError(f"{uri}: manifest is not the checkpoint of step {step}")
+        check_tensor_only(local, uri=uri)
         return local
+
+    def fetch_newest_valid(self, workdir: str | Path) -> tuple[int, Path] | None:
+        """The newest checkpoint that verifies, fetched into ``workdir``; newer bad ones are quarantined.
+
+        Called on every rank. Rank 0 tries the complete checkpoints newest first; one that fails
+        :meth:`fetch` is moved to ``<dir>/quarantine/`` (:meth:`quarantine`) and the next older one is
+        tried. The other ranks then fetch the step rank 0 chose. Returns ``(step, local folder)``, or
+        ``None`` when no checkpoint verifies; either way :attr:`quarantined` lists
+        ``{"uri", "moved_to", "reason"}`` of each checkpoint moved aside.
+        """
+        chosen: int | None = None
+        quarantined: list[dict[str, str]] = []
+        folder: Path | None = None
+        if self.ctx.is_main:
+            for step in reversed(complete_steps(self.root)):
+                try:
+                    folder = self.fetch(step, Path(workdir, step_name(step)))
+                except ArtifactIncompleteError as exc:  # the content is bad; a storage outage is not caught
+                    quarantined.append(self.quarantine(step, str(exc)))
+                    continue
+                chosen = step
+                break
+        chosen, quarantined = self.ctx.broadcast_object((chosen, quarantined))
+        self.quarantined = quarantined
+        if chosen is None:
+            return None
+        if not self.ctx.is_main:
+            folder = self.fetch(chosen, Path(workdir, step_name(chosen)))
+        assert folder is not None
+        return chosen, folder
+
+    def quarantine(self, step: int, reason: str) -> dict[str, str]:
+        """Move checkpoint ``step`` to ``<dir>/quarantine/step-…-<time>`` so resume and prune skip it.
+
+        On S3 the files are copied first and the original deleted after (manifest first), so a crash
+        halfway leaves either the bad checkpoint, to be quarantined again, or none.
+        """
+        uri = self.uri(step)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        moved_to = storage.join(self.root, QUARANTINE, f"{step_name(step)}-{stamp}-{uuid.uuid4().hex[:6]}")
+        if storage.is_s3(uri):
+            storage.copy_tree(uri, moved_to)
+            _remove(uri)
+        else:
+            Path(moved_to).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(uri, moved_to)
+        logger.warning("checkpoint %s is not usable (%s); moved to %s, trying an older one", uri, reason, moved_to)
+        return {"uri": uri, "moved_to": moved_to, "reason": reason}
 
     # -- writing --------------------------------------------------------------------------------------
     def save(self, step: int, write_files: Callable[[Path], None], *, extra: dict[str, Any] | None = None) -> str:

@@ -23,7 +23,7 @@ from lmforge.report_html import page, table
 from lmforge.results import StageResult
 from lmforge.train.batches import IGNORE_INDEX, open_matching_shards, shard_batches
 from lmforge.train.distributed import describe_backend, distributed_context, main_rank_outputs, refuse_occupied
-from lmforge.train.loop import curves_section, evaluate, tokens_per_sec, train, whole_model
+from lmforge.train.loop import curves_section, evaluate, quarantine_facts, tokens_per_sec, train, whole_model
 from lmforge.train.losses import ChunkedKDLoss, KDTerms, causal_lm_loss
 
 logger = logging.getLogger("lmforge.distill")
@@ -225,6 +225,8 @@ def _run(
             "parameter_fraction": parameters / teacher_parameters,
             "tokens_per_sec": tokens_per_sec(history),
         }
+        moved_metrics, moved_summary = quarantine_facts(history)
+        metrics |= moved_metrics
         save_model_dir(student, tokenizer, out, history=history)
         write_manifest(out, "model", inputs=inputs, config=cfg.model_dump(mode="json"), metrics=metrics)
     logger.info("distill: student val loss %.4f, teacher %.4f, KL %.4f", student_val, teacher_val, kl)
@@ -239,4 +241,4 @@ def _run(
         f"{teacher.config.num_hidden_layers}-layer teacher, T={cfg.temperature}, alpha={cfg.alpha}, "
         f"{cfg.divergence} KL",
     )
-    return StageResult(metrics=metrics, html=html, summary={"model_dir": str(output_dir)})
+    return StageResult(metrics=metrics, html=html, summary={"model_dir": str(output_dir), **moved_summary})

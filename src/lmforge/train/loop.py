@@ -306,6 +306,7 @@ def train(
     }
     history |= {"eval_step": [], "eval_loss": [], "total_tokens": 0, "train_seconds": 0.0, "bad_steps": 0}
     history["resumed_from"] = None
+    history["quarantined_checkpoints"] = []
     window = {"loss": 0.0, "steps": 0, "tokens": 0, "seconds": 0.0}
     bad_in_row = 0
     peak_flops = device_peak_flops(device, cfg.peak_flops)
@@ -345,34 +346,42 @@ def train(
     checkpointer = None
     start_step = 0
     if cfg.checkpoint.dir is not None:
-        from lmforge.train.checkpoint import Checkpointer
+        from lmforge.train.checkpoint import Checkpointer, load_tensor_file, tensor_only_deepspeed_loading
 
         checkpointer = Checkpointer(cfg.checkpoint, ctx)
-        resume = checkpointer.resume_step()
-        if resume is not None:
+        if checkpointer.resume_step() is not None:
             with tempfile.TemporaryDirectory(prefix="lmforge-resume-") as scratch:
-                folder = checkpointer.fetch(resume, scratch)
-                state = json.loads((folder / TRAINER_STATE).read_text(encoding="utf-8"))
-                if state["global_batch"] != global_batch or state["seed"] != cfg.seed:
-                    raise ConfigError(
-                        f"checkpoint {folder} was made with global batch {state['global_batch']} and seed "
-                        f"{state['seed']}; this run has {global_batch} and {cfg.seed}, so it would see other data"
-                    )
-                if engine is not None:
-                    engine.load_checkpoint(str(folder), tag=DEEPSPEED_TAG, load_lr_scheduler_states=False)
-                else:
-                    from safetensors.torch import load_model
+                found = checkpointer.fetch_newest_valid(scratch)  # quarantines newer ones that do not verify
+                if found is not None:
+                    resume, folder = found
+                    state = json.loads((folder / TRAINER_STATE).read_text(encoding="utf-8"))
+                    if state["global_batch"] != global_batch or state["seed"] != cfg.seed:
+                        raise ConfigError(
+                            f"checkpoint {checkpointer.uri(resume)} was made with global batch "
+                            f"{state['global_batch']} and seed {state['seed']}; this run has {global_batch} and "
+                            f"{cfg.seed}, so it would see other data"
+                        )
+                    if engine is not None:
+                        with tensor_only_deepspeed_loading(engine):
+                            engine.load_checkpoint(str(folder), tag=DEEPSPEED_TAG, load_lr_scheduler_states=False)
+                    else:
+                        from safetensors.torch import load_model
 
-                    load_model(model, str(folder / MODEL_STATE), device=str(device))
-                    optimizer.load_state_dict(torch.load(folder / OPTIMIZER_STATE, weights_only=True))
-                if state["scaler"] is not None:
-                    scaler.load_state_dict(state["scaler"])
-                rng_states = json.loads((folder / RNG_STATE).read_text(encoding="utf-8"))
-                _set_rng_state(rng_states[ctx.rank % len(rng_states)], device)
-            history, window, bad_in_row = state["history"], state["window"], state["bad_in_row"]
-            history["resumed_from"] = start_step = state["step"]
-            if ctx.is_main:
-                logger.info("%s: resumed from checkpoint step %d", desc, start_step)
+                        load_model(model, str(folder / MODEL_STATE), device=str(device))
+                        optimizer.load_state_dict(load_tensor_file(folder / OPTIMIZER_STATE))
+                    if state["scaler"] is not None:
+                        scaler.load_state_dict(state["scaler"])
+                    rng_states = json.loads((folder / RNG_STATE).read_text(encoding="utf-8"))
+                    _set_rng_state(rng_states[ctx.rank % len(rng_states)], device)
+                    history, window, bad_in_row = state["history"], state["window"], state["bad_in_row"]
+                    history["resumed_from"] = start_step = state["step"]
+                    if ctx.is_main:
+                        logger.info("%s: resumed from checkpoint %s", desc, checkpointer.uri(resume))
+            # every checkpoint moved aside, by URI: training_history.json, the stage's summary and report
+            history["quarantined_checkpoints"] = [
+                *history.get("quarantined_checkpoints", []),
+                *checkpointer.quarantined,
+            ]
 
     def run_eval(step: int) -> None:
         loss = evaluate(model, eval_loss_fn, eval_batches(), precision=cfg.precision, device=device)
@@ -582,9 +591,17 @@ def tokens_per_sec(history: Mapping[str, Any]) -> float:
     return history["total_tokens"] / max(history["train_seconds"], 1e-9)
 
 
+def quarantine_facts(history: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
+    """Metrics and summary entries for the checkpoints resume moved to quarantine (both empty when none)."""
+    moved = history.get("quarantined_checkpoints") or []
+    if not moved:
+        return {}, {}
+    return {"quarantined_checkpoints": float(len(moved))}, {"quarantined_checkpoints": [m["uri"] for m in moved]}
+
+
 def curves_section(history: Mapping[str, Any], *, title: str = "Loss") -> list[tuple[str, str]]:
-    """Report sections for a history: train/eval loss and the learning-rate schedule."""
-    from lmforge.report_html import line_plot
+    """Report sections for a history: train/eval loss, the learning-rate schedule, quarantined checkpoints."""
+    from lmforge.report_html import line_plot, table
 
     loss = line_plot(
         {
@@ -596,4 +613,8 @@ def curves_section(history: Mapping[str, Any], *, title: str = "Loss") -> list[t
         ylabel="loss (nats/token)",
     )
     lr = line_plot({"lr": (history["step"], history["lr"])}, title="Learning rate", xlabel="step", ylabel="lr")
-    return [(title, loss), ("Learning rate", lr)]
+    sections = [(title, loss), ("Learning rate", lr)]
+    if moved := history.get("quarantined_checkpoints"):
+        rows = [[m["uri"], m["moved_to"], m["reason"]] for m in moved]
+        sections.append(("Quarantined checkpoints", table(["checkpoint", "moved to", "why"], rows)))
+    return sections

@@ -28,7 +28,7 @@ from lmforge.report_html import page, table
 from lmforge.results import StageResult
 from lmforge.train.batches import IGNORE_INDEX, batch_generator
 from lmforge.train.distributed import describe_backend, distributed_context, main_rank_outputs, refuse_occupied
-from lmforge.train.loop import curves_section, tokens_per_sec, train
+from lmforge.train.loop import curves_section, quarantine_facts, tokens_per_sec, train
 from lmforge.train.losses import causal_lm_loss
 
 logger = logging.getLogger("lmforge.finetune_lora")
@@ -353,6 +353,8 @@ def _run(
             "tokens_per_sec": tokens_per_sec(history),
             "split_examples": split_count,
         }
+        moved_metrics, moved_summary = quarantine_facts(history)
+        metrics |= moved_metrics
         config = cfg.model_dump(mode="json") | {"resolved_target_modules": targets, "scaling": cfg.scaling}
         model.save_pretrained(adapter_out)
         tokenizer.save_pretrained(adapter_out)
@@ -371,5 +373,7 @@ def _run(
         subtitle=f"r={cfg.r}, alpha={cfg.alpha} (scaling {cfg.scaling:.3g}), targets {', '.join(targets)}",
     )
     return StageResult(
-        metrics=metrics, html=html, summary={"adapter_dir": str(adapter_dir), "merged_dir": str(merged_dir)}
+        metrics=metrics,
+        html=html,
+        summary={"adapter_dir": str(adapter_dir), "merged_dir": str(merged_dir), **moved_summary},
     )

@@ -18,7 +18,7 @@ from lmforge.results import StageResult
 from lmforge.train.batches import open_matching_shards, shard_batches
 from lmforge.train.deepspeed_config import hf_zero3_init
 from lmforge.train.distributed import describe_backend, distributed_context, main_rank_outputs, refuse_occupied
-from lmforge.train.loop import curves_section, tokens_per_sec, train, whole_model
+from lmforge.train.loop import curves_section, quarantine_facts, tokens_per_sec, train, whole_model
 from lmforge.train.losses import causal_lm_loss
 from lmforge.train.mfu import model_flops_per_token
 
@@ -96,6 +96,8 @@ def run(cfg: PretrainConfig, shards_dir: str | Path, tokenizer_dir: str | Path, 
             "bad_steps": float(history["bad_steps"]),
             "world_size": float(ctx.world_size),
         }
+        moved_metrics, moved_summary = quarantine_facts(history)
+        metrics |= moved_metrics
         if history["mfu"] and history["mfu"][-1] is not None:
             metrics["mfu"] = history["mfu"][-1]
         save_model_dir(model.cpu(), tokenizer, out, history=history)
@@ -107,4 +109,4 @@ def run(cfg: PretrainConfig, shards_dir: str | Path, tokenizer_dir: str | Path, 
         [*curves_section(history), ("Metrics", table(["metric", "value"], list(metrics.items())))],
         subtitle=f"{cfg.model.arch}, {cfg.model.n_layer} layers, {parameters / 1e6:.2f}M parameters",
     )
-    return StageResult(metrics=metrics, html=html, summary={"model_dir": str(output_dir)})
+    return StageResult(metrics=metrics, html=html, summary={"model_dir": str(output_dir), **moved_summary})
