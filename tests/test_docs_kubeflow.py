@@ -8,9 +8,11 @@ Makefile and ``lmforge images --tag``; ``kubectl create secret|token`` and the p
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import kfp
@@ -69,10 +71,12 @@ def compiled(tmp_path_factory) -> tuple[Path, str, str]:
     registry = args[args.index("--registry") + 1]
     out = tmp_path_factory.mktemp("kfp")
     args[args.index("--root") + 1] = str(out)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("LMFORGE_IMAGE_REGISTRY", raising=False)
-        result = runner.invoke(app, args)
-    assert result.exit_code == 0, result.output
+    # A fresh process, as a user runs it: component modules read the registry when they are first imported.
+    env = {k: v for k, v in os.environ.items() if k != "LMFORGE_IMAGE_REGISTRY"}
+    result = subprocess.run(
+        [sys.executable, "-m", "lmforge", *args], capture_output=True, text=True, timeout=300, env=env, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
     return out, registry, runner.invoke(app, ["images", "--tag"]).output.strip()
 
 
