@@ -296,7 +296,9 @@ def cluster(tmp_path, s3_server, s3_env):
 
 def _job_config(s3_server, **kw) -> LaunchConfig:
     plain = {k: v for k, v in s3_server.env().items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    return LaunchConfig(num_nodes=2, gpus_per_node=0, env=plain, watch_window_s=2, wait_timeout_s=400, **kw)
+    return LaunchConfig(
+        num_nodes=2, gpus_per_node=0, namespace="lmforge", env=plain, watch_window_s=2, wait_timeout_s=400, **kw
+    )
 
 
 @pytest.mark.slow
