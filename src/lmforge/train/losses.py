@@ -27,15 +27,17 @@ def masked_ce(logits: torch.Tensor, targets: torch.Tensor, *, ignore_index: int 
     )
 
 
-def causal_lm_loss(model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, int]:
+def causal_lm_loss(model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """Loop loss for a ``{"input_ids", "targets"}`` batch: (masked mean CE, number of scored tokens).
+
+    The count stays a tensor on the batch's device, so that the loop reads it back only when it logs.
 
     No attention mask is passed: batches are right-padded and attention is causal, so no scored
     position can attend to padding.
     """
     logits = model(input_ids=batch["input_ids"], use_cache=False).logits
     targets = batch["targets"]
-    return masked_ce(logits, targets), int((targets != IGNORE_INDEX).sum())
+    return masked_ce(logits, targets), (targets != IGNORE_INDEX).sum()
 
 
 def kd_loss(
