@@ -17,9 +17,12 @@ Three sections, each writing JSON to ``bench/results/``:
     of our MinHash LSH in several shingle/band settings and, with ``--peer datatrove``, of datatrove's.
 ``memory`` (``data_memory.json``)
     One run of ours on a large corpus (``--mb 1024``) with the process's RSS sampled over the run.
+``workers`` (``data_workers.json``)
+    ``clean_shard`` on the whole corpus with 1 worker process and with ``--workers`` (default: the CPUs
+    available), alternating, ``--repeat`` rounds: docs/s of each and the ratio per round.
 
 Every run is a fresh interpreter (imports and start-up are in its wall time, nothing else is in the
-process), on one core: ours is one process, datatrove runs every stage with ``workers=1``. Peak RSS is
+process), on one core: ours is one process (``workers: 1``; the ``workers`` section compares more), datatrove runs every stage with ``workers=1``. Peak RSS is
 the child's ``ru_maxrss`` from ``wait4`` (the largest single process of its tree) and the largest sampled
 sum of ``VmRSS`` over the child and its descendants (datatrove starts a ``multiprocess`` manager process
 even with one worker).
@@ -27,6 +30,7 @@ even with one worker).
     python bench/data_bench.py throughput --mb 50 --peer datatrove
     python bench/data_bench.py recall --peer datatrove
     python bench/data_bench.py memory --mb 1024 --no-langid
+    python bench/data_bench.py workers --mb 10 --repeat 3
 """
 
 from __future__ import annotations
@@ -105,6 +109,16 @@ def child_ours(spec: dict[str, Any]) -> dict[str, Any]:
     wall = time.perf_counter() - start
     kept = [r["id"] for r in clean.read_cleaned(spec["out"], verify=False)] if spec.get("kept_ids") else None
     return {"wall_s": wall, "metrics": result.metrics, "kept_ids": kept}
+
+
+def child_shard(spec: dict[str, Any]) -> dict[str, Any]:
+    """``clean.clean_shard`` over the whole corpus as one shard (with ``spec["overrides"]``'s worker count)."""
+    from lmforge.data import clean
+
+    cfg = _clean_config(spec["preset"], spec["overrides"])
+    start = time.perf_counter()
+    result = clean.clean_shard(cfg, spec["corpus"], spec["out"])
+    return {"wall_s": time.perf_counter() - start, "metrics": result.metrics}
 
 
 def _patch_xxhash_for_datatrove() -> None:
@@ -336,9 +350,9 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
         corpus = scratch / "corpus.jsonl"
         docs, size = build_corpus(corpus, args.mb, args.edit_rate, args.seed)
         runs: dict[str, dict[str, Any]] = {}
-        plan = [("ours, no language ID", "ours", {"language": {"enabled": False}})]
+        plan = [("ours, no language ID", "ours", {"language": {"enabled": False}, "workers": 1})]
         if not args.no_langid:
-            plan.append(("ours, lingua language ID", "ours", {}))
+            plan.append(("ours, lingua language ID", "ours", {"workers": 1}))
         if args.peer == "datatrove":
             plan.append(("datatrove (workers=1), no language ID", "datatrove", {}))
         for label, kind, overrides in plan:
@@ -517,6 +531,44 @@ def recall(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def workers(args: argparse.Namespace) -> dict[str, Any]:
+    """``clean_shard`` with 1 and with N worker processes, alternating, ``--repeat`` rounds; docs/s and the ratio."""
+    from lmforge.cpus import available_cpus
+
+    n = args.workers or available_cpus()
+    scratch = Path(tempfile.mkdtemp(prefix="lmforge-workers-bench-", dir=args.scratch))
+    try:
+        corpus = scratch / "corpus.jsonl"
+        docs, size = build_corpus(corpus, args.mb, args.edit_rate, args.seed)
+        rounds = []
+        for rep in range(args.repeat):
+            row: dict[str, Any] = {"round": rep + 1, "load_start": os.getloadavg()[0]}
+            for count in (1, n):
+                out = scratch / f"out-{rep}-{count}"
+                overrides = {"language": {"enabled": False}, "workers": count}
+                spec = {"corpus": str(corpus), "out": str(out), "preset": args.preset, "overrides": overrides}
+                run = measure("shard", spec)
+                shutil.rmtree(out, ignore_errors=True)
+                row[f"docs_per_s_{count}"] = docs / run["wall_s"]
+                row[f"wall_s_{count}"] = run["wall_s"]
+                row[f"peak_tree_rss_mb_{count}"] = run["peak_tree_rss_mb"]
+                row[f"docs_out_{count}"] = int(run["metrics"]["docs_out"])
+            row["speedup"] = row[f"docs_per_s_{n}"] / row["docs_per_s_1"]
+            row["load_end"] = os.getloadavg()[0]
+            rounds.append(row)
+            one, many = row["docs_per_s_1"], row[f"docs_per_s_{n}"]
+            print(
+                f"round {rep + 1}: {one:.0f} docs/s on 1 process, {many:.0f} on {n}: {row['speedup']:.2f}x "
+                f"(load {row['load_start']:.1f}-{row['load_end']:.1f})",
+                flush=True,
+            )
+        speedups = sorted(r["speedup"] for r in rounds)
+        return {"corpus_mb": size / 1e6, "docs_in": docs, "workers": n, "rounds": rounds,
+                "median_speedup": speedups[len(speedups) // 2]}  # fmt: skip
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def memory(args: argparse.Namespace) -> dict[str, Any]:
     scratch = Path(tempfile.mkdtemp(prefix="lmforge-memory-bench-", dir=args.scratch))
     try:
@@ -553,18 +605,21 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_child":
         kind, spec_path, result_path = sys.argv[2:5]
         spec = json.loads(Path(spec_path).read_text())
-        result = child_ours(spec) if kind == "ours" else child_datatrove(spec)
+        result = {"ours": child_ours, "shard": child_shard, "datatrove": child_datatrove}[kind](spec)
         Path(result_path).write_text(json.dumps(result))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("section", nargs="?", default="throughput", choices=["throughput", "recall", "memory"])
+    parser.add_argument(
+        "section", nargs="?", default="throughput", choices=["throughput", "recall", "memory", "workers"]
+    )
     parser.add_argument("--mb", type=float, default=None, help="corpus size in MB (50; memory: 1024)")
     parser.add_argument("--edit-rate", type=float, default=0.03, help="fraction of words substituted per copy")
     parser.add_argument("--peer", choices=["datatrove"], default=None, help="also run the same work in datatrove")
     parser.add_argument(
         "--no-langid", action="store_true", help="throughput: skip ours with lingua; memory: run without it"
     )
-    parser.add_argument("--repeat", type=int, default=1, help="runs per row; the fastest is reported")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per row; the fastest is reported (workers: rounds)")
+    parser.add_argument("--workers", type=int, default=0, help="workers: processes against 1 (0: the CPUs available)")
     parser.add_argument("--copies", type=int, default=200, help="recall: near copies per edit rate")
     parser.add_argument("--preset", default="tiny-cpu")
     parser.add_argument("--seed", type=int, default=0)
@@ -573,10 +628,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.mb is None:
         args.mb = 1024.0 if args.section == "memory" else 50.0
-    section = {"throughput": throughput, "recall": recall, "memory": memory}[args.section]
+    section = {"throughput": throughput, "recall": recall, "memory": memory, "workers": workers}[args.section]
     started = machine()
     body = section(args)
     default = {"throughput": "data_bench.json", "recall": "data_recall.json", "memory": "data_memory.json"}
+    default["workers"] = "data_workers.json"
     path = args.json or RESULTS / default[args.section]
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"machine": started, "versions": _versions(), "args": vars(args) | {"json": str(path)}, **body}
