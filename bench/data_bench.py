@@ -22,10 +22,10 @@ Three sections, each writing JSON to ``bench/results/``:
     available), alternating, ``--repeat`` rounds: docs/s of each and the ratio per round.
 
 Every run is a fresh interpreter (imports and start-up are in its wall time, nothing else is in the
-process), on one core: ours is one process (``workers: 1``; the ``workers`` section compares more), datatrove runs every stage with ``workers=1``. Peak RSS is
-the child's ``ru_maxrss`` from ``wait4`` (the largest single process of its tree) and the largest sampled
-sum of ``VmRSS`` over the child and its descendants (datatrove starts a ``multiprocess`` manager process
-even with one worker).
+process), on one core: ours is one process (``workers: 1``; the ``workers`` section compares more),
+datatrove runs every stage with ``workers=1``. Peak RSS is the child's ``ru_maxrss`` from ``wait4`` (the
+largest single process of its tree) and the largest sampled sum of ``VmRSS`` over the child and its
+descendants (datatrove starts a ``multiprocess`` manager process even with one worker).
 
     python bench/data_bench.py throughput --mb 50 --peer datatrove
     python bench/data_bench.py recall --peer datatrove
