@@ -21,6 +21,7 @@ alternating, the ratio lmforge/reference per round; ``--variants`` names the spe
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -114,13 +115,62 @@ REF_SHAPE = {"n_layer": 4, "n_head": 4, "n_embd": 256, "block_size": 256, "batch
 REF_WARMUP_STEPS = 2  # steps per run left out of tokens/s (allocation; with compile, compilation)
 # Each variant switches lmforge's speed-ups on or off; "before" is the loop as it was before them.
 VARIANTS: dict[str, dict[str, Any]] = {
-    "before": {"gelu": "gelu_new", "fused_optimizer": False, "prefetch_batches": 0, "compile": False},
-    "+fused_gelu": {"gelu": "gelu_pytorch_tanh", "fused_optimizer": False, "prefetch_batches": 0, "compile": False},
-    "+fused_adamw": {"gelu": "gelu_new", "fused_optimizer": True, "prefetch_batches": 0, "compile": False},
-    "+prefetch": {"gelu": "gelu_new", "fused_optimizer": False, "prefetch_batches": 2, "compile": False},
-    "+compile": {"gelu": "gelu_new", "fused_optimizer": False, "prefetch_batches": 0, "compile": True},
-    "lmforge": {"gelu": "gelu_pytorch_tanh", "fused_optimizer": True, "prefetch_batches": 2, "compile": False},
-    "lmforge+compile": {"gelu": "gelu_pytorch_tanh", "fused_optimizer": True, "prefetch_batches": 2, "compile": True},
+    "before": {
+        "gelu": "gelu_new",
+        "fused_optimizer": False,
+        "prefetch_batches": 0,
+        "compile": False,
+        "fused_ce": False,
+    },
+    "+fused_gelu": {
+        "gelu": "gelu_pytorch_tanh",
+        "fused_optimizer": False,
+        "prefetch_batches": 0,
+        "compile": False,
+        "fused_ce": False,
+    },
+    "+fused_adamw": {
+        "gelu": "gelu_new",
+        "fused_optimizer": True,
+        "prefetch_batches": 0,
+        "compile": False,
+        "fused_ce": False,
+    },
+    "+prefetch": {
+        "gelu": "gelu_new",
+        "fused_optimizer": False,
+        "prefetch_batches": 2,
+        "compile": False,
+        "fused_ce": False,
+    },
+    "+fused_ce": {
+        "gelu": "gelu_new",
+        "fused_optimizer": False,
+        "prefetch_batches": 0,
+        "compile": False,
+        "fused_ce": True,
+    },
+    "+compile": {
+        "gelu": "gelu_new",
+        "fused_optimizer": False,
+        "prefetch_batches": 0,
+        "compile": True,
+        "fused_ce": False,
+    },
+    "lmforge": {
+        "gelu": "gelu_pytorch_tanh",
+        "fused_optimizer": True,
+        "prefetch_batches": 2,
+        "compile": False,
+        "fused_ce": True,
+    },
+    "lmforge+compile": {
+        "gelu": "gelu_pytorch_tanh",
+        "fused_optimizer": True,
+        "prefetch_batches": 2,
+        "compile": True,
+        "fused_ce": True,
+    },
 }
 
 
@@ -226,7 +276,8 @@ def lmforge_run(steps: int, variant: dict[str, Any]) -> dict[str, float]:
     def batch(step: int, micro: int) -> dict[str, torch.Tensor]:
         return random_windows(tokens, batch_size=cfg.batch_size, seq_len=cfg.seq_len, seed=cfg.seed, step=step)
 
-    history = train(model, cfg, causal_lm_loss, batch, lambda: [batch(0, 0)], desc="bench")
+    loss_fn = functools.partial(causal_lm_loss, fused_ce=variant["fused_ce"])
+    history = train(model, cfg, loss_fn, batch, lambda: [batch(0, 0)], desc="bench")
     rates = history["tokens_per_sec"][1:]
     return {
         "tokens_per_sec": len(rates) / sum(1.0 / r for r in rates),

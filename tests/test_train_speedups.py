@@ -1,7 +1,8 @@
-"""The loop's speed-ups change no numbers: fused tanh-GELU, fused AdamW, no per-step sync, prefetch, compile."""
+"""The loop's speed-ups change no numbers: fused GELU, fused CE, fused AdamW, no per-step sync, prefetch, compile."""
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -32,12 +33,13 @@ def _batch(step: int, micro: int) -> dict[str, torch.Tensor]:
     return random_windows(TOKENS, batch_size=4, seq_len=32, seed=0, step=step, micro=micro, grad_accum=2)
 
 
-def _train(activation: str, steps: int = 50, **overrides) -> dict:
+def _train(activation: str, steps: int = 50, fused_ce: bool = True, **overrides) -> dict:
     cfg = TrainConfig(
         max_steps=steps, batch_size=4, grad_accum=2, seq_len=32, lr=3e-3, min_lr=3e-4, warmup_steps=5,
         precision="fp32", eval_interval=steps, eval_batches=1, seed=0, **overrides,
     )  # fmt: skip
-    return train(_model(activation), cfg, causal_lm_loss, _batch, lambda: [_batch(0, 0)])
+    loss_fn = functools.partial(causal_lm_loss, fused_ce=fused_ce)
+    return train(_model(activation), cfg, loss_fn, _batch, lambda: [_batch(0, 0)])
 
 
 def test_new_gpt2_models_use_the_fused_tanh_gelu_with_gelu_new_logits_within_1e5():
@@ -49,9 +51,31 @@ def test_new_gpt2_models_use_the_fused_tanh_gelu_with_gelu_new_logits_within_1e5
     assert difference < 1e-5
 
 
+def test_fused_cross_entropy_matches_autograd_loss_and_gradient_with_ignored_positions():
+    from lmforge.train.losses import masked_ce
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 7, 50, requires_grad=True)
+    targets = torch.randint(0, 50, (3, 7))
+    targets[0, :4] = -100
+    grads = []
+    for fused in (True, False):
+        logits.grad = None
+        loss = masked_ce(logits, targets, fused=fused)
+        (2.5 * loss).backward()
+        grads.append((loss.detach(), logits.grad.clone()))
+    assert torch.allclose(grads[0][0], grads[1][0], atol=1e-6)
+    assert torch.allclose(grads[0][1], grads[1][1], atol=1e-7)
+    assert grads[0][1][0, :4].abs().sum() == 0  # ignored positions get no gradient
+    loss = masked_ce(logits, targets)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward ran twice"):
+        loss.backward()
+
+
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_fifty_steps_with_every_speed_up_match_eager_fp32_within_1e4_per_step(compiled):
-    eager = _train("gelu_new", **EAGER)
+    eager = _train("gelu_new", fused_ce=False, **EAGER)
     fast = _train(FUSED_GPT2_GELU, fused_optimizer=True, prefetch_batches=2, compile=compiled, log_interval=1)
     worst = max(abs(a - b) for a, b in zip(eager["train_loss"], fast["train_loss"], strict=True))
     assert len(fast["train_loss"]) == 50 and worst < 1e-4, f"max |Δloss| {worst:.2e}"
