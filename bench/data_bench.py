@@ -207,7 +207,10 @@ def dedup_memory(args: argparse.Namespace) -> dict[str, Any]:
     try:
         for shard_count in (1, 8):
             root = scratch / f"s{shard_count}"
-            shards = synthetic_signature_shards(root, args.docs, shard_count, args.seed)
+            # in a child: a forked child's ru_maxrss starts from its parent's, so the parent stays small
+            made = measure("synth", {"root": str(root), "docs": args.docs, "shards": shard_count, "seed": args.seed,
+                                     "out": str(root) + ".synth"})  # fmt: skip
+            shards = made["shards"]
             parts = args.parts
             groups = band_groups(CleanConfig().near_dedup.bands, args.groups)
 
@@ -712,6 +715,9 @@ def main() -> None:
         kind, spec_path, result_path = sys.argv[2:5]
         spec = json.loads(Path(spec_path).read_text())
         children = {"ours": child_ours, "shard": child_shard, "dedup": child_dedup_step, "datatrove": child_datatrove}
+        children["synth"] = lambda spec: {
+            "shards": synthetic_signature_shards(Path(spec["root"]), spec["docs"], spec["shards"], spec["seed"])
+        }
         result = children[kind](spec)
         Path(result_path).write_text(json.dumps(result))
         return
