@@ -472,8 +472,8 @@ class TrainConfig(StrictModel):
     )
     compile: bool = Field(
         False,
-        description="torch.compile the model and loss (inductor, on GPU and on CPU with a C++ compiler); the first "
-        "step compiles and is left out of tokens/s and MFU.",
+        description="torch.compile the model (inductor, on GPU and on CPU with a C++ compiler); the first step "
+        "compiles and is left out of tokens/s and MFU.",
     )
     fused_optimizer: bool = Field(
         True,

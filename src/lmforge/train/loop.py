@@ -385,7 +385,6 @@ def train(
         )
     else:
         forward_model = model
-    step_loss_fn = loss_fn
     if cfg.compile:
         forward_model = torch.compile(forward_model)
 
@@ -542,7 +541,7 @@ def train(
                 sync = contextlib.nullcontext() if last or engine is not None or not ctx.distributed else None
                 with sync or forward_model.no_sync():
                     with autocast(cfg.precision, device):
-                        loss, n_tokens = step_loss_fn(forward_model, batch)
+                        loss, n_tokens = loss_fn(forward_model, batch)
                     if engine is not None:
                         engine.backward(loss)  # scales by 1/grad_accum itself
                         engine.step()  # steps the optimizer only at the accumulation boundary
