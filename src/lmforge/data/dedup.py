@@ -18,6 +18,7 @@ import hashlib
 import itertools
 import json
 import logging
+import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -204,8 +205,9 @@ def read_removed(dedup_dir: str | Path) -> dict[int, tuple[str, int]]:
 #                 hashed into P parts)                       within each band bucket, exact duplicates left out
 # union          (union-find over the pairs only)         -> the same ``dedup-plan`` as :func:`run`
 #
-# Each step reads every shard's signature files memory-mapped, a block of rows at a time, and holds only the
-# rows of its part: an exact part ~24 bytes per document of its part, a band part ~(8·bands + 16) bytes.
+# Each step reads every shard's signature files a block of rows at a time (pread, not a memory map) and holds
+# only the rows of its part: an exact part ~24 bytes per document of its part plus a dict entry, a band part
+# ~(24 + 24) bytes per document and band of its group (entry and sort copy).
 # The union step holds the pairs and the documents named in them, never the whole corpus.
 
 PAIRS = "pairs.parquet"
@@ -214,14 +216,63 @@ PAIRS_SCHEMA = pa.schema([("key", pa.int64()), ("duplicate_of", pa.int64())])
 _BLOCK_ROWS = 65_536  # signature rows read at a time from a memory-mapped shard file
 
 
-def _signature_files(shard_dir: str | Path) -> dict[str, np.ndarray]:
-    """One shard's signature arrays, memory-mapped (checksums verified once)."""
+class _NpyRows:
+    """Rows of a 2-D (or 1-D) ``.npy`` file read on demand with ``pread``.
+
+    Not a memory map on purpose: mapped pages a step has read stay in its resident set, so a step that scans
+    a shard would hold the whole file; read rows are ordinary buffers that go when dropped.
+    """
+
+    def __init__(self, path: Path) -> None:
+        with open(path, "rb") as fh:
+            version = np.lib.format.read_magic(fh)
+            read_header = (
+                np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            )
+            shape, fortran, dtype = read_header(fh)
+            self.offset = fh.tell()
+        if fortran:
+            raise InputDataError(f"{path}: Fortran-ordered array; expected one written by lmforge")
+        self.path, self.dtype, self.shape = path, dtype, shape
+        self.row_shape = shape[1:]
+        self.row_bytes = dtype.itemsize * int(np.prod(self.row_shape, dtype=np.int64))
+        self._fd = os.open(path, os.O_RDONLY)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` (clipped to the file)."""
+        stop = min(stop, len(self))
+        count = max(0, stop - start)
+        data = os.pread(self._fd, count * self.row_bytes, self.offset + start * self.row_bytes)
+        return np.frombuffer(data, dtype=self.dtype).reshape(count, *self.row_shape)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _signature_files(shard_dir: str | Path) -> dict[str, _NpyRows]:
+    """One shard's signature arrays, opened for reading rows on demand (checksums verified once)."""
     manifest = read_manifest(shard_dir, verify=True)
     if manifest.get("kind") != "cleaned-shard":
         raise InputDataError(f"{shard_dir}: artifact kind {manifest.get('kind')!r}, expected 'cleaned-shard'")
-    return {
-        name: np.load(Path(shard_dir, file), mmap_mode="r", allow_pickle=False) for name, file in SIGNATURES.items()
-    }
+    return {name: _NpyRows(Path(shard_dir, file)) for name, file in SIGNATURES.items()}
+
+
+def _close(files: dict[str, _NpyRows]) -> None:
+    for rows in files.values():
+        rows.close()
+
+
+_ROW_BITS = 40  # a band part locates a document as shard << 40 | row
+
+
+def _row(files: list[dict[str, _NpyRows]], where: int) -> np.ndarray:
+    """The MinHash signature at ``shard << _ROW_BITS | row``."""
+    return files[where >> _ROW_BITS]["minhash"].rows(
+        where & ((1 << _ROW_BITS) - 1), (where & ((1 << _ROW_BITS) - 1)) + 1
+    )[0]
 
 
 def _part_of(values: np.ndarray, parts: int) -> np.ndarray:
@@ -261,10 +312,11 @@ def exact_part(
         for shard_dir in shard_dirs:
             files = _signature_files(shard_dir)
             for start in range(0, len(files["keys"]), _BLOCK_ROWS):
-                digests = np.asarray(files["exact"][start : start + _BLOCK_ROWS])
+                digests = files["exact"].rows(start, start + _BLOCK_ROWS)
                 mine = _part_of(digests[:, :8].copy().view(np.uint64).ravel(), parts) == part
-                found_keys.append(np.asarray(files["keys"][start : start + _BLOCK_ROWS])[mine])
+                found_keys.append(files["keys"].rows(start, start + _BLOCK_ROWS)[mine])
                 found_digests.append(digests[mine])
+            _close(files)
     pairs: list[tuple[int, int]] = []
     if found_keys:
         keys, digests = np.concatenate(found_keys), np.concatenate(found_digests)
@@ -303,23 +355,21 @@ def band_part(
         hasher = MinHasher(near)
         removed = {int(k) for d in exact_dirs for k in _read_pairs(d, EXACT_PART_KIND)[:, 0]}
         files = [_signature_files(d) for d in shard_dirs]
-        # per band: (band key, document key, shard, row) of this part's documents
+        # per band: (band key, document key, where: shard << 40 | row) of this part's documents, 24 bytes each
         found: list[list[np.ndarray]] = [[] for _ in range(hi - lo)]
         for shard, sig in enumerate(files):
             for start in range(0, len(sig["keys"]), _BLOCK_ROWS):
-                keys = np.asarray(sig["keys"][start : start + _BLOCK_ROWS])
+                keys = sig["keys"].rows(start, start + _BLOCK_ROWS)
                 alive = np.fromiter((k not in removed for k in keys.tolist()), bool, len(keys))
-                columns = np.asarray(sig["minhash"][start : start + _BLOCK_ROWS, lo * near.rows : hi * near.rows])
+                columns = sig["minhash"].rows(start, start + _BLOCK_ROWS)[:, lo * near.rows : hi * near.rows]
                 band_keys = hasher.band_keys(columns)
-                rows = np.arange(start, start + len(keys), dtype=np.int64)
+                where = (shard << _ROW_BITS) + np.arange(start, start + len(keys), dtype=np.int64)
                 for b in range(hi - lo):
                     mine = alive & (_part_of(band_keys[:, b], parts) == part)
-                    block = np.stack(
-                        [band_keys[mine, b].view(np.int64), keys[mine], np.full(mine.sum(), shard), rows[mine]], axis=1
-                    )
-                    found[b].append(block)
+                    found[b].append(np.stack([band_keys[mine, b].view(np.int64), keys[mine], where[mine]], axis=1))
         for blocks in found:
-            table = np.concatenate(blocks) if blocks else np.empty((0, 4), np.int64)
+            table = np.concatenate(blocks) if blocks else np.empty((0, 3), np.int64)
+            blocks.clear()
             table = table[np.lexsort((table[:, 1], table[:, 0]))]  # by band key, then document key
             starts = np.flatnonzero(np.concatenate(([True], table[1:, 0] != table[:-1, 0]))) if len(table) else []
             ends = np.append(starts[1:], len(table)) if len(table) else []
@@ -327,13 +377,15 @@ def band_part(
                 if e - s < 2:
                     continue
                 head = table[s]
-                head_sig = files[int(head[2])]["minhash"][int(head[3])] if near.min_similarity > 0 else None
+                head_sig = _row(files, int(head[2])) if near.min_similarity > 0 else None
                 for other in table[s + 1 : e]:
                     if head_sig is not None:
-                        other_sig = files[int(other[2])]["minhash"][int(other[3])]
+                        other_sig = _row(files, int(other[2]))
                         if float(np.mean(head_sig == other_sig)) < near.min_similarity:
                             continue
                     pairs.append((int(other[1]), int(head[1])))
+        for shard_files in files:
+            _close(shard_files)
     return _write_pairs(BAND_PART_KIND, pairs, cfg, {"bands": [lo, hi], "part": [part, parts]}, output_dir)
 
 
