@@ -17,16 +17,24 @@ Three sections, each writing JSON to ``bench/results/``:
     of our MinHash LSH in several shingle/band settings and, with ``--peer datatrove``, of datatrove's.
 ``memory`` (``data_memory.json``)
     One run of ours on a large corpus (``--mb 1024``) with the process's RSS sampled over the run.
+``dedup`` (``data_dedup_memory.json``)
+    Peak RSS and time of the single-pod dedup and of each step of the partitioned one (exact parts, band
+    parts, union) over ``--docs`` synthetic signatures in 1 and in 8 shards; both must give the same plan.
+``workers`` (``data_workers.json``)
+    ``clean_shard`` on the whole corpus with 1 worker process and with ``--workers`` (default: the CPUs
+    available), alternating, ``--repeat`` rounds: docs/s of each and the ratio per round.
 
 Every run is a fresh interpreter (imports and start-up are in its wall time, nothing else is in the
-process), on one core: ours is one process, datatrove runs every stage with ``workers=1``. Peak RSS is
-the child's ``ru_maxrss`` from ``wait4`` (the largest single process of its tree) and the largest sampled
-sum of ``VmRSS`` over the child and its descendants (datatrove starts a ``multiprocess`` manager process
-even with one worker).
+process), on one core: ours is one process (``workers: 1``; the ``workers`` section compares more),
+datatrove runs every stage with ``workers=1``. Peak RSS is the child's ``ru_maxrss`` from ``wait4`` (the
+largest single process of its tree) and the largest sampled sum of ``VmRSS`` over the child and its
+descendants (datatrove starts a ``multiprocess`` manager process even with one worker).
 
     python bench/data_bench.py throughput --mb 50 --peer datatrove
     python bench/data_bench.py recall --peer datatrove
     python bench/data_bench.py memory --mb 1024 --no-langid
+    python bench/data_bench.py workers --mb 10 --repeat 3
+    python bench/data_bench.py dedup --docs 1000000 --groups 4 --parts 1
 """
 
 from __future__ import annotations
@@ -105,6 +113,121 @@ def child_ours(spec: dict[str, Any]) -> dict[str, Any]:
     wall = time.perf_counter() - start
     kept = [r["id"] for r in clean.read_cleaned(spec["out"], verify=False)] if spec.get("kept_ids") else None
     return {"wall_s": wall, "metrics": result.metrics, "kept_ids": kept}
+
+
+def child_shard(spec: dict[str, Any]) -> dict[str, Any]:
+    """``clean.clean_shard`` over the whole corpus as one shard (with ``spec["overrides"]``'s worker count)."""
+    from lmforge.data import clean
+
+    cfg = _clean_config(spec["preset"], spec["overrides"])
+    start = time.perf_counter()
+    result = clean.clean_shard(cfg, spec["corpus"], spec["out"])
+    return {"wall_s": time.perf_counter() - start, "metrics": result.metrics}
+
+
+def child_dedup_step(spec: dict[str, Any]) -> dict[str, Any]:
+    """One dedup step (``single``, ``exact``, ``band`` or ``union``) over synthetic signature shards."""
+    import resource
+
+    from lmforge.config import CleanConfig
+    from lmforge.data import dedup
+
+    cfg = CleanConfig()
+    shards = spec["shards"]
+    idle_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # interpreter and imports
+    start = time.perf_counter()
+    step, out = spec["step"], spec["out"]
+    if step == "single":
+        result = dedup.run(cfg, shards, out)
+    elif step == "exact":
+        result = dedup.exact_part(cfg, shards, spec["part"], spec["parts"], out)
+    elif step == "band":
+        result = dedup.band_part(cfg, shards, spec["exact"], tuple(spec["bands"]), spec["part"], spec["parts"], out)
+    else:
+        result = dedup.union(cfg, shards, spec["exact"], spec["band_dirs"], out)
+    return {"wall_s": time.perf_counter() - start, "metrics": result.metrics, "imports_rss_mb": idle_kb / 1024}
+
+
+def synthetic_signature_shards(root: Path, docs: int, shards: int, seed: int) -> list[str]:
+    """``cleaned-shard`` artifacts holding only signatures: ``docs`` documents, 10 % exact and 10 % near copies.
+
+    The dedup steps read nothing else, so their memory and time depend only on these arrays.
+    """
+    import numpy as np
+
+    from lmforge.artifacts import write_manifest
+    from lmforge.config import CleanConfig
+    from lmforge.data.dedup import save_signatures
+
+    near = CleanConfig().near_dedup
+    perms = near.bands * near.rows
+    rng = np.random.default_rng(seed)
+    sig = rng.integers(0, 2**32, (docs, perms), dtype=np.uint32)
+    exact = rng.integers(0, 256, (docs, 16), dtype=np.uint8)
+    copies = rng.choice(docs, docs // 5, replace=False)
+    sources = rng.integers(0, docs, len(copies))
+    half = len(copies) // 2
+    exact[copies[:half]] = exact[sources[:half]]  # exact copies: same digest and signature
+    sig[copies[:half]] = sig[sources[:half]]
+    sig[copies[half:]] = sig[sources[half:]]  # near copies: ~20 % of the positions changed
+    changed = rng.random((len(copies) - half, perms)) < 0.2
+    sig[copies[half:]] = np.where(changed, rng.integers(0, 2**32, changed.shape, dtype=np.uint32), sig[copies[half:]])
+    dirs = []
+    for i, rows in enumerate(np.array_split(np.arange(docs), shards)):
+        shard = root / f"shard-{i:05d}"
+        shard.mkdir(parents=True)
+        save_signatures(shard, rows.tolist(), [e.tobytes() for e in exact[rows]], list(sig[rows]), perms)
+        write_manifest(shard, "cleaned-shard")
+        dirs.append(str(shard))
+    return dirs
+
+
+def _dedup_step(where: tuple[list[dict[str, Any]], Path, list[str]], **spec: Any) -> dict[str, Any]:
+    """Run one dedup step in a fresh process; append its row (peak RSS, time) to ``where[0]``."""
+    rows, root, shards = where
+    out = root / f"{spec['step']}-{len(rows)}"
+    run = measure("dedup", {"shards": shards, "out": str(out), **spec}, sample_s=0.5)
+    row = {"shards": len(shards), "step": spec["step"], "wall_s": run["wall_s"], "peak_rss_mb": run["peak_rss_mb"]}
+    row |= {"imports_rss_mb": run["imports_rss_mb"], **{k: v for k, v in spec.items() if k in ("bands", "part")}}
+    rows.append(row)
+    print(
+        f"{len(shards)} shard(s) {spec['step']:<7} {row['peak_rss_mb']:7.0f} MB peak, {row['wall_s']:6.1f} s",
+        flush=True,
+    )
+    return {"out": str(out), **run}
+
+
+def dedup_memory(args: argparse.Namespace) -> dict[str, Any]:
+    """Peak RSS and time of the single-pod dedup and of each partitioned step, for 1 and 8 shards."""
+    from lmforge.config import CleanConfig
+    from lmforge.data.dedup import band_groups
+
+    scratch = Path(tempfile.mkdtemp(prefix="lmforge-dedup-bench-", dir=args.scratch))
+    rows = []
+    try:
+        for shard_count in (1, 8):
+            root = scratch / f"s{shard_count}"
+            # in a child: a forked child's ru_maxrss starts from its parent's, so the parent stays small
+            made = measure("synth", {"root": str(root), "docs": args.docs, "shards": shard_count, "seed": args.seed,
+                                     "out": str(root) + ".synth"})  # fmt: skip
+            shards = made["shards"]
+            parts = args.parts
+            groups = band_groups(CleanConfig().near_dedup.bands, args.groups)
+
+            where = (rows, root, shards)
+            single = _dedup_step(where, step="single")
+            exact = [_dedup_step(where, step="exact", part=p, parts=parts)["out"] for p in range(parts)]
+            band_dirs = [
+                _dedup_step(where, step="band", exact=exact, bands=list(g), part=p, parts=parts)["out"]
+                for g in groups
+                for p in range(parts)
+            ]
+            union = _dedup_step(where, step="union", exact=exact, band_dirs=band_dirs)
+            assert union["metrics"] == single["metrics"], (union["metrics"], single["metrics"])
+            shutil.rmtree(root, ignore_errors=True)
+        return {"docs": args.docs, "groups": args.groups, "parts": args.parts, "rows": rows}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _patch_xxhash_for_datatrove() -> None:
@@ -336,9 +459,9 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
         corpus = scratch / "corpus.jsonl"
         docs, size = build_corpus(corpus, args.mb, args.edit_rate, args.seed)
         runs: dict[str, dict[str, Any]] = {}
-        plan = [("ours, no language ID", "ours", {"language": {"enabled": False}})]
+        plan = [("ours, no language ID", "ours", {"language": {"enabled": False}, "workers": 1})]
         if not args.no_langid:
-            plan.append(("ours, lingua language ID", "ours", {}))
+            plan.append(("ours, lingua language ID", "ours", {"workers": 1}))
         if args.peer == "datatrove":
             plan.append(("datatrove (workers=1), no language ID", "datatrove", {}))
         for label, kind, overrides in plan:
@@ -517,6 +640,44 @@ def recall(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def workers(args: argparse.Namespace) -> dict[str, Any]:
+    """``clean_shard`` with 1 and with N worker processes, alternating, ``--repeat`` rounds; docs/s and the ratio."""
+    from lmforge.cpus import available_cpus
+
+    n = args.workers or available_cpus()
+    scratch = Path(tempfile.mkdtemp(prefix="lmforge-workers-bench-", dir=args.scratch))
+    try:
+        corpus = scratch / "corpus.jsonl"
+        docs, size = build_corpus(corpus, args.mb, args.edit_rate, args.seed)
+        rounds = []
+        for rep in range(args.repeat):
+            row: dict[str, Any] = {"round": rep + 1, "load_start": os.getloadavg()[0]}
+            for count in (1, n):
+                out = scratch / f"out-{rep}-{count}"
+                overrides = {"language": {"enabled": False}, "workers": count}
+                spec = {"corpus": str(corpus), "out": str(out), "preset": args.preset, "overrides": overrides}
+                run = measure("shard", spec)
+                shutil.rmtree(out, ignore_errors=True)
+                row[f"docs_per_s_{count}"] = docs / run["wall_s"]
+                row[f"wall_s_{count}"] = run["wall_s"]
+                row[f"peak_tree_rss_mb_{count}"] = run["peak_tree_rss_mb"]
+                row[f"docs_out_{count}"] = int(run["metrics"]["docs_out"])
+            row["speedup"] = row[f"docs_per_s_{n}"] / row["docs_per_s_1"]
+            row["load_end"] = os.getloadavg()[0]
+            rounds.append(row)
+            one, many = row["docs_per_s_1"], row[f"docs_per_s_{n}"]
+            print(
+                f"round {rep + 1}: {one:.0f} docs/s on 1 process, {many:.0f} on {n}: {row['speedup']:.2f}x "
+                f"(load {row['load_start']:.1f}-{row['load_end']:.1f})",
+                flush=True,
+            )
+        speedups = sorted(r["speedup"] for r in rounds)
+        return {"corpus_mb": size / 1e6, "docs_in": docs, "workers": n, "rounds": rounds,
+                "median_speedup": speedups[len(speedups) // 2]}  # fmt: skip
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def memory(args: argparse.Namespace) -> dict[str, Any]:
     scratch = Path(tempfile.mkdtemp(prefix="lmforge-memory-bench-", dir=args.scratch))
     try:
@@ -553,30 +714,42 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_child":
         kind, spec_path, result_path = sys.argv[2:5]
         spec = json.loads(Path(spec_path).read_text())
-        result = child_ours(spec) if kind == "ours" else child_datatrove(spec)
+        children = {"ours": child_ours, "shard": child_shard, "dedup": child_dedup_step, "datatrove": child_datatrove}
+        children["synth"] = lambda spec: {
+            "shards": synthetic_signature_shards(Path(spec["root"]), spec["docs"], spec["shards"], spec["seed"])
+        }
+        result = children[kind](spec)
         Path(result_path).write_text(json.dumps(result))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("section", nargs="?", default="throughput", choices=["throughput", "recall", "memory"])
+    parser.add_argument(
+        "section", nargs="?", default="throughput", choices=["throughput", "recall", "memory", "workers", "dedup"]
+    )
     parser.add_argument("--mb", type=float, default=None, help="corpus size in MB (50; memory: 1024)")
     parser.add_argument("--edit-rate", type=float, default=0.03, help="fraction of words substituted per copy")
     parser.add_argument("--peer", choices=["datatrove"], default=None, help="also run the same work in datatrove")
     parser.add_argument(
         "--no-langid", action="store_true", help="throughput: skip ours with lingua; memory: run without it"
     )
-    parser.add_argument("--repeat", type=int, default=1, help="runs per row; the fastest is reported")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per row; the fastest is reported (workers: rounds)")
+    parser.add_argument("--workers", type=int, default=0, help="workers: processes against 1 (0: the CPUs available)")
     parser.add_argument("--copies", type=int, default=200, help="recall: near copies per edit rate")
     parser.add_argument("--preset", default="tiny-cpu")
+    parser.add_argument("--docs", type=int, default=1_000_000, help="dedup: synthetic documents")
+    parser.add_argument("--groups", type=int, default=4, help="dedup: LSH band groups")
+    parser.add_argument("--parts", type=int, default=1, help="dedup: hash parts per step")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scratch", default=None, help="directory for the corpus and outputs (default: $TMPDIR)")
     parser.add_argument("--json", type=Path, default=None, help="output JSON (default: bench/results/data_*.json)")
     args = parser.parse_args()
     if args.mb is None:
         args.mb = 1024.0 if args.section == "memory" else 50.0
-    section = {"throughput": throughput, "recall": recall, "memory": memory}[args.section]
+    section = {"throughput": throughput, "recall": recall, "memory": memory, "workers": workers,
+               "dedup": dedup_memory}[args.section]  # fmt: skip
     started = machine()
     body = section(args)
     default = {"throughput": "data_bench.json", "recall": "data_recall.json", "memory": "data_memory.json"}
+    default |= {"workers": "data_workers.json", "dedup": "data_dedup_memory.json"}
     path = args.json or RESULTS / default[args.section]
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"machine": started, "versions": _versions(), "args": vars(args) | {"json": str(path)}, **body}

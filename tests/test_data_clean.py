@@ -328,3 +328,39 @@ def test_demo_shakespeare_keeps_most_scenes_under_the_tiny_cpu_rules(tmp_path):
     m = result.metrics
     assert m["docs_out"] >= 0.9 * m["docs_in"]  # measured 737 of 769: verse passes the published rules
     assert {r["lang"] for r in read_cleaned(tmp_path / "cleaned")} == {"en"}
+
+
+# --- cleaning on several processes ----------------------------------------------------------------
+
+
+def test_two_worker_processes_write_the_same_shard_as_one(tmp_path):
+    # every default rule but language ID (the slowest to load) and PII on, so every counter moves
+    cfg = CleanConfig.model_validate({"language": {"enabled": False}})
+    outputs = {}
+    for workers in (1, 2):
+        out = tmp_path / f"workers-{workers}"
+        clean.clean_shard(cfg.model_copy(update={"workers": workers}), "demo://shakespeare", out)
+        outputs[workers] = out
+    one, two = (read_manifest(outputs[w], verify=True)["files"] for w in (1, 2))
+    assert {n: f for n, f in one.items() if n != "stats.json"} == {n: f for n, f in two.items() if n != "stats.json"}
+    stats = [json.loads((outputs[w] / "stats.json").read_text()) for w in (1, 2)]
+    assert stats[1]["workers"] == 2
+    for st in stats:
+        del st["seconds"], st["workers"]
+    assert stats[0] == stats[1]
+    assert stats[0]["counts"]["docs_in"] == 769 and sum(stats[0]["removed"].values()) > 0
+
+
+def test_worker_count_defaults_to_the_cgroup_cpu_limit(tmp_path, monkeypatch):
+    from lmforge import cpus
+
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("150000 100000\n")
+    assert cpus.cgroup_cpu_limit(cpu_max) == 1.5
+    cpu_max.write_text("max 100000\n")
+    assert cpus.cgroup_cpu_limit(cpu_max, tmp_path / "none", tmp_path / "none") is None
+    monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: 1.5)
+    monkeypatch.setattr(cpus.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert cpus.available_cpus() == 2
+    monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: None)
+    assert cpus.available_cpus() == 4

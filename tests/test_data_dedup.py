@@ -129,3 +129,23 @@ def test_overlapping_shards_are_refused(tmp_path):
 
     with pytest.raises(InputDataError, match="the shards overlap"):
         dedup.run(cfg, [tmp_path / "a", tmp_path / "b"], tmp_path / "dedup")
+
+
+@pytest.mark.parametrize(("shards", "groups", "parts"), [(1, 1, 1), (4, 4, 1), (3, 5, 3)])
+def test_partitioned_dedup_removes_exactly_what_the_single_pod_dedup_removes(planted, tmp_path, shards, groups, parts):
+    corpus, _ = planted
+    # a loose confirmation threshold, so that buckets pair more than their heads' exact copies
+    cfg = CleanConfig.model_validate({**RULES_OFF, "near_dedup": {"min_similarity": 0.2}})
+    shard_dirs = [tmp_path / f"shard-{i}" for i in range(shards)]
+    for i, shard_dir in enumerate(shard_dirs):
+        clean.clean_shard(cfg, str(corpus), shard_dir, shard_index=i, shard_count=shards)
+    single = dedup.run(cfg, shard_dirs, tmp_path / "single")
+    partitioned = dedup.run_partitioned(cfg, shard_dirs, tmp_path / "partitioned", groups=groups, parts=parts)
+    assert dedup.read_removed(tmp_path / "partitioned") == dedup.read_removed(tmp_path / "single")
+    assert partitioned.metrics == single.metrics
+    assert single.metrics["removed_exact_dedup"] >= 20 and single.metrics["removed_near_dedup"] >= 80
+
+
+def test_band_groups_cover_every_band_once():
+    assert dedup.band_groups(20, 3) == [(0, 7), (7, 13), (13, 20)]
+    assert dedup.band_groups(4, 8) == [(0, 1), (1, 2), (2, 3), (3, 4)]

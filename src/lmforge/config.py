@@ -250,6 +250,12 @@ class CleanConfig(StrictModel):
     pii: PiiConfig = Field(default_factory=PiiConfig, description="PII redaction.")
     near_dedup: NearDedupConfig = Field(default_factory=NearDedupConfig, description="MinHash LSH dedup.")
     shard_docs: int = Field(50_000, gt=0, description="Documents per output Parquet shard.")
+    workers: int = Field(
+        0,
+        ge=0,
+        description="Processes cleaning one shard's documents in parallel; 0 = one per CPU of the pod's limit "
+        "(cgroup cpu.max, else the CPU affinity). The output is the same for any number.",
+    )
     quarantine_samples: int = Field(100, ge=0, description="Rejected documents kept per rule for review.")
     max_bad_records: int = Field(
         0,
@@ -471,7 +477,22 @@ class TrainConfig(StrictModel):
     grad_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass (less memory, about 30% more compute)."
     )
-    compile: bool = Field(False, description="torch.compile the model (GPU; first steps are slow).")
+    compile: bool = Field(
+        False,
+        description="torch.compile the model (inductor, on GPU and on CPU with a C++ compiler); the first step "
+        "compiles and is left out of tokens/s and MFU.",
+    )
+    fused_optimizer: bool = Field(
+        True,
+        description="AdamW's fused kernel where the device has one (CPU, CUDA), which also skips non-finite steps "
+        "on the device without a host sync; false uses the foreach kernels. The same update either way.",
+    )
+    prefetch_batches: int = Field(
+        2,
+        ge=0,
+        description="Micro-batches built ahead in a background thread while the current step computes (0: build "
+        "each batch when it is needed).",
+    )
     tf32: bool = Field(True, description="Allow TF32 matmuls and convolutions on Ampere+ GPUs (no effect on CPU).")
     deterministic: bool = Field(
         False, description="torch.use_deterministic_algorithms for bitwise-reproducible runs (slower)."

@@ -17,14 +17,17 @@ The stage is three steps that also run separately under a pipeline fan-out:
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import logging
+import multiprocessing
 import re
 import shutil
 import time
 import unicodedata
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,7 @@ from tqdm import tqdm
 from lmforge import report_html
 from lmforge.artifacts import read_manifest, staged_output, write_manifest
 from lmforge.config import CleanConfig
+from lmforge.cpus import available_cpus
 from lmforge.data import dedup
 from lmforge.data.corpus import CorpusReader, Document
 from lmforge.data.dedup import EXACT_RULE, NEAR_RULE, exact_digest, save_signatures
@@ -234,6 +238,120 @@ class _Quarantine:
         self.add({**record, "truncated": len(text) > len(cut)})
 
 
+_CHUNK_DOCS = 64  # documents per task sent to a worker process: amortizes pickling, bounds what is in flight
+_POOL_MIN_CHUNKS = 8  # smaller shards are cleaned in-process: starting worker processes takes about a second
+
+
+class _DocCleaner:
+    """The per-document work of :func:`clean_shard`: normalize, rules, PII redaction, dedup signature.
+
+    One lives in the stage's process, or one in each worker process of its pool; :meth:`counters` hands
+    over what it counted since the last call, so that the stage can add up the workers' counts.
+    """
+
+    def __init__(self, cfg: CleanConfig) -> None:
+        self.normalize = Normalize(cfg.unicode_form)
+        self.rules = build_rules(cfg)
+        self.redact = PiiRedactor(cfg.pii)
+        self.hasher = MinHasher(cfg.near_dedup) if cfg.near_dedup.enabled else None
+
+    def clean(self, text: str) -> tuple[str, str] | tuple[str, str, bytes, np.ndarray]:
+        """``(rule, reason)`` for a rejected document; ``(text, lang, exact digest, signature)`` for a kept one."""
+        view = TextView(self.normalize(text))
+        rejected = next(((r.name, why) for r in self.rules if (why := r(view)) is not None), None)
+        if rejected is not None:
+            return rejected
+        text = self.redact(view.text)
+        if text != view.text:
+            view.replace_text(text)
+        signature = self.hasher.view_signature(view) if self.hasher is not None else _NO_SIGNATURE
+        return text, view.lang, exact_digest(text), signature
+
+    def counters(self) -> dict[str, Any]:
+        """The counts since the last call (rules in their order, normalization, C4 lines, PII); then reset."""
+        out = {
+            "removed": {r.name: r.removed for r in self.rules},
+            "reasons": {r.name: Counter(r.reasons) for r in self.rules},
+            "docs_normalized": self.normalize.changed,
+            "c4_lines_removed": sum(getattr(r, "lines_removed", 0) for r in self.rules),
+            "pii_docs": self.redact.docs,
+            "pii": Counter(self.redact.counts),
+        }
+        for rule in self.rules:
+            rule.removed = 0
+            rule.reasons.clear()
+            if hasattr(rule, "lines_removed"):
+                rule.lines_removed = 0
+        self.normalize.changed = self.redact.docs = 0
+        self.redact.counts = Counter(dict.fromkeys(self.redact.counts, 0))
+        return out
+
+
+def _add_counters(total: dict[str, Any] | None, part: dict[str, Any]) -> dict[str, Any]:
+    if total is None:
+        return part
+    for name, n in part["removed"].items():
+        total["removed"][name] += n
+        total["reasons"][name].update(part["reasons"][name])
+    for key in ("docs_normalized", "c4_lines_removed", "pii_docs"):
+        total[key] += part[key]
+    total["pii"].update(part["pii"])
+    return total
+
+
+_WORKER: _DocCleaner | None = None  # the cleaner of a pool worker process (set by its initializer)
+
+
+def _init_worker(cfg: CleanConfig) -> None:
+    global _WORKER
+    _WORKER = _DocCleaner(cfg)
+
+
+def _clean_chunk(texts: list[str]) -> tuple[list[Any], dict[str, Any]]:
+    assert _WORKER is not None, "_init_worker did not run in this process"
+    return [_WORKER.clean(text) for text in texts], _WORKER.counters()
+
+
+def _cleaned_chunks(cfg: CleanConfig, docs: Iterator[Document], workers: int) -> Iterator[tuple[list[Document], Any]]:
+    """``(documents, (results, counters))`` for consecutive chunks of ``docs``, in corpus order.
+
+    With one worker, or a shard too small to repay starting processes, everything runs here; otherwise a
+    pool of ``workers`` processes cleans chunks while this one reads, with at most two chunks per worker in
+    flight (memory stays bounded by the chunk size). The last item carries an empty chunk and counters.
+    """
+    chunks = _chunked(docs, _CHUNK_DOCS)
+    head = list(itertools.islice(chunks, _POOL_MIN_CHUNKS))
+    if workers <= 1 or len(head) < _POOL_MIN_CHUNKS:
+        cleaner = _DocCleaner(cfg)
+        for chunk in itertools.chain(head, chunks):
+            yield chunk, ([cleaner.clean(d.text) for d in chunk], cleaner.counters())
+        yield [], ([], cleaner.counters())
+        return
+    context = multiprocessing.get_context("spawn")  # no fork of a process that runs pyarrow's threads
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(cfg,)) as pool:
+        in_flight: deque[tuple[list[Document], Future[Any]]] = deque()
+        for chunk in itertools.chain(head, chunks):
+            in_flight.append((chunk, pool.submit(_clean_chunk, [d.text for d in chunk])))
+            if len(in_flight) >= 2 * workers:
+                done, future = in_flight.popleft()
+                yield done, future.result()
+        while in_flight:
+            done, future = in_flight.popleft()
+            yield done, future.result()
+        yield [], pool.submit(_clean_chunk, []).result()  # the rule names even without a document
+
+
+def _chunked(docs: Iterator[Document], size: int) -> Iterator[list[Document]]:
+    chunk: list[Document] = []
+    for doc in docs:
+        chunk.append(doc)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
 def clean_shard(
     cfg: CleanConfig, input_uri: str, output_dir: str | Path, *, shard_index: int = 0, shard_count: int = 1
 ) -> StageResult:
@@ -242,16 +360,15 @@ def clean_shard(
     Writes a ``cleaned-shard`` artifact: surviving documents (``part-*.parquet`` with their corpus
     ``key``), their signatures for :func:`lmforge.data.dedup.run`, the shard's quarantine sample and
     counters in ``stats.json``. A shard may be empty; :func:`finalize` decides whether the corpus is.
+    The documents are cleaned by ``cfg.workers`` processes (0: one per available CPU); the output is
+    byte for byte the same for any number of them.
     """
-    normalize = Normalize(cfg.unicode_form)
-    rules = build_rules(cfg)
-    redact = PiiRedactor(cfg.pii)
-    hasher = MinHasher(cfg.near_dedup)
-
+    workers = cfg.workers or available_cpus()
     docs_in = docs_out = bytes_in = bytes_out = 0
     keys: list[int] = []
     digests: list[bytes] = []
     signatures: list[Any] = []
+    counters: dict[str, Any] | None = None
     start = time.perf_counter()
     with staged_output(output_dir) as stage:
         shards = _ParquetShards(stage, cfg.shard_docs, SHARD_SCHEMA)
@@ -268,31 +385,29 @@ def clean_shard(
                 on_bad=lambda bad: bad_fh.write(json.dumps({"source": bad.source, "problem": bad.problem}) + "\n"),
             )
             quarantine = _Quarantine(fh, cfg.quarantine_samples)
-            for doc in tqdm(reader, desc=f"clean {shard_index}/{shard_count}", unit="doc", disable=None):
-                docs_in += 1
-                bytes_in += len(doc.text.encode("utf-8"))
-                view = TextView(normalize(doc.text))
-                rejected = next(((r.name, why) for r in rules if (why := r(view)) is not None), None)
-                if rejected is not None:
-                    quarantine.add_document(rejected[0], rejected[1], doc)
-                    continue
-                text = redact(view.text)
-                if text != view.text:
-                    view.replace_text(text)
-                docs_out += 1
-                bytes_out += len(text.encode("utf-8"))
-                keys.append(doc.key)
-                digests.append(exact_digest(text))
-                signatures.append(hasher.view_signature(view) if cfg.near_dedup.enabled else _NO_SIGNATURE)
-                row = {"id": doc.id, "text": text, "source": doc.source, "lang": view.lang, "key": doc.key}
-                shards.add(row)
+            progress = tqdm(reader, desc=f"clean {shard_index}/{shard_count}", unit="doc", disable=None)
+            for chunk, (results, chunk_counters) in _cleaned_chunks(cfg, iter(progress), workers):
+                counters = _add_counters(counters, chunk_counters)
+                for doc, result in zip(chunk, results, strict=True):
+                    docs_in += 1
+                    bytes_in += len(doc.text.encode("utf-8"))
+                    if len(result) == 2:
+                        quarantine.add_document(result[0], result[1], doc)
+                        continue
+                    text, lang, digest, signature = result
+                    docs_out += 1
+                    bytes_out += len(text.encode("utf-8"))
+                    keys.append(doc.key)
+                    digests.append(digest)
+                    signatures.append(signature)
+                    shards.add({"id": doc.id, "text": text, "source": doc.source, "lang": lang, "key": doc.key})
             for bad in reader.bad_samples:
                 quarantine.add({"rule": "bad_record", "reason": bad.problem, "source": bad.source})
         shards.close()
-        perms = hasher.permutations if cfg.near_dedup.enabled else 0
+        assert counters is not None  # _cleaned_chunks always ends with the counters of an empty chunk
+        perms = cfg.near_dedup.bands * cfg.near_dedup.rows if cfg.near_dedup.enabled else 0
         save_signatures(stage, keys, digests, signatures, perms)
-        removed = {r.name: r.removed for r in rules}
-        reasons = {r.name: dict(sorted(r.reasons.items())) for r in rules if r.reasons}
+        reasons = {name: dict(sorted(by.items())) for name, by in counters["reasons"].items() if by}
         stats = {
             "input": input_uri,
             "shard": [shard_index, shard_count],
@@ -303,13 +418,14 @@ def clean_shard(
                 "bytes_in": bytes_in,
                 "bytes_out": bytes_out,
                 "bad_records": reader.bad_records,
-                "docs_normalized": normalize.changed,
-                "c4_lines_removed": sum(getattr(r, "lines_removed", 0) for r in rules),
-                "pii_docs": redact.docs,
-                **{f"pii_{kind}": n for kind, n in redact.counts.items()},
+                "docs_normalized": counters["docs_normalized"],
+                "c4_lines_removed": counters["c4_lines_removed"],
+                "pii_docs": counters["pii_docs"],
+                **{f"pii_{kind}": n for kind, n in counters["pii"].items()},
             },
-            "removed": removed,
+            "removed": counters["removed"],
             "reasons": reasons,
+            "workers": workers,
             "seconds": time.perf_counter() - start,
         }
         (stage / STATS).write_text(json.dumps(stats, indent=2), encoding="utf-8")

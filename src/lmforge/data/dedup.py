@@ -15,10 +15,13 @@ Because ``key`` does not depend on how the corpus was split, 1 shard and N shard
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
+import os
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -144,11 +147,20 @@ def run(cfg: CleanConfig, shard_dirs: list[str | Path], output_dir: str | Path) 
     minhash = np.concatenate([m for _, _, m in loaded]) if len(keys) else np.empty((0, perms), np.uint32)
     del loaded  # the per-shard arrays are copied above; free them before planning
     removed = plan(cfg, keys, exact, minhash)
+    return _write_plan(
+        cfg, removed, len(keys), {f"shard_{i:05d}": str(d) for i, d in enumerate(shard_dirs)}, output_dir
+    )
+
+
+def _write_plan(
+    cfg: CleanConfig, removed: dict[int, tuple[str, int]], docs: int, inputs: dict[str, str], output_dir: str | Path
+) -> StageResult:
+    """Write the ``dedup-plan`` artifact (``removed.parquet``, stats, manifest) that :func:`read_removed` reads."""
     clusters: dict[str, set[int]] = defaultdict(set)
     for rule, kept in removed.values():
         clusters[rule].add(kept)
     metrics: dict[str, float] = {
-        "docs": len(keys),
+        "docs": docs,
         "removed_exact_dedup": sum(r == EXACT_RULE for r, _ in removed.values()),
         "removed_near_dedup": sum(r == NEAR_RULE for r, _ in removed.values()),
         "exact_clusters": len(clusters[EXACT_RULE]),
@@ -166,11 +178,10 @@ def run(cfg: CleanConfig, shard_dirs: list[str | Path], output_dir: str | Path) 
         )
         pq.write_table(table, stage / REMOVED, compression="zstd")
         (stage / "stats.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
-        inputs = {f"shard_{i:05d}": str(d) for i, d in enumerate(shard_dirs)}
         write_manifest(stage, KIND, inputs=inputs, config=cfg.model_dump(), metrics=metrics)
     log.debug(
-        "dedup over %d shards: %d documents, %d exact and %d near duplicates removed",
-        len(shard_dirs),
+        "dedup over %d inputs: %d documents, %d exact and %d near duplicates removed",
+        len(inputs),
         metrics["docs"],
         metrics["removed_exact_dedup"],
         metrics["removed_near_dedup"],
@@ -185,3 +196,257 @@ def read_removed(dedup_dir: str | Path) -> dict[int, tuple[str, int]]:
         raise InputDataError(f"{dedup_dir}: artifact kind {manifest.get('kind')!r}, expected {KIND!r}")
     table = pq.read_table(Path(dedup_dir, REMOVED)).to_pydict()
     return {k: (r, d) for k, r, d in zip(table["key"], table["rule"], table["duplicate_of"], strict=True)}
+
+
+# -- past one pod: the same plan from partitioned steps ---------------------------------------------------
+#
+# exact_part ×P  (digests hashed into P parts)          -> exact duplicates: (key, duplicate_of)
+# band_part ×G·P (G groups of LSH bands, band keys       -> confirmed candidate pairs (head, other)
+#                 hashed into P parts)                       within each band bucket, exact duplicates left out
+# union          (union-find over the pairs only)         -> the same ``dedup-plan`` as :func:`run`
+#
+# Each step reads every shard's signature files a block of rows at a time (pread, not a memory map) and holds
+# only the rows of its part: an exact part ~24 bytes per document of its part plus a dict entry, a band part
+# ~(24 + 24) bytes per document and band of its group (entry and sort copy).
+# The union step holds the pairs and the documents named in them, never the whole corpus.
+
+PAIRS = "pairs.parquet"
+EXACT_PART_KIND, BAND_PART_KIND = "dedup-exact-part", "dedup-band-part"
+PAIRS_SCHEMA = pa.schema([("key", pa.int64()), ("duplicate_of", pa.int64())])
+_BLOCK_ROWS = 65_536  # signature rows read at a time from a memory-mapped shard file
+
+
+class _NpyRows:
+    """Rows of a 2-D (or 1-D) ``.npy`` file read on demand with ``pread``.
+
+    Not a memory map on purpose: mapped pages a step has read stay in its resident set, so a step that scans
+    a shard would hold the whole file; read rows are ordinary buffers that go when dropped.
+    """
+
+    def __init__(self, path: Path) -> None:
+        with open(path, "rb") as fh:
+            version = np.lib.format.read_magic(fh)
+            read_header = (
+                np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            )
+            shape, fortran, dtype = read_header(fh)
+            self.offset = fh.tell()
+        if fortran:
+            raise InputDataError(f"{path}: Fortran-ordered array; expected one written by lmforge")
+        self.path, self.dtype, self.shape = path, dtype, shape
+        self.row_shape = shape[1:]
+        self.row_bytes = dtype.itemsize * int(np.prod(self.row_shape, dtype=np.int64))
+        self._fd = os.open(path, os.O_RDONLY)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` (clipped to the file)."""
+        stop = min(stop, len(self))
+        count = max(0, stop - start)
+        data = os.pread(self._fd, count * self.row_bytes, self.offset + start * self.row_bytes)
+        return np.frombuffer(data, dtype=self.dtype).reshape(count, *self.row_shape)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _signature_files(shard_dir: str | Path) -> dict[str, _NpyRows]:
+    """One shard's signature arrays, opened for reading rows on demand (checksums verified once)."""
+    manifest = read_manifest(shard_dir, verify=True)
+    if manifest.get("kind") != "cleaned-shard":
+        raise InputDataError(f"{shard_dir}: artifact kind {manifest.get('kind')!r}, expected 'cleaned-shard'")
+    return {name: _NpyRows(Path(shard_dir, file)) for name, file in SIGNATURES.items()}
+
+
+def _close(files: dict[str, _NpyRows]) -> None:
+    for rows in files.values():
+        rows.close()
+
+
+_ROW_BITS = 40  # a band part locates a document as shard << 40 | row
+
+
+def _row(files: list[dict[str, _NpyRows]], where: int) -> np.ndarray:
+    """The MinHash signature at ``shard << _ROW_BITS | row``."""
+    return files[where >> _ROW_BITS]["minhash"].rows(
+        where & ((1 << _ROW_BITS) - 1), (where & ((1 << _ROW_BITS) - 1)) + 1
+    )[0]
+
+
+def _part_of(values: np.ndarray, parts: int) -> np.ndarray:
+    """Which of ``parts`` parts each uint64 value falls in (the values are well-mixed hashes)."""
+    return (values % np.uint64(parts)).astype(np.int64)
+
+
+def _write_pairs(
+    kind: str, pairs: list[tuple[int, int]], cfg: CleanConfig, extra: dict[str, Any], output_dir: str | Path
+) -> StageResult:
+    pairs.sort()
+    table = pa.table({"key": [a for a, _ in pairs], "duplicate_of": [b for _, b in pairs]}, schema=PAIRS_SCHEMA)
+    metrics = {"pairs": float(len(pairs))}
+    with staged_output(output_dir) as stage:
+        pq.write_table(table, stage / PAIRS, compression="zstd")
+        write_manifest(stage, kind, inputs={}, config=cfg.model_dump(), metrics=metrics, extra=extra)
+    return StageResult(metrics=metrics, summary={"output": str(output_dir)})
+
+
+def _read_pairs(part_dir: str | Path, kind: str) -> np.ndarray:
+    manifest = read_manifest(part_dir, verify=True)
+    if manifest.get("kind") != kind:
+        raise InputDataError(f"{part_dir}: artifact kind {manifest.get('kind')!r}, expected {kind!r}")
+    table = pq.read_table(Path(part_dir, PAIRS))
+    return np.stack([table["key"].to_numpy(), table["duplicate_of"].to_numpy()], axis=1).reshape(-1, 2)
+
+
+def exact_part(
+    cfg: CleanConfig, shard_dirs: list[str | Path], part: int, parts: int, output_dir: str | Path
+) -> StageResult:
+    """Exact duplicates among the documents whose digest falls in ``part`` of ``parts``: ``(key, duplicate_of)``.
+
+    As in :func:`plan`, the document with the smallest key keeps its text; every other copy is removed.
+    """
+    found_keys, found_digests = [], []
+    if cfg.exact_dedup:
+        for shard_dir in shard_dirs:
+            files = _signature_files(shard_dir)
+            for start in range(0, len(files["keys"]), _BLOCK_ROWS):
+                digests = files["exact"].rows(start, start + _BLOCK_ROWS)
+                mine = _part_of(digests[:, :8].copy().view(np.uint64).ravel(), parts) == part
+                found_keys.append(files["keys"].rows(start, start + _BLOCK_ROWS)[mine])
+                found_digests.append(digests[mine])
+            _close(files)
+    pairs: list[tuple[int, int]] = []
+    if found_keys:
+        keys, digests = np.concatenate(found_keys), np.concatenate(found_digests)
+        order = np.argsort(keys, kind="stable")
+        first: dict[bytes, int] = {}
+        for key, digest in zip(keys[order].tolist(), digests[order], strict=True):
+            kept = first.setdefault(digest.tobytes(), key)
+            if kept != key:
+                pairs.append((key, kept))
+    return _write_pairs(EXACT_PART_KIND, pairs, cfg, {"part": [part, parts]}, output_dir)
+
+
+def band_part(
+    cfg: CleanConfig,
+    shard_dirs: list[str | Path],
+    exact_dirs: list[str | Path],
+    bands: tuple[int, int],
+    part: int,
+    parts: int,
+    output_dir: str | Path,
+) -> StageResult:
+    """Confirmed candidate pairs ``(other, head)`` of LSH bands ``[bands[0], bands[1])``, bucket keys in ``part``.
+
+    The documents :func:`exact_part` removed are left out, as :func:`plan` does. In every bucket (documents
+    sharing a band key) the one with the smallest key is the head, and each other member whose signature
+    agrees with the head's on at least ``near_dedup.min_similarity`` of the positions pairs with it.
+    """
+    near = cfg.near_dedup
+    lo, hi = bands
+    if not 0 <= lo < hi <= near.bands:
+        raise ValueError(f"band group [{lo}, {hi}) is outside the {near.bands} bands")
+    pairs: list[tuple[int, int]] = []
+    if near.enabled:
+        from lmforge.data.minhash import MinHasher
+
+        hasher = MinHasher(near)
+        removed = {int(k) for d in exact_dirs for k in _read_pairs(d, EXACT_PART_KIND)[:, 0]}
+        files = [_signature_files(d) for d in shard_dirs]
+        # per band: (band key, document key, where: shard << 40 | row) of this part's documents, 24 bytes each
+        found: list[list[np.ndarray]] = [[] for _ in range(hi - lo)]
+        for shard, sig in enumerate(files):
+            for start in range(0, len(sig["keys"]), _BLOCK_ROWS):
+                keys = sig["keys"].rows(start, start + _BLOCK_ROWS)
+                alive = np.fromiter((k not in removed for k in keys.tolist()), bool, len(keys))
+                columns = sig["minhash"].rows(start, start + _BLOCK_ROWS)[:, lo * near.rows : hi * near.rows]
+                band_keys = hasher.band_keys(columns)
+                where = (shard << _ROW_BITS) + np.arange(start, start + len(keys), dtype=np.int64)
+                for b in range(hi - lo):
+                    mine = alive & (_part_of(band_keys[:, b], parts) == part)
+                    found[b].append(np.stack([band_keys[mine, b].view(np.int64), keys[mine], where[mine]], axis=1))
+        for blocks in found:
+            table = np.concatenate(blocks) if blocks else np.empty((0, 3), np.int64)
+            blocks.clear()
+            table = table[np.lexsort((table[:, 1], table[:, 0]))]  # by band key, then document key
+            starts = np.flatnonzero(np.concatenate(([True], table[1:, 0] != table[:-1, 0]))) if len(table) else []
+            ends = np.append(starts[1:], len(table)) if len(table) else []
+            for s, e in zip(list(starts), list(ends), strict=True):
+                if e - s < 2:
+                    continue
+                head = table[s]
+                head_sig = _row(files, int(head[2])) if near.min_similarity > 0 else None
+                for other in table[s + 1 : e]:
+                    if head_sig is not None:
+                        other_sig = _row(files, int(other[2]))
+                        if float(np.mean(head_sig == other_sig)) < near.min_similarity:
+                            continue
+                    pairs.append((int(other[1]), int(head[1])))
+        for shard_files in files:
+            _close(shard_files)
+    return _write_pairs(BAND_PART_KIND, pairs, cfg, {"bands": [lo, hi], "part": [part, parts]}, output_dir)
+
+
+def union(
+    cfg: CleanConfig,
+    shard_dirs: list[str | Path],
+    exact_dirs: list[str | Path],
+    band_dirs: list[str | Path],
+    output_dir: str | Path,
+) -> StageResult:
+    """Join the parts' pairs into the ``dedup-plan`` of :func:`run`: union-find over the documents in pairs only.
+
+    A near-duplicate cluster keeps its smallest key, as :func:`plan` does; ``shard_dirs`` are read only for
+    the document count.
+    """
+    removed: dict[int, tuple[str, int]] = {}
+    for part_dir in exact_dirs:
+        for key, kept in _read_pairs(part_dir, EXACT_PART_KIND).tolist():
+            removed[key] = (EXACT_RULE, kept)
+    parent: dict[int, int] = {}
+
+    def find(x: int) -> int:
+        root = x
+        while parent.get(root, root) != root:
+            root = parent[root]
+        while parent.get(x, x) != root:
+            parent[x], x = root, parent[x]
+        return root
+
+    for part_dir in band_dirs:
+        for other, head in _read_pairs(part_dir, BAND_PART_KIND).tolist():
+            a, b = find(other), find(head)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    for key in list(parent):
+        root = find(key)
+        if root != key:
+            removed[key] = (NEAR_RULE, root)
+    docs = sum(len(np.load(Path(d, SIGNATURES["keys"]), mmap_mode="r")) for d in shard_dirs)
+    inputs = {f"part_{i:05d}": str(d) for i, d in enumerate([*exact_dirs, *band_dirs])}
+    return _write_plan(cfg, removed, docs, inputs, output_dir)
+
+
+def band_groups(bands: int, groups: int) -> list[tuple[int, int]]:
+    """``groups`` contiguous ``[first, last)`` ranges covering ``bands`` LSH bands as evenly as possible."""
+    groups = max(1, min(groups, bands))
+    edges = [round(i * bands / groups) for i in range(groups + 1)]
+    return list(itertools.pairwise(edges))
+
+
+def run_partitioned(
+    cfg: CleanConfig, shard_dirs: list[str | Path], output_dir: str | Path, *, groups: int = 4, parts: int = 1
+) -> StageResult:
+    """:func:`run` as the fan-out does it (exact parts, band-group parts, union), in this process."""
+    scratch = Path(output_dir).with_name(Path(output_dir).name + ".parts")
+    exact_dirs = [scratch / f"exact-{p}" for p in range(parts)]
+    for p, d in enumerate(exact_dirs):
+        exact_part(cfg, shard_dirs, p, parts, d)
+    band_dirs = []
+    for lo, hi in band_groups(cfg.near_dedup.bands, groups):
+        for p in range(parts):
+            band_dirs.append(scratch / f"bands-{lo}-{hi}-{p}")
+            band_part(cfg, shard_dirs, exact_dirs, (lo, hi), p, parts, band_dirs[-1])
+    return union(cfg, shard_dirs, exact_dirs, band_dirs, output_dir)

@@ -52,12 +52,17 @@ class MinHasher:
         return sig
 
     def band_keys(self, signatures: np.ndarray) -> np.ndarray:
-        """``uint64[n, bands]``: each band's ``rows`` signature values folded into one key."""
-        sig = np.atleast_2d(signatures).reshape(-1, self.bands, self.rows)
-        keys = np.empty((len(sig), self.bands), dtype=np.uint64)
+        """``uint64[n, bands]``: each band's ``rows`` signature values folded into one key.
+
+        A band's key depends on its own columns only, so the columns of a group of whole bands (e.g.
+        ``signatures[:, 5 * rows : 10 * rows]``) give the keys of those bands.
+        """
+        flat = np.atleast_2d(signatures)
+        sig = flat.reshape(len(flat), flat.shape[1] // self.rows, self.rows)
+        keys = np.empty((len(sig), sig.shape[1]), dtype=np.uint64)
         # One band at a time: the uint64 temporaries stay at n x rows instead of n x bands x rows.
         with np.errstate(over="ignore"):
-            for band in range(self.bands):
+            for band in range(sig.shape[1]):
                 key = (sig[:, band].astype(np.uint64) * self._mix).sum(axis=1, dtype=np.uint64)
                 key ^= key >> np.uint64(31)
                 keys[:, band] = key

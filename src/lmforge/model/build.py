@@ -24,6 +24,7 @@ from transformers import (
 from lmforge.config import ModelConfig
 from lmforge.errors import InputDataError
 
+FUSED_GPT2_GELU = "gelu_pytorch_tanh"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 HISTORY_FILE = "training_history.json"
 
@@ -37,7 +38,11 @@ def hf_config(cfg: ModelConfig, vocab_size: int, *, eos_id: int, pad_id: int) ->
         "pad_token_id": pad_id,
     }
     if cfg.arch == "gpt2":
+        # GPT-2's activation is the tanh approximation of GELU. ``gelu_new`` computes it with five elementwise
+        # kernels (and as many in the backward pass); ``gelu_pytorch_tanh`` is the same function in one fused
+        # kernel each way, about a third of the step time at small widths on a CPU.
         return GPT2Config(
+            activation_function=FUSED_GPT2_GELU,
             n_layer=cfg.n_layer,
             n_head=cfg.n_head,
             n_embd=cfg.n_embd,
@@ -76,6 +81,21 @@ def build_model(cfg: ModelConfig, vocab_size: int, *, eos_id: int, pad_id: int, 
     # zero.Init; reseed so that what follows (dropout) starts from the same state on either path.
     torch.manual_seed(seed)
     return model
+
+
+def set_gpt2_activation(model: PreTrainedModel, name: str) -> None:
+    """Give every MLP of a GPT-2 model the activation ``name`` (a ``transformers`` ``ACT2FN`` key) and record it.
+
+    ``gelu_new`` and :data:`FUSED_GPT2_GELU` are the same function; switching a model saved with the former
+    to the latter makes it train faster with the same logits (within float rounding).
+    """
+    from transformers.activations import ACT2FN
+
+    if model.config.model_type != "gpt2":
+        raise ValueError(f"set_gpt2_activation: {model.config.model_type} is not a GPT-2 model")
+    model.config.activation_function = name
+    for block in model.transformer.h:
+        block.mlp.act = ACT2FN[name]
 
 
 def seeded_init(model: PreTrainedModel, seed: int) -> None:

@@ -13,8 +13,11 @@ accumulation steps (a 2-rank run matches a single process with twice the micro-b
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import queue
+import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -119,3 +122,91 @@ def shard_batches(
         )
 
     return train_batch, val
+
+
+class Prefetcher:
+    """Yield ``make(step, micro)`` for every micro-batch from ``start_step`` on, built ahead in a thread.
+
+    The batches and their order are exactly those of calling ``make`` in the loop, so the data stays a
+    function of ``(seed, step, micro, rank)``; only the time they are built moves. ``depth`` batches are
+    kept ready (0 builds each one on demand, in the caller's thread). ``make`` must not share mutable
+    state with the training step. An exception in ``make`` is raised by :meth:`next` in the caller.
+    Tensors are pinned when ``pin`` is set, so the copy to a GPU can run asynchronously.
+    """
+
+    _DONE = object()
+
+    def __init__(
+        self,
+        make: Callable[[int, int], Any],
+        *,
+        start_step: int,
+        max_steps: int,
+        grad_accum: int,
+        depth: int,
+        pin: bool = False,
+    ) -> None:
+        self._make = make
+        self._pin = pin
+        self._order = ((step, micro) for step in range(start_step, max_steps) for micro in range(grad_accum))
+        self._stop = threading.Event()
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(depth, 1))
+        self._thread: threading.Thread | None = None
+        if depth > 0:
+            self._thread = threading.Thread(target=self._fill, name="lmforge-prefetch", daemon=True)
+            self._thread.start()
+
+    def _build(self, step: int, micro: int) -> Any:
+        batch = self._make(step, micro)
+        return map_tensors(batch, torch.Tensor.pin_memory) if self._pin else batch
+
+    def _fill(self) -> None:
+        try:
+            for step, micro in self._order:
+                item = (step, micro, self._build(step, micro))
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+        except BaseException as error:  # handed to the consumer, which re-raises it
+            self._queue.put(error)
+            return
+        self._queue.put(self._DONE)
+
+    def next(self, step: int, micro: int) -> Any:
+        """The batch of ``(step, micro)``; calls must follow the order the batches are built in."""
+        if self._thread is None:
+            return self._build(step, micro)
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        if item is self._DONE or item[:2] != (step, micro):
+            raise RuntimeError(f"prefetcher out of order: asked for step {step} micro {micro}, had {item!r:.80}")
+        return item[2]
+
+    def close(self) -> None:
+        """Stop the background thread (batches built ahead are dropped)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def __enter__(self) -> Prefetcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``batch`` (a tensor, or a mapping, list or tuple of them, nested) with ``fn`` applied to every tensor."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, Mapping):
+        return {k: map_tensors(v, fn) for k, v in batch.items()}
+    if isinstance(batch, list | tuple):
+        return type(batch)(map_tensors(v, fn) for v in batch)
+    return batch

@@ -61,6 +61,14 @@ class DistContext:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return tuple(bool(v) for v in tensor.tolist())
 
+    def all_max_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Element-wise max over ranks, in place and returned (a device collective: no host sync on NCCL)."""
+        if self.distributed:
+            comm = tensor.to(self._comm_device)
+            dist.all_reduce(comm, op=dist.ReduceOp.MAX)
+            tensor.copy_(comm)
+        return tensor
+
     def barrier(self) -> None:
         """Wait for every rank."""
         if self.distributed:

@@ -3,7 +3,7 @@
 A stage hands :func:`train` a model, a :class:`~lmforge.config.TrainConfig` and three callables:
 
 * ``loss_fn(model, batch) -> (loss, n_tokens)``: the scalar loss of one micro-batch (mean over its
-  scored tokens) and how many tokens it scored;
+  scored tokens) and how many tokens it scored (an int, or a tensor that stays on the device);
 * ``train_batch(step, micro) -> batch``: this rank's micro-batch ``micro`` of optimizer step ``step``,
   deterministic in (seed, step, micro, rank) so that a resumed run sees the same data;
 * ``eval_batches() -> iterable of batches``: the fixed validation set.
@@ -14,6 +14,11 @@ skips steps with a non-finite loss or gradient. It runs as one process, as Distr
 under ``torchrun``, or on a DeepSpeed ZeRO engine; it writes and resumes checkpoints (model,
 optimizer, step, scaler, RNG, data position, history) and stops cleanly on SIGTERM. Everything
 happens in :func:`train`, top to bottom; the backends differ in a handful of marked lines.
+
+Speed without changing the math: AdamW's fused kernel (which also skips a non-finite step on the
+device), no host sync between logging steps, the next micro-batches built in a background thread
+(:class:`~lmforge.train.batches.Prefetcher`) and, with ``compile``, ``torch.compile`` with its first step
+kept out of the throughput figures.
 """
 
 from __future__ import annotations
@@ -38,12 +43,13 @@ from tqdm.auto import tqdm
 
 from lmforge.config import TrainConfig
 from lmforge.errors import ConfigError, LmforgeError
+from lmforge.train.batches import Prefetcher, map_tensors
 from lmforge.train.distributed import DistContext
 from lmforge.train.mfu import device_peak_flops, mfu
 
 logger = logging.getLogger("lmforge.train")
 
-LossFn = Callable[[torch.nn.Module, Any], tuple[torch.Tensor, int]]
+LossFn = Callable[[torch.nn.Module, Any], tuple[torch.Tensor, int | torch.Tensor]]
 OnStep = Callable[[int, dict[str, Any]], None]
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -118,13 +124,7 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
 
 def to_device(batch: Any, device: torch.device) -> Any:
     """Move the tensors of a batch (a tensor, mapping, list or tuple of them) to ``device``."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, Mapping):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, list | tuple):
-        return type(batch)(to_device(v, device) for v in batch)
-    return batch
+    return map_tensors(batch, lambda t: t.to(device, non_blocking=True))
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:
@@ -200,6 +200,87 @@ def _memory_gb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
+def fused_adamw_supported(params: list[torch.Tensor], device: torch.device) -> bool:
+    """Whether torch's fused AdamW kernel takes these parameters (floating point, all on a CPU or CUDA device)."""
+    return device.type in ("cpu", "cuda") and all(p.is_floating_point() and p.device == device for p in params)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Accumulators:
+    """A logging window's sums kept on the device, so that steps between two reads need no host sync.
+
+    ``run`` counts the consecutive skipped steps up to the latest one and survives reads (it is the
+    ``bad_in_row`` of a checkpoint); ``abort_at`` remembers the step at which it first reached the limit.
+    """
+
+    def __init__(self, device: torch.device, bad_in_row: int) -> None:
+        def zero(dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros((), dtype=dtype, device=device)
+
+        self.loss, self.tokens, self.bad = zero(torch.float64), zero(torch.float64), zero(torch.float64)
+        self.run = torch.full((), float(bad_in_row), dtype=torch.float64, device=device)
+        self.abort_at, self.step_loss, self.grad_norm = zero(torch.float64), zero(torch.float64), zero(torch.float64)
+        self.host_tokens = 0
+        self.last_loss = self.last_grad_norm = math.nan
+
+    def add(
+        self,
+        step_loss: torch.Tensor,
+        tokens: int | torch.Tensor,
+        bad: torch.Tensor,
+        grad_norm: torch.Tensor,
+        step: int,
+        max_bad: int,
+    ) -> None:
+        """Account one optimizer step (``bad``: 1.0 when it was skipped)."""
+        self.loss += step_loss
+        if isinstance(tokens, torch.Tensor):
+            self.tokens += tokens
+        else:
+            self.host_tokens += tokens
+        self.bad += bad
+        self.run.mul_(bad).add_(bad)  # (run + 1) if skipped else 0
+        hit = (self.run >= max_bad) & (self.abort_at == 0)
+        self.abort_at = torch.where(hit, float(step), self.abort_at)
+        self.step_loss = step_loss.detach().double()
+        self.grad_norm = grad_norm.detach().double()
+
+    def read(self) -> tuple[float, int, int, int, int]:
+        """``(loss sum, tokens, skipped steps, bad_in_row, abort step or 0)`` since the last read, in one transfer."""
+        packed = torch.stack(
+            [self.loss, self.tokens, self.bad, self.run, self.abort_at, self.step_loss, self.grad_norm]
+        )
+        loss, tokens, bad, run, abort_at, self.last_loss, self.last_grad_norm = packed.tolist()
+        tokens = int(tokens) + self.host_tokens
+        self.loss.zero_()
+        self.tokens.zero_()
+        self.bad.zero_()
+        self.host_tokens = 0
+        return loss, tokens, int(bad), int(run), int(abort_at)
+
+
+@contextlib.contextmanager
+def _prefetcher(
+    train_batch: Callable[[int, int], Any], cfg: TrainConfig, start_step: int, device: torch.device
+) -> Iterator[Prefetcher]:
+    prefetcher = Prefetcher(
+        train_batch,
+        start_step=start_step,
+        max_steps=cfg.max_steps,
+        grad_accum=cfg.grad_accum,
+        depth=cfg.prefetch_batches,
+        pin=device.type == "cuda",
+    )
+    try:
+        yield prefetcher
+    finally:
+        prefetcher.close()
+
+
 def _tensorboard(log_dir: str | Path | None, ctx: DistContext) -> Any:
     if log_dir is None or not ctx.is_main:
         return None
@@ -239,13 +320,16 @@ def train(
         dist: the process group (:func:`~lmforge.train.distributed.distributed_context`); None is one process.
         flops_per_token: training FLOPs per token (:mod:`lmforge.train.mfu`) for the MFU figure.
         tensorboard_dir: where rank 0 writes TensorBoard event files (when tensorboard is installed).
-        on_step: called as ``on_step(step, record)`` after each completed optimizer step (and checkpoint).
+        on_step: called as ``on_step(step, record)`` after each completed optimizer step (and checkpoint);
+            ``record`` holds ``lr``, ``loss`` and ``grad_norm``, and the interval's figures on logging steps.
+            Passing it makes every step read its loss back from the device.
 
     Returns:
         ``step``, ``train_loss``, ``lr``, ``grad_norm``, ``tokens_per_sec``, ``mfu``, ``memory_gb``,
         ``elapsed_s`` (one entry per ``cfg.log_interval`` steps, losses averaged over the interval);
         ``eval_step``, ``eval_loss``; ``total_tokens``, ``train_seconds`` (without evaluation),
-        ``bad_steps`` (skipped non-finite steps) and ``resumed_from`` (a step, or None).
+        ``warmup_seconds`` and ``warmup_tokens`` (a compiled model's first step, part of the totals but not
+        of ``tokens_per_sec``), ``bad_steps`` (skipped non-finite steps) and ``resumed_from`` (a step, or None).
 
     Raises:
         TrainingPreempted: SIGTERM arrived; a final checkpoint was written first when configured.
@@ -275,7 +359,10 @@ def train(
 
     # -- optimizer and backend -----------------------------------------------------------------------
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    fused = cfg.fused_optimizer and not use_deepspeed and fused_adamw_supported(trainable, device)
+    optimizer = torch.optim.AdamW(
+        param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused or None
+    )
     # Loss scaling only where fp16's narrow range needs it; bf16 and fp32 never underflow like that.
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16" and not use_deepspeed)
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
@@ -305,6 +392,7 @@ def train(
         key: [] for key in ("step", "train_loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "memory_gb", "elapsed_s")
     }
     history |= {"eval_step": [], "eval_loss": [], "total_tokens": 0, "train_seconds": 0.0, "bad_steps": 0}
+    history |= {"warmup_seconds": 0.0, "warmup_tokens": 0}
     history["resumed_from"] = None
     history["quarantined_checkpoints"] = []
     window = {"loss": 0.0, "steps": 0, "tokens": 0, "seconds": 0.0}
@@ -374,6 +462,8 @@ def train(
                     rng_states = json.loads((folder / RNG_STATE).read_text(encoding="utf-8"))
                     _set_rng_state(rng_states[ctx.rank % len(rng_states)], device)
                     history, window, bad_in_row = state["history"], state["window"], state["bad_in_row"]
+                    history.setdefault("warmup_seconds", 0.0)  # checkpoints written before these were recorded
+                    history.setdefault("warmup_tokens", 0)
                     history["resumed_from"] = start_step = state["step"]
                     if ctx.is_main:
                         logger.info("%s: resumed from checkpoint %s", desc, checkpointer.uri(resume))
@@ -400,17 +490,62 @@ def train(
     stop_on_sigterm = checkpointer is not None and cfg.checkpoint.on_sigterm
     steps = range(start_step, cfg.max_steps)
     progress = tqdm(steps, desc=desc, disable=None if ctx.is_main else True, dynamic_ncols=True)
-    with sigterm_flag(stop_on_sigterm) as sigterm:
+    # With the fused optimizer a non-finite step is skipped on the device (its ``found_inf`` input), so the
+    # loop reads losses, token counts and the skip counters back only at logging, evaluation and checkpoint
+    # steps. Otherwise (fp16's GradScaler, DeepSpeed, the foreach kernels) the skip is decided on the host
+    # and every step syncs, as it must.
+    device_guard = fused and engine is None and cfg.precision != "fp16"
+    acc = _Accumulators(device, bad_in_row)
+    clock = time.perf_counter()  # start of the current stretch of timed training in this window
+    warmup_pending = cfg.compile  # the first step of a compiled model traces and compiles it
+
+    def flush(warmup: bool = False) -> None:
+        """Read the device accumulators into the host window and history; raise after too many bad steps.
+
+        ``warmup``: the time and tokens since the last read were a compiled model's first step; they count
+        in the totals and in ``warmup_seconds`` / ``warmup_tokens``, not in the window's tokens/s.
+        """
+        nonlocal bad_in_row, clock
+        loss_sum, tokens, bad, bad_in_row, abort_at = acc.read()  # waits for the device
+        seconds = time.perf_counter() - clock
+        tokens *= ctx.world_size
+        window["loss"] += ctx.mean(loss_sum)
+        if warmup:
+            history["warmup_seconds"] += seconds
+            history["warmup_tokens"] += tokens
+        else:
+            window["seconds"] += seconds
+            window["tokens"] += tokens
+        history["total_tokens"] += tokens
+        history["train_seconds"] += seconds
+        history["bad_steps"] += bad
+        if bad and ctx.is_main:
+            logger.warning(
+                "%s: %d step(s) up to step %d had a non-finite loss or gradient norm and were skipped (%d in a row)",
+                desc,
+                bad,
+                done,
+                bad_in_row,
+            )
+        if abort_at:
+            raise NonFiniteLossError(
+                f"{desc}: {cfg.max_bad_steps} consecutive steps (up to step {abort_at}) had a non-finite loss "
+                f"or gradient norm (last loss {acc.last_loss:.4g}, grad norm {acc.last_grad_norm:.4g}); lower "
+                f"train.lr, check the data, or use bf16 instead of fp16 (train.max_bad_steps={cfg.max_bad_steps})"
+            )
+        clock = time.perf_counter()
+
+    with sigterm_flag(stop_on_sigterm) as sigterm, _prefetcher(train_batch, cfg, start_step, device) as batches:
         for step in progress:
-            step_start = time.perf_counter()
+            done = step + 1
             lr = lr_at(step, cfg)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-
             # forward/backward over the micro-batches; DDP all-reduces only on the last one
-            step_loss, step_tokens, loss_finite = 0.0, 0, True
+            step_loss = torch.zeros((), dtype=torch.float64, device=device)
+            step_tokens: int | torch.Tensor = 0
             for micro in range(cfg.grad_accum):
-                batch = to_device(train_batch(step, micro), device)
+                batch = to_device(batches.next(step, micro), device)
                 last = micro == cfg.grad_accum - 1
                 sync = contextlib.nullcontext() if last or engine is not None or not ctx.distributed else None
                 with sync or forward_model.no_sync():
@@ -421,67 +556,55 @@ def train(
                         engine.step()  # steps the optimizer only at the accumulation boundary
                     else:
                         scaler.scale(loss / cfg.grad_accum).backward()
-                value = float(loss.detach())
-                loss_finite &= math.isfinite(value)
-                step_loss += value / cfg.grad_accum
-                step_tokens += int(n_tokens)
+                step_loss += loss.detach() / cfg.grad_accum
+                step_tokens = step_tokens + n_tokens
 
             # clip, guard against non-finite values, step
             if engine is not None:
-                grad_norm = float(engine.get_global_grad_norm() or 0.0)
+                grad_norm: torch.Tensor = torch.tensor(float(engine.get_global_grad_norm() or 0.0))
                 skipped = not engine.was_step_applied()
             else:
                 scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, max_norm))
+                grad_norm = torch.nn.utils.clip_grad_norm_(trainable, max_norm)
                 skipped = False
-            # fp16: an inf gradient is the GradScaler's business (it skips and lowers the scale)
-            grad_bad = not math.isfinite(grad_norm) and cfg.precision != "fp16"
             due = checkpointer is not None and checkpointer.due(step + 1)
-            any_bad, any_due, stop = ctx.any(not loss_finite or grad_bad, due, sigterm.is_set())
-            if engine is None:
-                if any_bad:
-                    scaler.update()
-                else:
-                    scaler.step(optimizer)
-                    scaler.update()
+            stop = sigterm.is_set()
+            if checkpointer is not None:  # every rank must agree on when to checkpoint and stop
+                due, stop = ctx.any(due, stop)
+            if device_guard:
+                bad = (~torch.isfinite(step_loss) | ~torch.isfinite(grad_norm)).to(torch.float32)
+                optimizer.found_inf = ctx.all_max_(bad)  # the fused kernel leaves params and state alone
+                optimizer.step()
+                del optimizer.found_inf
                 optimizer.zero_grad(set_to_none=True)
-            if any_bad or (skipped and cfg.precision != "fp16"):
-                bad_in_row += 1
-                history["bad_steps"] += 1
-                if ctx.is_main:
-                    logger.warning(
-                        "%s step %d: non-finite loss %.4g or grad norm %.4g; step skipped (%d in a row)",
-                        desc,
-                        step + 1,
-                        step_loss,
-                        grad_norm,
-                        bad_in_row,
-                    )
-                if bad_in_row >= cfg.max_bad_steps:
-                    raise NonFiniteLossError(
-                        f"{desc}: {bad_in_row} consecutive steps (up to step {step + 1}) had a non-finite loss "
-                        f"or gradient norm (last loss {step_loss:.4g}, grad norm {grad_norm:.4g}); lower "
-                        f"train.lr, check the data, or use bf16 instead of fp16 (train.max_bad_steps="
-                        f"{cfg.max_bad_steps})"
-                    )
             else:
-                bad_in_row = 0
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)  # honest step timing
-            step_seconds = time.perf_counter() - step_start
-
-            # bookkeeping (losses and tokens are global: averaged / summed over ranks)
-            step_loss = ctx.mean(step_loss)
-            step_tokens *= ctx.world_size
-            history["train_seconds"] += step_seconds
-            history["total_tokens"] += step_tokens
-            window["loss"] += step_loss
+                loss_value, norm_value = float(step_loss), float(grad_norm)
+                # fp16: an inf gradient is the GradScaler's business (it skips and lowers the scale)
+                grad_bad = not math.isfinite(norm_value) and cfg.precision != "fp16"
+                (any_bad,) = ctx.any(not math.isfinite(loss_value) or grad_bad)
+                if engine is None:
+                    if not any_bad:
+                        scaler.step(optimizer)
+                    scaler.update()
+                    optimizer.zero_grad(set_to_none=True)
+                bad = torch.tensor(float(any_bad or (skipped and cfg.precision != "fp16")), device=device)
+            acc.add(step_loss, step_tokens, bad, grad_norm, done, cfg.max_bad_steps)
             window["steps"] += 1
-            window["tokens"] += step_tokens
-            window["seconds"] += step_seconds
-            done = step + 1
-            record: dict[str, Any] = {"loss": step_loss, "lr": lr, "grad_norm": grad_norm}
-            if done % cfg.log_interval == 0 or done == cfg.max_steps:
+
+            if warmup_pending:  # a compiled model's first step: timed apart, left out of tokens/s
+                warmup_pending = False
+                flush(warmup=True)
+                if ctx.is_main:
+                    logger.info("%s: first step (compilation) took %.1f s; not counted in tokens/s", desc,
+                                history["warmup_seconds"])  # fmt: skip
+
+            record: dict[str, Any] = {"lr": lr}
+            log_due = done % cfg.log_interval == 0 or done == cfg.max_steps
+            eval_due = done % cfg.eval_interval == 0 or done == cfg.max_steps
+            if log_due or eval_due or due or stop or not device_guard or on_step is not None:
+                flush()
+                record |= {"loss": acc.last_loss, "grad_norm": acc.last_grad_norm}
+            if log_due:
                 tokens_per_sec = window["tokens"] / max(window["seconds"], 1e-9)
                 utilization = (
                     mfu(tokens_per_sec, flops_per_token, peak_flops, ctx.world_size)
@@ -497,7 +620,7 @@ def train(
                 history["step"].append(done)
                 history["train_loss"].append(record["train_loss"])
                 history["lr"].append(lr)
-                history["grad_norm"].append(grad_norm)
+                history["grad_norm"].append(record["grad_norm"])
                 history["tokens_per_sec"].append(tokens_per_sec)
                 history["mfu"].append(utilization)
                 history["memory_gb"].append(record["memory_gb"])
@@ -510,7 +633,7 @@ def train(
                         cfg.max_steps,
                         record["train_loss"],
                         lr,
-                        grad_norm,
+                        record["grad_norm"],
                         tokens_per_sec,
                         f", MFU {100 * utilization:.1f}%" if utilization is not None else "",
                         record["memory_gb"],
@@ -520,14 +643,16 @@ def train(
                         if record[key] is not None:
                             tb.add_scalar(key.replace("train_loss", "loss/train"), record[key], done)
                     tb.add_scalar("lr", lr, done)
-                    tb.add_scalar("grad_norm", grad_norm, done)
+                    tb.add_scalar("grad_norm", record["grad_norm"], done)
                 window = {"loss": 0.0, "steps": 0, "tokens": 0, "seconds": 0.0}
-            if done % cfg.eval_interval == 0 or done == cfg.max_steps:
+            if eval_due:
                 run_eval(done)
-            if checkpointer is not None and (any_due or stop):
+            if checkpointer is not None and (due or stop):
                 save_checkpoint(done)
             if on_step is not None:
                 on_step(done, record)
+            if eval_due or due or stop or on_step is not None:
+                clock = time.perf_counter()  # evaluation, checkpoints and callbacks are not training time
             if stop:
                 if tb is not None:
                     tb.close()
@@ -587,8 +712,9 @@ def whole_model(
 
 
 def tokens_per_sec(history: Mapping[str, Any]) -> float:
-    """Training throughput over the whole run (evaluation time excluded)."""
-    return history["total_tokens"] / max(history["train_seconds"], 1e-9)
+    """Training throughput over the whole run: evaluation and a compiled model's first step excluded."""
+    tokens = history["total_tokens"] - history.get("warmup_tokens", 0)
+    return tokens / max(history["train_seconds"] - history.get("warmup_seconds", 0.0), 1e-9)
 
 
 def quarantine_facts(history: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:

@@ -16,26 +16,69 @@ from lmforge.train.batches import IGNORE_INDEX
 Divergence = Literal["forward", "reverse"]
 
 
-def masked_ce(logits: torch.Tensor, targets: torch.Tensor, *, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+def masked_ce(
+    logits: torch.Tensor, targets: torch.Tensor, *, ignore_index: int = IGNORE_INDEX, fused: bool = True
+) -> torch.Tensor:
     """Mean next-token cross-entropy over positions whose target is not ``ignore_index``.
 
     ``CE = (1/|M|) Σ_{i∈M} −log softmax(z_i)[y_i]`` with ``M`` the scored positions; 0 when ``M`` is empty.
+    ``fused`` computes the gradient in closed form (:class:`_MaskedCrossEntropy`); off, autograd through
+    ``F.cross_entropy``. The two agree to float rounding.
     """
     flat = logits.float().reshape(-1, logits.size(-1))
+    if fused and flat.requires_grad:
+        return _MaskedCrossEntropy.apply(flat, targets.reshape(-1), ignore_index)
     return F.cross_entropy(flat, targets.reshape(-1), ignore_index=ignore_index, reduction="sum") / (
         (targets != ignore_index).sum().clamp(min=1)
     )
 
 
-def causal_lm_loss(model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, int]:
+class _MaskedCrossEntropy(torch.autograd.Function):
+    """Masked mean cross-entropy with the closed-form gradient ``(softmax(z_i) − onehot(y_i)) / |M|``.
+
+    Autograd's path keeps the log-probabilities, then allocates and zero-fills a ``(N, V)`` gradient for
+    ``nll_loss`` and another for ``log_softmax``'s backward. Here the saved log-probabilities become the
+    gradient in place: one ``exp_`` and one scaling pass, no ``(N, V)`` allocation in the backward pass.
+    Because the saved tensor is consumed, a second backward through the same graph is refused.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, ignore_index: int) -> torch.Tensor:
+        log_probs = torch.log_softmax(logits, dim=-1)
+        scored = targets != ignore_index
+        count = scored.sum().clamp(min=1)
+        safe = torch.where(scored, targets, 0)
+        picked = log_probs.gather(1, safe[:, None]).squeeze(1)
+        ctx.save_for_backward(log_probs, safe, scored, count)
+        ctx.consumed = False
+        return -(picked * scored).sum() / count
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        if ctx.consumed:
+            raise RuntimeError("masked_ce (fused): backward ran twice through the same graph; use fused=False")
+        ctx.consumed = True
+        log_probs, safe, scored, count = ctx.saved_tensors
+        gradient = log_probs.exp_()  # softmax, in the saved buffer
+        rows = torch.arange(len(safe), device=safe.device)
+        gradient[rows, safe] -= 1.0
+        gradient.mul_((grad / count * scored)[:, None])
+        return gradient, None, None
+
+
+def causal_lm_loss(
+    model: torch.nn.Module, batch: dict[str, Any], *, fused_ce: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Loop loss for a ``{"input_ids", "targets"}`` batch: (masked mean CE, number of scored tokens).
+
+    The count stays a tensor on the batch's device, so that the loop reads it back only when it logs.
 
     No attention mask is passed: batches are right-padded and attention is causal, so no scored
     position can attend to padding.
     """
     logits = model(input_ids=batch["input_ids"], use_cache=False).logits
     targets = batch["targets"]
-    return masked_ce(logits, targets), int((targets != IGNORE_INDEX).sum())
+    return masked_ce(logits, targets, fused=fused_ce), (targets != IGNORE_INDEX).sum()
 
 
 def kd_loss(
