@@ -1,0 +1,71 @@
+"""Strict pydantic base model, override parsing and validation helpers shared by every config model."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from lmforge.errors import ConfigError
+
+Precision = Literal["fp32", "bf16", "fp16"]
+
+
+class StrictModel(BaseModel):
+    """Base for all configs: strict types, unknown keys rejected, immutable."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, validate_default=True)
+
+
+T = TypeVar("T", bound=StrictModel)
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Merge ``override`` into a copy of ``base``; nested mappings merge, other values replace."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def parse_overrides(overrides: str | dict[str, Any] | None) -> dict[str, Any]:
+    """Accept overrides as a mapping or a JSON object string; dotted keys nest (``"train.lr": 1e-3``)."""
+    if overrides is None or overrides == "":
+        return {}
+    if isinstance(overrides, str):
+        try:
+            overrides = json.loads(overrides)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"overrides are not valid JSON: {exc.msg} at char {exc.pos}") from exc
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"overrides must be a JSON object, got {type(overrides).__name__}")
+    nested: dict[str, Any] = {}
+    for key, value in overrides.items():
+        parts = key.split(".")
+        leaf: dict[str, Any] = {parts[-1]: value}
+        for part in reversed(parts[:-1]):
+            leaf = {part: leaf}
+        nested = deep_merge(nested, leaf)
+    return nested
+
+
+def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
+    """One line per problem: ``field.path: message (got value)``."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
+        got = "" if err["type"] == "missing" else f" (got {err.get('input')!r:.60})"
+        lines.append(f"{loc or '<root>'}: {err['msg']}{got}")
+    return "; ".join(lines)
+
+
+def validate_config(model: type[T], data: dict[str, Any], prefix: str = "") -> T:
+    """Validate ``data`` as ``model``; raise :class:`ConfigError` naming each bad field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid config: {format_validation_error(exc, prefix)}") from exc

@@ -1,0 +1,105 @@
+"""Configs of ``evaluate`` (held-out metrics, the gate) and ``promote`` (the release)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from lmforge.config.base import StrictModel
+
+
+class GateConfig(StrictModel):
+    """Thresholds the candidate must meet to be promoted, alone and against the production release."""
+
+    max_student_perplexity: float = Field(
+        1e4, gt=0.0, description="Fail when the student's held-out perplexity is above this."
+    )
+    max_int8_perplexity_delta: float = Field(
+        0.05,
+        ge=0.0,
+        description="Fail when INT8 perplexity exceeds FP32 ONNX perplexity by more than this fraction.",
+    )
+    max_latency_ms: float = Field(
+        1e4, gt=0.0, description="Fail when the served model's p99 forward latency (batch 1) exceeds this."
+    )
+    min_student_exact_match: float | None = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Fail when the student's exact match on the held-out Q&A set is below this fraction "
+        "(null: no check).",
+    )
+    max_bits_per_byte_regression: float | None = Field(
+        0.02,
+        ge=0.0,
+        description="Fail when the student's bits per byte exceeds the production release's by more than this "
+        "fraction (tokenizer-independent; null: no comparison).",
+    )
+    max_exact_match_regression: float | None = Field(
+        0.05,
+        ge=0.0,
+        le=1.0,
+        description="Fail when the student's exact match is below the production release's by more than this "
+        "(absolute; null: no comparison).",
+    )
+
+
+class GenerationEvalConfig(StrictModel):
+    """Greedy generation on the held-out Q&A prompts (EM, F1, BLEU, ROUGE-L)."""
+
+    enabled: bool = Field(True, description="Generate answers to held-out Q&A prompts and score them.")
+    models: list[str] = Field(
+        default_factory=lambda: ["teacher", "student"],
+        description="PyTorch models that generate (by name); ONNX models have no KV-cache decoder to generate with.",
+    )
+    heldout_fraction: float | None = Field(
+        None,
+        gt=0.0,
+        lt=1.0,
+        description="Held-out fraction for the prompt-hash split; null takes the one recorded in the LoRA-tuned "
+        "teacher's manifest, so the prompts are ones LoRA never trained on.",
+    )
+    max_prompts: int = Field(
+        32, gt=0, description="Held-out prompts scored (all responses of a prompt are references)."
+    )
+    max_new_tokens: int = Field(24, gt=0, description="Greedy decoding stops at EOS or after this many tokens.")
+    batch_size: int = Field(8, gt=0, description="Prompts per generate call (left padded).")
+    stop_at_newline: bool = Field(True, description="Cut each answer at its first newline.")
+    bleu_tokenize: Literal["13a", "intl", "zh", "char", "none"] = Field(
+        "13a", description="sacrebleu tokenizer (13a is sacrebleu's default; zh for Chinese)."
+    )
+    seed: int = Field(0, ge=0, description="Seed set before generation (greedy decoding is deterministic).")
+    samples: int = Field(8, ge=0, description="Prompts with every model's answer shown in the report.")
+
+
+class EvaluateConfig(StrictModel):
+    """The ``evaluate`` stage."""
+
+    context: int = Field(128, gt=1, description="Tokens per forward pass for perplexity (clamped to the models).")
+    stride: int | None = Field(
+        None,
+        gt=0,
+        description="New tokens scored per pass after the first; null = context (non-overlapping, lm-eval's "
+        "rolling log-likelihood). Smaller gives each token more history at context/stride times the cost.",
+    )
+    max_eval_tokens: int = Field(20_000, gt=0, description="Held-out tokens scored per model.")
+    latency_runs: int = Field(20, gt=0, description="Timed forward passes per model (after warm-up).")
+    generation: GenerationEvalConfig = Field(
+        default_factory=GenerationEvalConfig, description="Generation metrics on held-out Q&A."
+    )
+    gate: GateConfig = Field(default_factory=GateConfig, description="Promotion thresholds.")
+
+    @model_validator(mode="after")
+    def _stride_within_context(self) -> EvaluateConfig:
+        if self.stride is not None and self.stride > self.context:
+            raise ValueError(f"stride ({self.stride}) must not exceed context ({self.context})")
+        return self
+
+
+class PromoteConfig(StrictModel):
+    """The ``promote`` stage."""
+
+    model_name: str = Field(
+        "lmforge-demo", pattern=r"^[a-z0-9][a-z0-9._-]*$", description="Release name in the registry."
+    )

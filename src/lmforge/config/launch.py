@@ -1,0 +1,153 @@
+"""Config of multi-node training jobs on Kubernetes (Kubeflow Trainer ``TrainJob`` or ``PyTorchJob``)."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from lmforge.config.base import StrictModel
+
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+# An env var whose name says it holds a credential must come from a Secret, never as a literal in a manifest.
+_SECRET_LIKE = ("SECRET", "PASSWORD", "TOKEN", "ACCESS_KEY", "PRIVATE_KEY", "CREDENTIAL")
+
+
+class TolerationConfig(StrictModel):
+    """One pod toleration (Kubernetes ``Toleration``) for the training nodes' taints."""
+
+    key: str | None = Field(None, description="Taint key to tolerate; null with operator Exists tolerates all.")
+    operator: Literal["Exists", "Equal"] = Field("Exists", description="Exists (any value) or Equal (value).")
+    value: str | None = Field(None, description="Taint value (operator Equal only).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        "NoSchedule", description="Taint effect to tolerate; null tolerates every effect."
+    )
+
+    @model_validator(mode="after")
+    def _value_needs_equal(self) -> TolerationConfig:
+        if self.operator == "Exists" and self.value is not None:
+            raise ValueError("value must be null when operator is Exists")
+        return self
+
+
+class SecretEnvConfig(StrictModel):
+    """Environment variables read from a Kubernetes Secret by reference (the value never enters a manifest)."""
+
+    name: str = Field("lmforge-s3", pattern=_DNS_SUBDOMAIN, description="Secret name in the job's namespace.")
+    keys: list[str] = Field(
+        default_factory=lambda: ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"],
+        min_length=1,
+        description="Secret keys; each becomes the env var of the same name (the names boto3 reads).",
+    )
+    optional: bool = Field(False, description="Start the pods even when the Secret or a key is missing.")
+
+    @model_validator(mode="after")
+    def _keys_are_env_names(self) -> SecretEnvConfig:
+
+        bad = [k for k in self.keys if not re.match(_ENV_NAME, k)]
+        if bad:
+            raise ValueError(f"keys must be valid env var names, got {bad}")
+        return self
+
+
+def _default_tolerations() -> list[TolerationConfig]:
+    return [TolerationConfig(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")]
+
+
+class LaunchConfig(StrictModel):
+    """Multi-node training as a Kubeflow Trainer ``TrainJob`` or a Training Operator ``PyTorchJob``."""
+
+    backend: Literal["trainjob", "pytorchjob"] = Field(
+        "trainjob",
+        description="trainjob (Kubeflow Trainer v2, trainer.kubeflow.org/v1alpha1) or pytorchjob (Training "
+        "Operator v1, kubeflow.org/v1) for older clusters.",
+    )
+    runtime: Literal["torch-distributed", "deepspeed-distributed"] = Field(
+        "torch-distributed",
+        description="TrainJob runtime: torch-distributed (torchrun; DeepSpeed runs under it too) or "
+        "deepspeed-distributed (MPI launcher). A PyTorchJob always launches with torchrun.",
+    )
+    runtime_kind: Literal["ClusterTrainingRuntime", "TrainingRuntime"] = Field(
+        "ClusterTrainingRuntime", description="Kind of the referenced runtime (TrainingRuntime: namespaced)."
+    )
+    namespace: str | None = Field(
+        None,
+        pattern=_DNS_LABEL,
+        max_length=63,
+        description="Namespace of the job; null: the step's own namespace (its service account's, e.g. the "
+        "Kubeflow profile the run belongs to), outside a pod the kubeconfig context's.",
+    )
+    service_account: str | None = Field(
+        "lmforge-worker",
+        pattern=_DNS_SUBDOMAIN,
+        description="Service account of the training pods (null: the namespace's default). manifests/ creates "
+        "lmforge-worker with no API token mounted and no RBAC: the pods only need S3.",
+    )
+    trainjob_pod_overrides: Literal["auto", "runtimePatches", "podTemplateOverrides"] = Field(
+        "auto",
+        description="How a TrainJob places its pods (selector, tolerations, service account, /dev/shm): "
+        "runtimePatches (Kubeflow Trainer >= v2.2) or podTemplateOverrides (Trainer v2.1, as in Kubeflow 1.11); "
+        "auto reads which one the cluster serves from its OpenAPI v3 document for trainer.kubeflow.org/v1alpha1.",
+    )
+    num_nodes: int = Field(1, ge=1, description="Training nodes (pods); more than 1 launches a job.")
+    gpus_per_node: int = Field(1, ge=0, description="nvidia.com/gpu per node; also the processes per node.")
+    cpu_per_node: str | None = Field(None, pattern=_QUANTITY, description="CPU request per node, e.g. '32'.")
+    memory_per_node: str | None = Field(None, pattern=_QUANTITY, description="Memory request per node, e.g. '200Gi'.")
+    shm_size: str | None = Field(
+        "16Gi", pattern=_QUANTITY, description="Size of the in-memory /dev/shm (NCCL, data loaders); null: none."
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=lambda: {"lmforge.io/pool": "gpu"}, description="Node labels the training pods need."
+    )
+    tolerations: list[TolerationConfig] = Field(
+        default_factory=_default_tolerations, description="Taints of the GPU node pool the pods tolerate."
+    )
+    priority_class: str | None = Field(
+        "lmforge-training",
+        pattern=_DNS_SUBDOMAIN,
+        description="PriorityClass of PyTorchJob pods (a TrainJob takes it from its runtime: its patches "
+        "cannot set it).",
+    )
+    s3_credentials: SecretEnvConfig | None = Field(
+        default_factory=SecretEnvConfig, description="S3 credentials as env vars from a Secret (null: none, e.g. IRSA)."
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Plain env vars for the training processes (e.g. AWS_ENDPOINT_URL); never credentials.",
+    )
+    backoff_limit: int = Field(3, ge=0, description="PyTorchJob pod restarts before the job fails.")
+    active_deadline_s: int | None = Field(None, gt=0, description="Server-side limit on the job's run time.")
+    wait_timeout_s: int | None = Field(
+        None, gt=0, description="Give up waiting (and delete the job) after this many seconds; null: never."
+    )
+    watch_window_s: int = Field(
+        30, gt=0, description="Seconds per watch request; pods and their logs are looked for between them."
+    )
+    delete_on_success: bool = Field(False, description="Delete the job (and its pods) once it has succeeded.")
+    recreate_failed: bool = Field(
+        True, description="A retried step finding its job Failed deletes and resubmits it (resume: auto)."
+    )
+    log_tail_lines: int = Field(50, gt=0, description="Log lines per pod carried in a failure's error message.")
+
+    @model_validator(mode="after")
+    def _check(self) -> LaunchConfig:
+        if self.backend == "pytorchjob" and self.runtime != "torch-distributed":
+            raise ValueError(
+                f"runtime {self.runtime!r} is a TrainJob runtime; a PyTorchJob always launches with torchrun "
+                "(DeepSpeed runs under it): use runtime 'torch-distributed' or backend 'trainjob'"
+            )
+
+        for name in self.env:
+            if not re.match(_ENV_NAME, name):
+                raise ValueError(f"env: {name!r} is not a valid env var name")
+            secret_keys = self.s3_credentials.keys if self.s3_credentials else []
+            if name in secret_keys or any(word in name.upper() for word in _SECRET_LIKE):
+                raise ValueError(
+                    f"env: {name!r} looks like a credential; pass it by Secret reference (s3_credentials), "
+                    "never as a value in the manifest"
+                )
+        return self

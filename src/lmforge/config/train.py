@@ -1,0 +1,380 @@
+"""Configs of the training stages: model shape, the shared loop, ``pretrain``, ``finetune_lora``, ``distill``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from lmforge.config.base import Precision, StrictModel
+from lmforge.config.data import ChunkLang
+
+
+class ModelConfig(StrictModel):
+    """Shape of a decoder-only transformer."""
+
+    arch: Literal["gpt2", "llama"] = Field("gpt2", description="Architecture family (transformers class).")
+    n_layer: int = Field(2, gt=0, description="Number of transformer blocks.")
+    n_head: int = Field(2, gt=0, description="Attention heads per block.")
+    n_embd: int = Field(64, gt=0, description="Hidden size.")
+    block_size: int = Field(128, gt=0, description="Context length (maximum positions).")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on residuals, attention and embeddings.")
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelConfig:
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        return self
+
+
+class CheckpointConfig(StrictModel):
+    """Resumable training checkpoints: full state, atomic, to a local path or ``s3://``."""
+
+    dir: str | None = Field(
+        None,
+        min_length=1,
+        description="Where checkpoints go: a local directory or s3://bucket/prefix; null disables checkpoints. "
+        "Multi-node runs need s3:// or a shared filesystem.",
+    )
+    every_steps: int = Field(0, ge=0, description="Write a checkpoint every N optimizer steps (0: by time only).")
+    every_minutes: float = Field(
+        5.0, ge=0.0, description="Write a checkpoint when this many minutes passed since the last one (0: off)."
+    )
+    keep_last: int = Field(3, ge=1, description="Complete checkpoints kept; older ones are deleted.")
+    resume: Literal["auto", "never"] = Field(
+        "auto",
+        description="auto: continue from the newest complete checkpoint in dir (start fresh if none); "
+        "never: start fresh and refuse a dir that already holds checkpoints.",
+    )
+    on_sigterm: bool = Field(
+        True, description="On SIGTERM (preemption) write a final checkpoint, then stop with TrainingPreempted."
+    )
+
+    @model_validator(mode="after")
+    def _check_dir(self) -> CheckpointConfig:
+        if self.dir is not None and self.dir.startswith("s3://") and not self.dir[len("s3://") :].strip("/"):
+            raise ValueError(f"dir: s3 URI {self.dir!r} has no bucket")
+        if self.dir is not None and self.every_steps == 0 and self.every_minutes == 0 and not self.on_sigterm:
+            raise ValueError("dir is set but every_steps, every_minutes and on_sigterm are all off: nothing is saved")
+        return self
+
+
+class ZeroConfig(StrictModel):
+    """DeepSpeed ZeRO settings (the ``zero_optimization`` section of the generated DeepSpeed JSON)."""
+
+    stage: int = Field(2, ge=0, le=3, description="ZeRO stage: 0 off, 1 optimizer, 2 +gradients, 3 +parameters.")
+    overlap_comm: bool = Field(True, description="Overlap gradient reduction with the backward pass.")
+    contiguous_gradients: bool = Field(True, description="Copy gradients into one buffer as they are produced.")
+    reduce_scatter: bool = Field(True, description="Reduce gradients with reduce-scatter instead of all-reduce.")
+    reduce_bucket_size: int = Field(
+        500_000_000, gt=0, description="Elements reduced at a time (an integer; booleans are rejected)."
+    )
+    allgather_bucket_size: int = Field(500_000_000, gt=0, description="Elements all-gathered at a time (stage 1/2).")
+    stage3_prefetch_bucket_size: int = Field(50_000_000, ge=0, description="Stage 3: elements prefetched ahead.")
+    stage3_param_persistence_threshold: int = Field(
+        100_000, ge=0, description="Stage 3: parameters smaller than this stay unpartitioned."
+    )
+    stage3_max_live_parameters: int = Field(
+        1_000_000_000, gt=0, description="Stage 3: most parameter elements resident at once on a rank."
+    )
+    stage3_max_reuse_distance: int = Field(
+        1_000_000_000, ge=0, description="Stage 3: keep a parameter gathered if reused within this many elements."
+    )
+    offload_optimizer: Literal["none", "cpu"] = Field(
+        "none", description="ZeRO-Offload: keep optimizer state in CPU memory (stage >= 1)."
+    )
+    offload_param: Literal["none", "cpu"] = Field(
+        "none", description="ZeRO-Infinity: keep parameters in CPU memory (stage 3 only)."
+    )
+
+    @model_validator(mode="after")
+    def _stage_options(self) -> ZeroConfig:
+        if self.offload_param != "none" and self.stage != 3:
+            raise ValueError(f"offload_param needs stage 3 (stage is {self.stage})")
+        if self.offload_optimizer != "none" and self.stage == 0:
+            raise ValueError("offload_optimizer needs stage >= 1 (stage is 0)")
+        # Compared with the defaults, not with the keys given, so that a dumped config validates again.
+        stage3_only = sorted(
+            name
+            for name, info in type(self).model_fields.items()
+            if name.startswith("stage3_") and getattr(self, name) != info.default
+        )
+        if stage3_only and self.stage != 3:
+            raise ValueError(f"{', '.join(stage3_only)} apply to stage 3 only (stage is {self.stage})")
+        return self
+
+
+class DeepSpeedFp16Config(StrictModel):
+    """DeepSpeed dynamic loss scaling; only meaningful with ``precision: fp16``."""
+
+    initial_scale_power: int = Field(16, ge=0, le=32, description="Initial loss scale is 2**this.")
+    loss_scale_window: int = Field(1000, gt=0, description="Steps without overflow before the scale grows.")
+    hysteresis: int = Field(2, gt=0, description="Overflows tolerated before the scale shrinks.")
+    min_loss_scale: float = Field(1.0, gt=0.0, description="Lower bound of the dynamic loss scale.")
+
+
+class DeepSpeedConfig(StrictModel):
+    """DeepSpeed options; the DeepSpeed JSON is generated from these plus the loop settings."""
+
+    zero: ZeroConfig = Field(default_factory=ZeroConfig, description="ZeRO sharding.")
+    fp16: DeepSpeedFp16Config | None = Field(
+        None, description="Loss-scaling options; allowed only with train.precision fp16 (never with bf16)."
+    )
+    zero3_init: bool = Field(
+        True,
+        description="Stage 3: construct the model under zero.Init via HfDeepSpeedConfig, so no rank holds it "
+        "whole; the initial weights are the same as without it (Hugging Face initialization, from the seed).",
+    )
+    communication_data_type: Literal["fp32", "bf16", "fp16"] | None = Field(
+        None, description="Dtype of gradient communication; null follows the training precision."
+    )
+
+
+class DistributedConfig(StrictModel):
+    """How the loop runs across processes (launched by ``torchrun`` or the Kubeflow Trainer)."""
+
+    backend: Literal["torch", "deepspeed"] = Field(
+        "torch",
+        description="torch: one process, or DistributedDataParallel when launched with WORLD_SIZE > 1; "
+        "deepspeed: DeepSpeed ZeRO (needs the deepspeed extra).",
+    )
+    process_group: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="Collective backend; auto picks nccl on GPU and gloo on CPU."
+    )
+    timeout_minutes: float = Field(
+        30.0, gt=0.0, description="Collective (NCCL) timeout: a rank stuck this long fails the job."
+    )
+    find_unused_parameters: bool = Field(False, description="DDP: tolerate parameters that get no gradient.")
+    deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig, description="DeepSpeed options.")
+
+    @model_validator(mode="after")
+    def _deepspeed_only_with_backend(self) -> DistributedConfig:
+        if self.backend != "deepspeed" and self.deepspeed != DeepSpeedConfig():
+            raise ValueError("deepspeed options are set but backend is 'torch'; set backend: deepspeed")
+        return self
+
+
+class TrainConfig(StrictModel):
+    """Optimizer, schedule and loop settings shared by pretraining, fine-tuning and distillation."""
+
+    max_steps: int = Field(200, gt=0, description="Optimizer steps.")
+    batch_size: int = Field(8, gt=0, description="Sequences per micro-batch on each rank.")
+    grad_accum: int = Field(1, gt=0, description="Micro-batches accumulated per optimizer step.")
+    seq_len: int = Field(128, gt=1, description="Tokens per training sequence (≤ the model's block size).")
+    lr: float = Field(3e-3, gt=0.0, description="Peak learning rate.")
+    min_lr: float = Field(3e-4, ge=0.0, description="Learning rate at the end of cosine decay.")
+    warmup_steps: int = Field(20, ge=0, description="Linear warmup steps.")
+    weight_decay: float = Field(0.1, ge=0.0, description="AdamW weight decay (not applied to norms/biases).")
+    beta1: float = Field(0.9, gt=0.0, lt=1.0, description="AdamW beta1.")
+    beta2: float = Field(0.95, gt=0.0, lt=1.0, description="AdamW beta2.")
+    grad_clip: float = Field(1.0, ge=0.0, description="Clip the global gradient norm to this (0 disables).")
+    precision: Precision = Field("bf16", description="Autocast dtype: fp32, bf16 or fp16 (GradScaler).")
+    seed: int = Field(1337, ge=0, description="Random seed for initialization and batch sampling.")
+    eval_interval: int = Field(50, gt=0, description="Evaluate on the validation split every N steps.")
+    eval_batches: int = Field(4, gt=0, description="Validation micro-batches per evaluation.")
+    log_interval: int = Field(10, gt=0, description="Log loss and throughput every N steps.")
+    grad_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward pass (less memory, about 30% more compute)."
+    )
+    compile: bool = Field(
+        False,
+        description="torch.compile the model (inductor, on GPU and on CPU with a C++ compiler); the first step "
+        "compiles and is left out of tokens/s and MFU.",
+    )
+    fused_optimizer: bool = Field(
+        True,
+        description="AdamW's fused kernel where the device has one (CPU, CUDA), which also skips non-finite steps "
+        "on the device without a host sync; false uses the foreach kernels. The same update either way.",
+    )
+    prefetch_batches: int = Field(
+        2,
+        ge=0,
+        description="Micro-batches built ahead in a background thread while the current step computes (0: build "
+        "each batch when it is needed).",
+    )
+    tf32: bool = Field(True, description="Allow TF32 matmuls and convolutions on Ampere+ GPUs (no effect on CPU).")
+    deterministic: bool = Field(
+        False, description="torch.use_deterministic_algorithms for bitwise-reproducible runs (slower)."
+    )
+    max_bad_steps: int = Field(
+        3,
+        gt=0,
+        description="Steps with a non-finite loss or gradient norm are skipped and counted; this many in a row "
+        "abort the run.",
+    )
+    peak_flops: float | None = Field(
+        None,
+        gt=0.0,
+        description="Peak FLOP/s of one device for MFU; null looks up known GPUs (bf16 dense) and skips MFU elsewhere.",
+    )
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Resumable checkpoints.")
+    distributed: DistributedConfig = Field(
+        default_factory=DistributedConfig, description="Single process, DDP or DeepSpeed."
+    )
+
+    @model_validator(mode="after")
+    def _check_schedule(self) -> TrainConfig:
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
+        if self.warmup_steps > self.max_steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must not exceed max_steps ({self.max_steps})")
+        return self
+
+    @model_validator(mode="after")
+    def _check_backend_options(self) -> TrainConfig:
+        deepspeed = self.distributed.deepspeed
+        if deepspeed.fp16 is not None and self.precision != "fp16":
+            raise ValueError(
+                f"distributed.deepspeed.fp16: loss scaling is for fp16 only, but precision is {self.precision} "
+                "(fp16 and bf16 never together)"
+            )
+        if self.distributed.backend == "deepspeed" and deepspeed.zero.stage == 3 and self.compile:
+            raise ValueError("compile: torch.compile is not supported with ZeRO stage 3 here; set compile: false")
+        if self.distributed.backend == "deepspeed" and deepspeed.zero.offload_param != "none" and self.compile:
+            raise ValueError("compile: not supported together with distributed.deepspeed.zero.offload_param")
+        return self
+
+
+class PretrainConfig(StrictModel):
+    """The ``pretrain`` stage: model shape and training loop."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Model shape.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Training loop.")
+
+    @model_validator(mode="after")
+    def _seq_fits_model(self) -> PretrainConfig:
+        if self.train.seq_len > self.model.block_size:
+            raise ValueError(f"train.seq_len ({self.train.seq_len}) exceeds model.block_size ({self.model.block_size})")
+        return self
+
+
+# Named LoRA shapes for ``LoraConfig.preset``; fields set explicitly win over them.
+LORA_PRESETS: dict[str, dict[str, Any]] = {
+    "seeds": {"r": 64, "alpha": 16, "dropout": 0.1},
+    "tiny": {"r": 8, "alpha": 16, "dropout": 0.05},
+}
+
+
+class LoraConfig(StrictModel):
+    """The ``finetune_lora`` stage (peft LoRA on prompt/response or chat data, answer tokens only in the loss)."""
+
+    preset: Literal["seeds", "tiny"] | None = Field(
+        None,
+        description="Named LoRA shape filling r/alpha/dropout when they are not set: seeds = r 64, alpha 16, "
+        "dropout 0.1 (scaling alpha/r = 0.25); tiny = r 8, alpha 16, dropout 0.05.",
+    )
+    r: int = Field(8, gt=0, le=4096, description="LoRA rank of the update B·A.")
+    alpha: int = Field(16, gt=0, description="LoRA alpha; the update is scaled by alpha/r (alpha/sqrt(r) with rsLoRA).")
+    dropout: float = Field(0.05, ge=0.0, lt=1.0, description="Dropout on the LoRA branch's input.")
+    use_rslora: bool = Field(
+        False, description="Rank-stabilized LoRA: scale by alpha/sqrt(r) instead of alpha/r (Kalajdzievski 2023)."
+    )
+    target_modules: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="Module names (last name component) to adapt; null picks the architecture's attention and "
+        "MLP projections (gpt2: c_attn, c_proj, c_fc; llama-like: q/k/v/o/gate/up/down_proj).",
+    )
+    layers_to_transform: list[int] | None = Field(
+        None, min_length=1, description="Adapt only these transformer block indices; null adapts every block."
+    )
+    bias: Literal["none", "all", "lora_only"] = Field(
+        "none", description="Biases trained too: none, all biases of the model, or those of adapted modules only."
+    )
+    modules_to_save: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="Extra modules trained in full and stored in the adapter (e.g. a norm or a new head).",
+    )
+    chat_template: Literal["auto", "default"] = Field(
+        "auto",
+        description="How chat `messages` are rendered: auto = the tokenizer's chat template when it has one, "
+        "else the default 'User: …/Assistant: …' template; default = always the default template.",
+    )
+    packing: bool = Field(
+        False,
+        description="Concatenate training examples into full seq_len rows (no padding; examples may attend to "
+        "the previous one). Held-out loss is always computed on unpacked examples.",
+    )
+    split_long_examples: bool = Field(
+        True,
+        description="A training example whose answer (a chat's closing assistant message) does not fit seq_len "
+        "becomes several, each with the full prompt and a run of whole sentences of the answer, instead of being "
+        "truncated. Held-out examples are never split.",
+    )
+    split_lang: ChunkLang = Field(
+        "auto", description="Sentence rules for split_long_examples: en, zh, or auto (zh if mostly Han characters)."
+    )
+    heldout_fraction: float = Field(
+        0.1, gt=0.0, lt=1.0, description="Fraction of examples held out for eval loss (by hash of the prompt)."
+    )
+    train: TrainConfig = Field(
+        default_factory=lambda: TrainConfig(max_steps=60, lr=2e-3, min_lr=2e-4, warmup_steps=5),
+        description="Training loop.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") in LORA_PRESETS:
+            data = {**LORA_PRESETS[data["preset"]], **data}
+        return data
+
+    @model_validator(mode="after")
+    def _check_modules(self) -> LoraConfig:
+        for name, values in (("target_modules", self.target_modules), ("modules_to_save", self.modules_to_save)):
+            if values is not None and len(set(values)) != len(values):
+                raise ValueError(f"{name} lists a module twice: {values}")
+        both = set(self.target_modules or []) & set(self.modules_to_save or [])
+        if both:
+            raise ValueError(f"modules {sorted(both)} are both LoRA targets and in modules_to_save; pick one")
+        if self.layers_to_transform is not None and min(self.layers_to_transform) < 0:
+            raise ValueError(f"layers_to_transform must be block indices >= 0, got {self.layers_to_transform}")
+        return self
+
+    @property
+    def scaling(self) -> float:
+        """The factor applied to B·A: alpha/r, or alpha/sqrt(r) with rsLoRA."""
+        return self.alpha / (self.r**0.5 if self.use_rslora else self.r)
+
+
+class DistillConfig(StrictModel):
+    """The ``distill`` stage: student shape and initialization, and the KD loss."""
+
+    student_layer_fraction: float = Field(
+        0.5, gt=0.0, le=1.0, description="Student depth as a fraction of the teacher's layers (same width)."
+    )
+    init: Literal["teacher_layers", "random", "pretrained"] = Field(
+        "teacher_layers",
+        description="Student initialization: every k-th teacher layer plus embeddings (DistilBERT-style), "
+        "random, or the existing model at student_uri.",
+    )
+    student_uri: str | None = Field(
+        None,
+        min_length=1,
+        description="With init=pretrained: an HF causal LM directory (local or s3://) used as the student; it "
+        "must share the teacher's tokenizer.",
+    )
+    temperature: float = Field(2.0, gt=0.0, description="Softmax temperature T for the KL term.")
+    alpha: float = Field(0.5, ge=0.0, le=1.0, description="Weight of the T²·KL term; CE gets 1 − alpha.")
+    divergence: Literal["forward", "reverse"] = Field(
+        "forward",
+        description="forward = KL(teacher‖student) (mean-seeking, Hinton); reverse = KL(student‖teacher) "
+        "(mode-seeking, MiniLLM).",
+    )
+    chunk_tokens: int = Field(
+        256,
+        gt=0,
+        description="Positions per chunk of the KD loss; bounds the fp32 full-vocabulary temporaries to "
+        "chunk_tokens × vocab floats.",
+    )
+    teacher_dtype: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="Teacher weights dtype; auto = bf16 on a GPU that supports it, else fp32."
+    )
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Training loop.")
+
+    @model_validator(mode="after")
+    def _student_source(self) -> DistillConfig:
+        if (self.init == "pretrained") != (self.student_uri is not None):
+            raise ValueError("student_uri is required with init=pretrained and only allowed with it")
+        return self
