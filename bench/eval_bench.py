@@ -47,7 +47,7 @@ def _measure(kind: str, path: str, args: argparse.Namespace) -> dict:
         model = load_causal_lm(path)
         logits_fn, runtime = torch_logits_fn(model), TorchDecodeRuntime(model)
     else:
-        from lmforge.export.ort import WITH_PAST_FILE, OrtCausalLM, OrtDecoderWithPast
+        from lmforge.onnx_runtime import WITH_PAST_FILE, OrtCausalLM, OrtDecoderWithPast
 
         logits_fn = onnx_logits_fn(OrtCausalLM(path, threads=args.threads))
         if Path(path, WITH_PAST_FILE).is_file():

@@ -41,8 +41,8 @@ from lmforge.data.demo import shakespeare_documents
 from lmforge.data.shards import ShardWriter
 from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
 from lmforge.export import onnx_export, quantize
-from lmforge.export.ort import OrtCausalLM, OrtDecoderWithPast
 from lmforge.model.build import build_model, load_tokenizer, save_model_dir
+from lmforge.onnx_runtime import OrtCausalLM, OrtDecoderWithPast
 
 log = logging.getLogger("bench.export")
 

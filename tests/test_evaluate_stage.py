@@ -197,7 +197,7 @@ def test_onnx_and_pytorch_perplexities_agree(evaluated, tiny_model_dir, tiny_sha
 @pytest.mark.parametrize("stride", [64, 16])
 def test_onnx_and_pytorch_agree_with_a_sliding_window(artifacts, tiny_model_dir, tiny_shards_dir, stride):
     from lmforge.evaluate.perplexity import onnx_logits_fn
-    from lmforge.export.ort import OrtCausalLM
+    from lmforge.onnx_runtime import OrtCausalLM
 
     tokens = TokenShards.open(tiny_shards_dir).tokens("val")
     kwargs = {"context": 64, "stride": stride, "max_tokens": 300}

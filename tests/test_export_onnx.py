@@ -18,8 +18,8 @@ from lmforge.data.tokenizer import tokenizer_fingerprint
 from lmforge.errors import InputDataError
 from lmforge.export import onnx_export
 from lmforge.export.onnx_export import DecoderWithPast, LogitsOnly, ParityError, parity_cases
-from lmforge.export.ort import OrtCausalLM, OrtDecoderWithPast, external_data_files
 from lmforge.model.build import load_causal_lm, load_tokenizer, save_model_dir
+from lmforge.onnx_runtime import OrtCausalLM, OrtDecoderWithPast, external_data_files
 
 VOCAB = 512
 

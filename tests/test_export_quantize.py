@@ -22,7 +22,6 @@ from lmforge.errors import InputDataError
 from lmforge.evaluate.perplexity import onnx_logits_fn, perplexity
 from lmforge.export import onnx_export, quantize
 from lmforge.export.accuracy_gate import gate_decision, select_serving_model
-from lmforge.export.ort import OrtCausalLM, OrtDecoderWithPast
 from lmforge.export.quantize import (
     TokenWindowReader,
     calibration_windows,
@@ -32,6 +31,7 @@ from lmforge.export.quantize import (
 )
 from lmforge.export.tied_embedding import find_tied_pairs, share_tied_embedding
 from lmforge.model.build import build_model, load_tokenizer, save_model_dir
+from lmforge.onnx_runtime import OrtCausalLM, OrtDecoderWithPast
 
 # Wide enough that the int8 weights, not the fixed graph overhead, dominate the file size.
 MODEL = ModelConfig(arch="gpt2", n_layer=2, n_head=2, n_embd=64, block_size=64)

@@ -178,7 +178,7 @@ def _evaluate_torch(
 
 def _evaluate_onnx(name: str, path: Path, text: HeldOutText, cfg: EvaluateConfig) -> dict:
     from lmforge.export.accuracy_gate import gate_result
-    from lmforge.export.ort import OrtCausalLM
+    from lmforge.onnx_runtime import OrtCausalLM
 
     accuracy_gate = gate_result(path)
     model = OrtCausalLM(path)

@@ -212,7 +212,7 @@ class TorchDecodeRuntime:
 
 
 class OrtDecodeRuntime:
-    """:class:`DecodeRuntime` over an ONNX KV-cache decoder (``lmforge.export.ort.OrtDecoderWithPast``)."""
+    """:class:`DecodeRuntime` over an ONNX KV-cache decoder (``lmforge.onnx_runtime.OrtDecoderWithPast``)."""
 
     def __init__(self, decoder: Any) -> None:
         self.decoder = decoder

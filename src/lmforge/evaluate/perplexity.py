@@ -226,7 +226,7 @@ def torch_logits_fn(model: PreTrainedModel | torch.nn.Module) -> LogitsFn:
 
 
 def onnx_logits_fn(ort_model: Any) -> LogitsFn:
-    """Adapter for :class:`lmforge.export.ort.OrtCausalLM` (or anything with ``logits(ids)``)."""
+    """Adapter for :class:`lmforge.onnx_runtime.OrtCausalLM` (or anything with ``logits(ids)``)."""
 
     def fn(ids: np.ndarray) -> np.ndarray:
         return ort_model.logits(np.ascontiguousarray(ids, dtype=np.int64))

@@ -41,7 +41,8 @@ from lmforge.artifacts import (
 )
 from lmforge.config import ExportConfig
 from lmforge.errors import InputDataError, LmforgeError
-from lmforge.export.ort import (
+from lmforge.model.build import load_causal_lm
+from lmforge.onnx_runtime import (
     MODEL_FILE,
     WITH_PAST_FILE,
     OrtCausalLM,
@@ -50,7 +51,6 @@ from lmforge.export.ort import (
     past_input_names,
     present_output_names,
 )
-from lmforge.model.build import load_causal_lm
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.export")

@@ -58,7 +58,8 @@ from lmforge.errors import InputDataError, LmforgeError
 from lmforge.evaluate.perplexity import onnx_logits_fn, perplexity
 from lmforge.export.accuracy_gate import GATE_KEY, gate_decision
 from lmforge.export.onnx_export import EXTERNAL_DATA_BYTES, copy_model_files
-from lmforge.export.ort import (
+from lmforge.export.tied_embedding import share_tied_embedding_file
+from lmforge.onnx_runtime import (
     MODEL_FILE,
     WITH_PAST_FILE,
     OrtCausalLM,
@@ -66,7 +67,6 @@ from lmforge.export.ort import (
     model_size_bytes,
     resolve_model_file,
 )
-from lmforge.export.tied_embedding import share_tied_embedding_file
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.export")

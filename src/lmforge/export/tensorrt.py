@@ -35,7 +35,7 @@ import torch
 from lmforge.artifacts import input_record, staged_output, write_manifest
 from lmforge.config import TensorRTConfig
 from lmforge.errors import InputDataError, LmforgeError
-from lmforge.export.ort import MODEL_FILE, WITH_PAST_FILE, cpu_session, resolve_model_file
+from lmforge.onnx_runtime import MODEL_FILE, WITH_PAST_FILE, cpu_session, resolve_model_file
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.export")

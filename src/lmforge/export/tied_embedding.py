@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from lmforge.export.ort import external_data_files
+from lmforge.onnx_runtime import external_data_files
 
 _INT8_TYPES = (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)
 

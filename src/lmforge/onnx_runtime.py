@@ -1,4 +1,4 @@
-"""Run an exported causal LM with ONNX Runtime on CPU.
+"""Run an exported causal LM with ONNX Runtime on CPU (shared by export, quantize, evaluate and serving).
 
 The model directory follows the lmforge ONNX contract (see :mod:`lmforge.export.onnx_export`):
 ``model.onnx`` without a KV cache, run by :class:`OrtCausalLM` (inputs ``input_ids`` / ``attention_mask``
@@ -18,7 +18,7 @@ from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 from lmforge.errors import InputDataError
 
-log = logging.getLogger("lmforge.export")
+log = logging.getLogger("lmforge.onnx_runtime")
 
 MODEL_FILE = "model.onnx"
 WITH_PAST_FILE = "decoder_with_past.onnx"
