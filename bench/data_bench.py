@@ -109,7 +109,7 @@ def child_ours(spec: dict[str, Any]) -> dict[str, Any]:
 
     cfg = _clean_config(spec["preset"], spec["overrides"])
     start = time.perf_counter()
-    result = clean.run(cfg, spec["corpus"], spec["out"])
+    result = clean.run(cfg, corpus_uri=spec["corpus"], cleaned=spec["out"])
     wall = time.perf_counter() - start
     kept = [r["id"] for r in clean.read_cleaned(spec["out"], verify=False)] if spec.get("kept_ids") else None
     return {"wall_s": wall, "metrics": result.metrics, "kept_ids": kept}
@@ -121,7 +121,7 @@ def child_shard(spec: dict[str, Any]) -> dict[str, Any]:
 
     cfg = _clean_config(spec["preset"], spec["overrides"])
     start = time.perf_counter()
-    result = clean.clean_shard(cfg, spec["corpus"], spec["out"])
+    result = clean.clean_shard(cfg, corpus_uri=spec["corpus"], shard=spec["out"])
     return {"wall_s": time.perf_counter() - start, "metrics": result.metrics}
 
 
@@ -138,7 +138,7 @@ def child_dedup_step(spec: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     step, out = spec["step"], spec["out"]
     if step == "single":
-        result = dedup.run(cfg, shards, out)
+        result = dedup.run(cfg, shards=shards, plan=out)
     elif step == "exact":
         result = dedup.exact_part(cfg, shards, spec["part"], spec["parts"], out)
     elif step == "band":

@@ -87,7 +87,7 @@ def build_random_student(root: Path) -> dict[str, str]:
     model = build_model(shape, 2048, eos_id=1, pad_id=2, seed=0)
     student = save_model_dir(model, tok, root / "student")
     write_manifest(student, "model")
-    onnx_export.run(ExportConfig(), student, root / "onnx_fp32")
+    onnx_export.run(ExportConfig(), model=student, onnx_model=root / "onnx_fp32")
     int8 = root / "int8_dynamic"
     int8.mkdir()
     for file in sorted((root / "onnx_fp32").glob("*.onnx")):

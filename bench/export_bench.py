@@ -166,13 +166,15 @@ def main() -> None:
         root.mkdir(parents=True, exist_ok=True)
         model_dir, shards = build_inputs(root, model_cfg, args.vocab, args.docs)
         start = time.perf_counter()
-        exported = onnx_export.run(ExportConfig(), model_dir, root / "onnx")
+        exported = onnx_export.run(ExportConfig(), model=model_dir, onnx_model=root / "onnx")
         export_s = time.perf_counter() - start
         qcfg = QuantizeConfig(
             calibration_sequences=args.calibration, calibration_seq_len=args.seq, gate_context=args.seq
         )
         start = time.perf_counter()
-        quantized = quantize.run(qcfg, root / "onnx", shards, root / "dynamic", root / "qdq")
+        quantized = quantize.run(
+            qcfg, onnx_model=root / "onnx", shards=shards, int8_dynamic=root / "dynamic", int8_qdq=root / "qdq"
+        )
         quantize_s = time.perf_counter() - start
         dirs = {"ort_fp32": root / "onnx", "ort_dynamic_int8": root / "dynamic", "ort_qdq_int8": root / "qdq"}
         rows = ort_rows(dirs, args.seq, args.runs, args.decode_tokens, args.threads)

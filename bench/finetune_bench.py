@@ -142,7 +142,7 @@ def child_pretrain(args: dict[str, Any]) -> dict[str, Any]:
     overrides = {"train.max_steps": args["steps"]} if args["steps"] else {}
     cfg = resolve_stage_config("pretrain", args["preset"], overrides)
     start = time.perf_counter()
-    metrics = pretrain.run(cfg, args["shards"], args["tokenizer"], args["output"]).metrics
+    metrics = pretrain.run(cfg, shards=args["shards"], tokenizer=args["tokenizer"], model=args["output"]).metrics
     return {
         "steps": cfg.train.max_steps,
         "val_loss": metrics["val_loss"],
@@ -163,7 +163,13 @@ def child_lora_demo(args: dict[str, Any]) -> dict[str, Any]:
     for seed in args["seeds"]:
         cfg = resolve_stage_config("finetune_lora", args["preset"], {"train.seed": seed})
         start = time.perf_counter()
-        metrics = lora.run(cfg, args["base"], args["qa"], work / f"adapter-{seed}", work / f"merged-{seed}").metrics
+        metrics = lora.run(
+            cfg,
+            base_model=args["base"],
+            qa_uri=args["qa"],
+            adapter=work / f"adapter-{seed}",
+            merged_model=work / f"merged-{seed}",
+        ).metrics
         keys = ("base_heldout_loss", "tuned_heldout_loss", "heldout_loss_reduction", "train_loss", "trainable_fraction")
         seeds[str(seed)] = {k: metrics[k] for k in keys} | {"seconds": time.perf_counter() - start}
     config = cfg.model_dump(mode="json", exclude={"train"}) | {"train": cfg.train.model_dump(exclude={"seed"})}
@@ -192,7 +198,7 @@ def child_kd_vs_ce(args: dict[str, Any]) -> dict[str, Any]:
                 cfg = resolve_stage_config("distill", args["preset"], overrides)
                 start = time.perf_counter()
                 out = work / f"student-{init}-{seed}-{arm}"
-                metrics = distill.run(cfg, args["teacher"], args["shards"], out).metrics
+                metrics = distill.run(cfg, teacher=args["teacher"], shards=args["shards"], student=out).metrics
                 keys = ("student_val_loss", "student_val_perplexity", "teacher_val_perplexity", "kl")
                 pair[arm] = {k: metrics[k] for k in keys} | {"seconds": time.perf_counter() - start}
             pair["kd_vs_ce_perplexity_reduction"] = (

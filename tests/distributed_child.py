@@ -36,7 +36,9 @@ def main() -> None:
             run_stage(job["stage"], CONFIGS[job["stage"]].model_validate_json(job["config"]), job["io"])
         else:
             config_json, output = job
-            pretrain.run(PretrainConfig.model_validate_json(config_json), shards, tokenizer, output)
+            pretrain.run(
+                PretrainConfig.model_validate_json(config_json), shards=shards, tokenizer=tokenizer, model=output
+            )
         dist.barrier()
     dist.destroy_process_group()
 

@@ -29,7 +29,7 @@ def main() -> None:
             time.sleep(3600)
 
     pretrain.train = lambda *args, **kwargs: train(*args, **kwargs, on_step=on_step)
-    pretrain.run(cfg, shards, tokenizer, output)
+    pretrain.run(cfg, shards=shards, tokenizer=tokenizer, model=output)
     print("DONE", flush=True)
 
 

@@ -109,8 +109,8 @@ def test_corrupted_newest_checkpoint_on_s3_resumes_from_the_previous_one_and_nam
     tmp_path, s3_env, tiny_shards_dir, tiny_tokenizer_dir, caplog
 ):
     uri = f"s3://{s3_env}/runs/r1/ckpt"
-    inputs = (tiny_shards_dir, tiny_tokenizer_dir)
-    pretrain.run(_cfg(4, uri), *inputs, tmp_path / "first")
+    inputs = {"shards": tiny_shards_dir, "tokenizer": tiny_tokenizer_dir}
+    pretrain.run(_cfg(4, uri), **inputs, model=tmp_path / "first")
     assert complete_steps(uri) == [2, 4]
     bad = storage.join(uri, step_name(4))
     storage.write_bytes(
@@ -118,7 +118,7 @@ def test_corrupted_newest_checkpoint_on_s3_resumes_from_the_previous_one_and_nam
     )  # the manifest still names the old sha256
 
     with caplog.at_level(logging.WARNING, logger="lmforge.train"):
-        result = pretrain.run(_cfg(6, uri), *inputs, tmp_path / "second")
+        result = pretrain.run(_cfg(6, uri), **inputs, model=tmp_path / "second")
 
     history = json.loads((tmp_path / "second" / HISTORY_FILE).read_text())
     assert history["resumed_from"] == 2

@@ -38,7 +38,7 @@ def docs(*texts: str) -> list[dict[str, str]]:
 
 def run_clean(tmp_path: Path, corpus: Path | str, **cfg) -> tuple[StageResult, Path]:
     out = tmp_path / "cleaned"
-    return clean.run(CleanConfig.model_validate({**RULES_OFF, **cfg}), str(corpus), out), out
+    return clean.run(CleanConfig.model_validate({**RULES_OFF, **cfg}), corpus_uri=str(corpus), cleaned=out), out
 
 
 # --- rules as units -------------------------------------------------------------------------------
@@ -324,7 +324,7 @@ def test_demo_shakespeare_keeps_most_scenes_under_the_tiny_cpu_rules(tmp_path):
     from lmforge.config import resolve_stage_config
 
     cfg = resolve_stage_config("clean", "tiny-cpu", None)
-    result = clean.run(cfg, "demo://shakespeare", tmp_path / "cleaned")
+    result = clean.run(cfg, corpus_uri="demo://shakespeare", cleaned=tmp_path / "cleaned")
     m = result.metrics
     assert m["docs_out"] >= 0.9 * m["docs_in"]  # measured 737 of 769: verse passes the published rules
     assert {r["lang"] for r in read_cleaned(tmp_path / "cleaned")} == {"en"}
@@ -339,7 +339,7 @@ def test_two_worker_processes_write_the_same_shard_as_one(tmp_path):
     outputs = {}
     for workers in (1, 2):
         out = tmp_path / f"workers-{workers}"
-        clean.clean_shard(cfg.model_copy(update={"workers": workers}), "demo://shakespeare", out)
+        clean.clean_shard(cfg.model_copy(update={"workers": workers}), corpus_uri="demo://shakespeare", shard=out)
         outputs[workers] = out
     one, two = (read_manifest(outputs[w], verify=True)["files"] for w in (1, 2))
     assert {n: f for n, f in one.items() if n != "stats.json"} == {n: f for n, f in two.items() if n != "stats.json"}

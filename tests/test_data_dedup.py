@@ -65,16 +65,16 @@ def fan_out(cfg: CleanConfig, corpus: Path, root: Path, shards: int) -> Path:
     """What the pipeline does: clean_shard per shard, one global dedup, finalize."""
     shard_dirs = [root / f"shard-{i}" for i in range(shards)]
     for i, shard_dir in enumerate(shard_dirs):
-        clean.clean_shard(cfg, str(corpus), shard_dir, shard_index=i, shard_count=shards)
-    dedup.run(cfg, shard_dirs, root / "dedup")
-    clean.finalize(cfg, str(corpus), shard_dirs, root / "dedup", root / "cleaned")
+        clean.clean_shard(cfg, corpus_uri=str(corpus), shard=shard_dir, shard_index=i, shard_count=shards)
+    dedup.run(cfg, shards=shard_dirs, plan=root / "dedup")
+    clean.finalize(cfg, corpus_uri=str(corpus), shards=shard_dirs, plan=root / "dedup", cleaned=root / "cleaned")
     return root / "cleaned"
 
 
 def test_planted_duplicates_recall_precision_and_sharding_with_the_defaults(planted, tmp_path):
     corpus, ids = planted
     cfg = CleanConfig.model_validate(RULES_OFF)
-    result = clean.run(cfg, str(corpus), tmp_path / "single")
+    result = clean.run(cfg, corpus_uri=str(corpus), cleaned=tmp_path / "single")
     kept = [r["id"] for r in read_cleaned(tmp_path / "single")]
     near = [i for i in ids if i.startswith("n")]
     exact = [i for i in ids if i.startswith("x")]
@@ -100,7 +100,7 @@ def test_planted_duplicates_recall_precision_and_sharding_with_the_defaults(plan
 def test_fineweb_five_gram_14x8_profile_misses_part_of_the_light_edits(planted, tmp_path):
     corpus, ids = planted
     cfg = CleanConfig.model_validate({**RULES_OFF, "near_dedup": FINEWEB_PROFILE})
-    clean.run(cfg, str(corpus), tmp_path / "out")
+    clean.run(cfg, corpus_uri=str(corpus), cleaned=tmp_path / "out")
     kept = {r["id"] for r in read_cleaned(tmp_path / "out")}
     near = [i for i in ids if i.startswith("n")]
     recall = sum(i not in kept for i in near) / len(near)
@@ -114,7 +114,7 @@ def test_keep_one_per_cluster_is_the_earliest_document(tmp_path):
     rows = [{"id": "first", "text": text + " extra"}, {"id": "second", "text": text}, {"id": "third", "text": text}]
     corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = CleanConfig.model_validate({**RULES_OFF, "near_dedup": {"ngram": 3}})
-    result = clean.run(cfg, str(corpus), tmp_path / "out")
+    result = clean.run(cfg, corpus_uri=str(corpus), cleaned=tmp_path / "out")
     assert [r["id"] for r in read_cleaned(tmp_path / "out")] == ["first"]
     assert (result.metrics["removed_exact_dedup"], result.metrics["removed_near_dedup"]) == (1, 1)
 
@@ -123,12 +123,12 @@ def test_overlapping_shards_are_refused(tmp_path):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text(json.dumps({"text": "some words in a document"}) + "\n")
     cfg = CleanConfig.model_validate({**RULES_OFF, "min_words": 0})
-    clean.clean_shard(cfg, str(corpus), tmp_path / "a")
-    clean.clean_shard(cfg, str(corpus), tmp_path / "b")
+    clean.clean_shard(cfg, corpus_uri=str(corpus), shard=tmp_path / "a")
+    clean.clean_shard(cfg, corpus_uri=str(corpus), shard=tmp_path / "b")
     from lmforge.errors import InputDataError
 
     with pytest.raises(InputDataError, match="the shards overlap"):
-        dedup.run(cfg, [tmp_path / "a", tmp_path / "b"], tmp_path / "dedup")
+        dedup.run(cfg, shards=[tmp_path / "a", tmp_path / "b"], plan=tmp_path / "dedup")
 
 
 @pytest.mark.parametrize(("shards", "groups", "parts"), [(1, 1, 1), (4, 4, 1), (3, 5, 3)])
@@ -138,8 +138,8 @@ def test_partitioned_dedup_removes_exactly_what_the_single_pod_dedup_removes(pla
     cfg = CleanConfig.model_validate({**RULES_OFF, "near_dedup": {"min_similarity": 0.2}})
     shard_dirs = [tmp_path / f"shard-{i}" for i in range(shards)]
     for i, shard_dir in enumerate(shard_dirs):
-        clean.clean_shard(cfg, str(corpus), shard_dir, shard_index=i, shard_count=shards)
-    single = dedup.run(cfg, shard_dirs, tmp_path / "single")
+        clean.clean_shard(cfg, corpus_uri=str(corpus), shard=shard_dir, shard_index=i, shard_count=shards)
+    single = dedup.run(cfg, shards=shard_dirs, plan=tmp_path / "single")
     partitioned = dedup.run_partitioned(cfg, shard_dirs, tmp_path / "partitioned", groups=groups, parts=parts)
     assert dedup.read_removed(tmp_path / "partitioned") == dedup.read_removed(tmp_path / "single")
     assert partitioned.metrics == single.metrics

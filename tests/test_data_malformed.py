@@ -53,8 +53,8 @@ def test_a_thousand_bad_records_are_counted_and_every_good_record_is_kept(tmp_pa
     out = tmp_path / "out"
     result = clean.run(
         CleanConfig.model_validate({**RULES_OFF, "min_chars": 0, "min_words": 0, "max_bad_records": 5000}),
-        str(src),
-        out,
+        corpus_uri=str(src),
+        cleaned=out,
     )
     bad = result.metrics["bad_records"]
     assert bad >= 1000

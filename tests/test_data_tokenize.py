@@ -31,7 +31,11 @@ def make_cleaned(root: Path, records: list[dict[str, str]]) -> Path:
     rules_off = {
         name: {"enabled": False} for name in ("language", "gopher_repetition", "gopher_quality", "c4", "fineweb")
     }
-    clean.run(CleanConfig.model_validate({"min_chars": 0, "min_words": 0, **rules_off}), str(corpus), root / "cleaned")
+    clean.run(
+        CleanConfig.model_validate({"min_chars": 0, "min_words": 0, **rules_off}),
+        corpus_uri=str(corpus),
+        cleaned=root / "cleaned",
+    )
     return root / "cleaned"
 
 
@@ -39,7 +43,7 @@ def make_cleaned(root: Path, records: list[dict[str, str]]) -> Path:
 def tokenized(tmp_path_factory, shakespeare_docs):
     root = tmp_path_factory.mktemp("tokenize")
     cleaned = make_cleaned(root, shakespeare_docs)
-    result = tokenize.run(CFG, cleaned, root / "tokenizer", root / "shards")
+    result = tokenize.run(CFG, cleaned=cleaned, tokenizer=root / "tokenizer", shards=root / "shards")
     return result, cleaned, root / "tokenizer", root / "shards"
 
 
@@ -95,7 +99,7 @@ def test_chunks_hold_each_document_as_sentence_runs_within_chunk_size(tokenized)
 def test_chunking_off_writes_no_chunks(tmp_path):
     cleaned = make_cleaned(tmp_path, [{"text": "first document text"}, {"text": "second document text"}])
     cfg = TokenizeConfig(vocab_size=300, chunking=ChunkingConfig(enabled=False))
-    result = tokenize.run(cfg, cleaned, tmp_path / "tok", tmp_path / "shards")
+    result = tokenize.run(cfg, cleaned=cleaned, tokenizer=tmp_path / "tok", shards=tmp_path / "shards")
     assert not (tmp_path / "shards" / "chunks.jsonl").exists() and "chunks" not in result.metrics
     assert "chunks" not in read_manifest(tmp_path / "shards")
 
@@ -148,7 +152,7 @@ def test_split_plan_keeps_one_document_on_each_side(fraction):
 def test_two_documents_always_give_a_train_and_a_val_document(tmp_path):
     cleaned = make_cleaned(tmp_path, [{"text": "first document text"}, {"text": "second document text"}])
     cfg = TokenizeConfig(vocab_size=300, val_fraction=1e-9)
-    result = tokenize.run(cfg, cleaned, tmp_path / "tok", tmp_path / "shards")
+    result = tokenize.run(cfg, cleaned=cleaned, tokenizer=tmp_path / "tok", shards=tmp_path / "shards")
     assert (result.metrics["train_documents"], result.metrics["val_documents"]) == (1, 1)
 
 
@@ -157,12 +161,12 @@ def test_nonempty_output_fails_before_work_and_leaves_nothing(tmp_path):
     (tmp_path / "shards").mkdir()
     (tmp_path / "shards" / "old.bin").write_bytes(b"x")
     with pytest.raises(InputDataError, match="already exists and is not empty"):
-        tokenize.run(CFG, cleaned, tmp_path / "tok", tmp_path / "shards")
+        tokenize.run(CFG, cleaned=cleaned, tokenizer=tmp_path / "tok", shards=tmp_path / "shards")
     assert not (tmp_path / "tok").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cleaned", "corpus.jsonl", "shards"]
 
 
 def test_a_directory_that_is_not_a_cleaned_corpus_is_refused(tmp_path, tokenized):
     with pytest.raises(InputDataError, match="expected 'cleaned-corpus'"):
-        tokenize.run(CFG, tokenized[3], tmp_path / "tok", tmp_path / "shards")
+        tokenize.run(CFG, cleaned=tokenized[3], tokenizer=tmp_path / "tok", shards=tmp_path / "shards")
     assert list(tmp_path.iterdir()) == []

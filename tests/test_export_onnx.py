@@ -41,7 +41,7 @@ def model_dir(tmp_path_factory, tiny_model_dir):
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, model_dir):
     out = tmp_path_factory.mktemp("export") / "onnx"
-    return out, onnx_export.run(ExportConfig(), model_dir, out)
+    return out, onnx_export.run(ExportConfig(), model=model_dir, onnx_model=out)
 
 
 def _left_padded(rng, lengths, pad_id):
@@ -150,7 +150,7 @@ def test_parity_above_tolerance_fails_and_leaves_no_output(exported, model_dir, 
     monkeypatch.setattr(onnx_export, "_export", reuse_export)
     out = tmp_path / "onnx"
     with pytest.raises(ParityError, match="exceeds parity_tolerance"):
-        onnx_export.run(ExportConfig(parity_tolerance=1e-12), model_dir, out)
+        onnx_export.run(ExportConfig(parity_tolerance=1e-12), model=model_dir, onnx_model=out)
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []
 
@@ -160,7 +160,7 @@ def test_bert_model_dir_is_refused_with_its_path(tmp_path):
     config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
     BertModel(config).save_pretrained(model_dir)
     with pytest.raises(InputDataError, match=f"{model_dir}.*not a causal LM"):
-        onnx_export.run(ExportConfig(), model_dir, tmp_path / "onnx")
+        onnx_export.run(ExportConfig(), model=model_dir, onnx_model=tmp_path / "onnx")
     assert not (tmp_path / "onnx").exists()
 
 
@@ -169,7 +169,7 @@ def test_model_dir_without_weights_is_refused_with_its_path(tmp_path, tiny_model
     model_dir.mkdir()
     shutil.copy(tiny_model_dir / "config.json", model_dir)
     with pytest.raises(InputDataError, match=f"{model_dir}: no weights"):
-        onnx_export.run(ExportConfig(), model_dir, tmp_path / "onnx")
+        onnx_export.run(ExportConfig(), model=model_dir, onnx_model=tmp_path / "onnx")
 
 
 def test_ort_model_refuses_missing_and_corrupt_files(tmp_path):
@@ -202,7 +202,7 @@ def test_dynamo_failure_falls_back_to_torchscript_and_records_it(tiny_model_dir,
     monkeypatch.setattr(torch.onnx, "export", dynamo_fails)
     out = tmp_path / "onnx"
     with caplog.at_level("WARNING", logger="lmforge.export"):
-        result = onnx_export.run(ExportConfig(), tiny_model_dir, out)
+        result = onnx_export.run(ExportConfig(), model=tiny_model_dir, onnx_model=out)
     assert "simulated dynamo failure" in caplog.text and "TorchScript" in caplog.text
     assert result.summary["exporter"] == "torchscript"
     assert result.summary["with_past"]["exporter"] == "torchscript"
@@ -291,7 +291,7 @@ def test_greedy_generation_with_the_cache_equals_transformers_for_five_prompts(e
 def test_weights_over_the_protobuf_limit_go_to_external_data(model_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 0)  # every model counts as "over 2 GB"
     out = tmp_path / "onnx"
-    result = onnx_export.run(ExportConfig(), model_dir, out)
+    result = onnx_export.run(ExportConfig(), model=model_dir, onnx_model=out)
     for name in ("model.onnx", "decoder_with_past.onnx"):
         data = external_data_files(out / name)
         assert data and all(f.is_file() for f in data), name

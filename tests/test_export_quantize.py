@@ -59,14 +59,16 @@ def onnx_dir(tmp_path_factory, tiny_tokenizer_dir, tiny_shards_dir):
     model_dir = save_model_dir(model, tok, tmp_path_factory.mktemp("model64"))
     write_manifest(model_dir, "model")
     out = tmp_path_factory.mktemp("export64") / "onnx"
-    onnx_export.run(ExportConfig(), model_dir, out)
+    onnx_export.run(ExportConfig(), model=model_dir, onnx_model=out)
     return out
 
 
 @pytest.fixture(scope="module")
 def quantized(tmp_path_factory, onnx_dir, tiny_shards_dir):
     root = tmp_path_factory.mktemp("quant")
-    result = quantize.run(CFG, onnx_dir, tiny_shards_dir, root / "dynamic", root / "qdq")
+    result = quantize.run(
+        CFG, onnx_model=onnx_dir, shards=tiny_shards_dir, int8_dynamic=root / "dynamic", int8_qdq=root / "qdq"
+    )
     return root / "dynamic", root / "qdq", result
 
 
@@ -102,7 +104,9 @@ def test_dynamic_model_is_at_most_0_3x_fp32_with_one_int8_vocabulary_table(quant
 
 def test_sharing_the_tied_table_changes_logits_by_at_most_the_embedding_rounding(tmp_path, onnx_dir, tiny_shards_dir):
     cfg = CFG.model_copy(update={"share_tied_embedding": False})
-    quantize.run(cfg, onnx_dir, tiny_shards_dir, tmp_path / "dynamic", tmp_path / "qdq")
+    quantize.run(
+        cfg, onnx_model=onnx_dir, shards=tiny_shards_dir, int8_dynamic=tmp_path / "dynamic", int8_qdq=tmp_path / "qdq"
+    )
     separate = onnx.load(str(tmp_path / "dynamic" / "model.onnx"))
     shared = onnx.load(str(tmp_path / "dynamic" / "model.onnx"))
     facts = share_tied_embedding(shared)
@@ -182,7 +186,9 @@ def test_shards_from_another_tokenizer_are_refused(tmp_path, onnx_dir):
     writer.add_document("train", np.arange(200) % 512)
     writer.close()
     with pytest.raises(InputDataError, match="tokenizer 000000000000, but .* uses tokenizer"):
-        quantize.run(CFG, onnx_dir, shards, tmp_path / "dynamic", tmp_path / "qdq")
+        quantize.run(
+            CFG, onnx_model=onnx_dir, shards=shards, int8_dynamic=tmp_path / "dynamic", int8_qdq=tmp_path / "qdq"
+        )
     assert not (tmp_path / "dynamic").exists() and not (tmp_path / "qdq").exists()
 
 
@@ -212,7 +218,9 @@ def test_gate_rejects_all_ops_minmax_and_serving_falls_back_to_fp32(tmp_path, on
         calibrate_method="minmax",
         exclude_unsafe_nodes=False,
     )
-    result = quantize.run(bad, onnx_dir, tiny_shards_dir, tmp_path / "dynamic", tmp_path / "qdq")
+    result = quantize.run(
+        bad, onnx_model=onnx_dir, shards=tiny_shards_dir, int8_dynamic=tmp_path / "dynamic", int8_qdq=tmp_path / "qdq"
+    )
     assert result.metrics["qdq_accepted"] == 0.0 and result.metrics["qdq_perplexity_delta"] > 0.02
     assert result.metrics["dynamic_accepted"] == 1.0
     gate = json.loads((tmp_path / "qdq" / "manifest.json").read_text())["accuracy_gate"]

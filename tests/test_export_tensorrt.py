@@ -247,7 +247,7 @@ def test_without_tensorrt_run_writes_skipped_status_and_no_engine(tmp_path, monk
     monkeypatch.setattr(tensorrt, "unavailable_reason", lambda cfg: "the tensorrt Python package is not installed")
     qdq_dir = _toy_model_dir(tmp_path / "qdq", with_qdq=True)
     out = tmp_path / "engine"
-    result = tensorrt.run(PROFILE, qdq_dir, out)
+    result = tensorrt.run(PROFILE, int8_qdq=qdq_dir, engine=out)
     assert result.summary == {"status": "skipped", "reason": "the tensorrt Python package is not installed"}
     assert result.metrics == {"built": 0}
     assert json.loads((out / "status.json").read_text()) == result.summary
@@ -260,7 +260,7 @@ def test_without_tensorrt_run_writes_skipped_status_and_no_engine(tmp_path, monk
 @pytest.mark.skipif(tensorrt.unavailable_reason() is None, reason="this machine can build TensorRT engines")
 def test_on_this_machine_run_skips_with_the_real_reason(tmp_path):
     out = tmp_path / "engine"
-    result = tensorrt.run(PROFILE, _toy_model_dir(tmp_path / "qdq", with_qdq=True), out)
+    result = tensorrt.run(PROFILE, int8_qdq=_toy_model_dir(tmp_path / "qdq", with_qdq=True), engine=out)
     assert result.summary["status"] == "skipped" and result.summary["reason"] == tensorrt.unavailable_reason(PROFILE)
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "status.json"]
 
@@ -274,7 +274,7 @@ def test_a_qdq_model_rejected_by_the_accuracy_gate_is_not_built(tmp_path, monkey
         "onnx-model",
         extra={"quantization": "qdq-int8", "accuracy_gate": {"accepted": False, "reason": "rejected: +38%"}},
     )
-    result = tensorrt.run(PROFILE, qdq_dir, tmp_path / "engine")
+    result = tensorrt.run(PROFILE, int8_qdq=qdq_dir, engine=tmp_path / "engine")
     assert result.summary["status"] == "skipped"
     assert result.summary["reason"] == (
         "the Q/DQ INT8 model failed the accuracy gate (rejected: +38%); serve the FP32 model"
@@ -284,7 +284,7 @@ def test_a_qdq_model_rejected_by_the_accuracy_gate_is_not_built(tmp_path, monkey
 def test_int8_build_refuses_a_model_without_qdq_nodes(tmp_path):
     fp32_dir = _toy_model_dir(tmp_path / "fp32", with_qdq=False)
     with pytest.raises(InputDataError, match="no Q/DQ nodes"):
-        tensorrt.run(PROFILE, fp32_dir, tmp_path / "engine")
+        tensorrt.run(PROFILE, int8_qdq=fp32_dir, engine=tmp_path / "engine")
     assert not (tmp_path / "engine").exists()
 
 
@@ -299,11 +299,13 @@ def test_builds_an_int8_engine_from_the_qdq_model_and_reuses_the_timing_cache(
     tmp_path, tiny_model_dir, tiny_shards_dir
 ):
     onnx_dir, qdq_dir = tmp_path / "onnx", tmp_path / "qdq"
-    onnx_export.run(ExportConfig(), tiny_model_dir, onnx_dir)
+    onnx_export.run(ExportConfig(), model=tiny_model_dir, onnx_model=onnx_dir)
     calibration = QuantizeConfig(calibration_sequences=8, calibration_seq_len=32)
-    quantize.run(calibration, onnx_dir, tiny_shards_dir, tmp_path / "dynamic", qdq_dir)
+    quantize.run(
+        calibration, onnx_model=onnx_dir, shards=tiny_shards_dir, int8_dynamic=tmp_path / "dynamic", int8_qdq=qdq_dir
+    )
     cache = tmp_path / "timing.cache"
-    result = tensorrt.run(GPU_PROFILE, qdq_dir, tmp_path / "engine", timing_cache=cache)
+    result = tensorrt.run(GPU_PROFILE, int8_qdq=qdq_dir, engine=tmp_path / "engine", timing_cache=cache)
     assert result.metrics["built"] == 1
     assert (tmp_path / "engine" / "engine.plan").stat().st_size > 0
     record = json.loads((tmp_path / "engine" / "build_record.json").read_text())
@@ -313,5 +315,5 @@ def test_builds_an_int8_engine_from_the_qdq_model_and_reuses_the_timing_cache(
     assert set(record["profiles"][0]) >= {"input_ids", "attention_mask", "past_key_values.0.key"}
     assert np.isfinite(record["smoke_test"]["max_abs_diff_vs_ort"])
     assert cache.stat().st_size > 0 and record["timing_cache"]["reused"] is False
-    again = tensorrt.run(GPU_PROFILE, qdq_dir, tmp_path / "engine2", timing_cache=cache)
+    again = tensorrt.run(GPU_PROFILE, int8_qdq=qdq_dir, engine=tmp_path / "engine2", timing_cache=cache)
     assert again.summary["build_record"]["timing_cache"]["reused"] is True

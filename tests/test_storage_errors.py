@@ -116,7 +116,7 @@ def test_scratch_of_a_killed_clean_is_removed_on_the_next_start_and_a_live_one_i
         from lmforge.config import CleanConfig
         from lmforge.data import clean
 
-        clean.run(CleanConfig(), str(corpus), runs / "c")
+        clean.run(CleanConfig(), corpus_uri=str(corpus), cleaned=runs / "c")
 
         left = {p.name for p in runs.iterdir()}
         assert stale[0] not in left  # the killed run's scratch is gone

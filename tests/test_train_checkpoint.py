@@ -121,11 +121,11 @@ def _child(cfg: PretrainConfig, shards: Path, tokenizer: Path, out: Path, hang_a
 def test_resume_after_sigkill_at_three_random_steps_matches_uninterrupted_run_bitwise(
     tmp_path, tiny_shards_dir, tiny_tokenizer_dir
 ):
-    inputs = (tiny_shards_dir, tiny_tokenizer_dir)
+    inputs = {"shards": tiny_shards_dir, "tokenizer": tiny_tokenizer_dir}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in the children (OMP_NUM_THREADS=1): the same kernels, the same bits
     try:
-        pretrain.run(_cfg(), *inputs, tmp_path / "reference")
+        pretrain.run(_cfg(), **inputs, model=tmp_path / "reference")
     finally:
         torch.set_num_threads(threads)
 
@@ -166,21 +166,21 @@ def _sigterm_at(step: int):
 def test_sigterm_checkpoint_on_s3_resumes_identically(
     tmp_path, s3_env, tiny_shards_dir, tiny_tokenizer_dir, monkeypatch
 ):
-    inputs = (tiny_shards_dir, tiny_tokenizer_dir)
-    pretrain.run(_cfg(max_steps=10), *inputs, tmp_path / "reference")
+    inputs = {"shards": tiny_shards_dir, "tokenizer": tiny_tokenizer_dir}
+    pretrain.run(_cfg(max_steps=10), **inputs, model=tmp_path / "reference")
 
     uri = f"s3://{s3_env}/runs/r1/ckpt"
     cfg = _cfg(max_steps=10, dir=uri, every_steps=4, every_minutes=0.0)
     train = pretrain.train
     monkeypatch.setattr(pretrain, "train", lambda *a, **k: train(*a, **k, on_step=_sigterm_at(5)))
     with pytest.raises(TrainingPreempted, match="stopped after step 6"):
-        pretrain.run(cfg, *inputs, tmp_path / "resumed")
+        pretrain.run(cfg, **inputs, model=tmp_path / "resumed")
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is removed again
     assert complete_steps(uri) == [4, 6]  # every 4 steps, and the final one after SIGTERM
     assert not (tmp_path / "resumed").exists()
 
     monkeypatch.setattr(pretrain, "train", train)
-    pretrain.run(cfg, *inputs, tmp_path / "resumed")
+    pretrain.run(cfg, **inputs, model=tmp_path / "resumed")
     _assert_bitwise_equal(tmp_path / "reference", tmp_path / "resumed")
     assert json.loads((tmp_path / "resumed" / HISTORY_FILE).read_text())["resumed_from"] == 6
     assert complete_steps(uri) == [4, 6, 8]
@@ -188,7 +188,7 @@ def test_sigterm_checkpoint_on_s3_resumes_identically(
 
 def test_resume_with_another_global_batch_is_refused(tmp_path, tiny_shards_dir, tiny_tokenizer_dir):
     cfg = _cfg(max_steps=4, dir=str(tmp_path / "ckpt"), every_steps=2, every_minutes=0.0)
-    pretrain.run(cfg, tiny_shards_dir, tiny_tokenizer_dir, tmp_path / "a")
+    pretrain.run(cfg, shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=tmp_path / "a")
     other = cfg.model_copy(update={"train": cfg.train.model_copy(update={"batch_size": 2, "max_steps": 6})})
     with pytest.raises(ConfigError, match="global batch 8"):
-        pretrain.run(other, tiny_shards_dir, tiny_tokenizer_dir, tmp_path / "b")
+        pretrain.run(other, shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=tmp_path / "b")

@@ -103,7 +103,7 @@ def inputs(tmp_path_factory, tiny_model_dir, tiny_shards_dir) -> tuple[Path, Pat
 
 def test_distill_writes_half_depth_student_initialized_from_teacher(tmp_path, inputs):
     teacher_dir, shards_dir = inputs
-    result = distill.run(CFG, teacher_dir, shards_dir, tmp_path / "student")
+    result = distill.run(CFG, teacher=teacher_dir, shards=shards_dir, student=tmp_path / "student")
     student = load_causal_lm(tmp_path / "student")
     teacher = load_causal_lm(teacher_dir)
     assert student.config.n_layer == teacher.config.n_layer // 2
@@ -137,7 +137,7 @@ def test_shards_from_another_tokenizer_are_refused(tmp_path, inputs):
     index["tokenizer_sha256"] = "0" * 64
     (other / "index.json").write_text(json.dumps(index))
     with pytest.raises(InputDataError, match="were written by tokenizer 000000000000") as info:
-        distill.run(CFG, teacher_dir, other, tmp_path / "student")
+        distill.run(CFG, teacher=teacher_dir, shards=other, student=tmp_path / "student")
     assert "\n" not in str(info.value)
 
 
@@ -161,7 +161,7 @@ def test_student_with_another_tokenizer_is_a_one_line_error(tmp_path, inputs):
         match=r"tokenizer mismatch: student .*student-init has tokenizer \w{12} \(513 "
         r"tokens\), teacher .* has \w{12} \(512 tokens\); teacher and student must share",
     ) as info:
-        distill.run(cfg, teacher_dir, shards_dir, tmp_path / "out")
+        distill.run(cfg, teacher=teacher_dir, shards=shards_dir, student=tmp_path / "out")
     assert "\n" not in str(info.value)
     assert not (tmp_path / "out").exists()
 
@@ -171,7 +171,7 @@ def test_teacher_directory_without_weights_is_a_one_line_error(tmp_path, inputs)
     broken = shutil.copytree(teacher_dir, tmp_path / "teacher")
     (broken / "model.safetensors").unlink()
     with pytest.raises(InputDataError, match=r"teacher: no weights") as info:
-        distill.run(CFG, broken, shards_dir, tmp_path / "out")
+        distill.run(CFG, teacher=broken, shards=shards_dir, student=tmp_path / "out")
     assert "\n" not in str(info.value)
 
 
@@ -203,7 +203,7 @@ def test_teacher_and_pretrained_student_from_s3_with_reverse_kl(tmp_path, s3_env
             "train": CFG.train.model_copy(update={"max_steps": 4, "eval_interval": 4}),
         }
     )
-    result = distill.run(cfg, teacher_uri, shards_dir, tmp_path / "out")
+    result = distill.run(cfg, teacher=teacher_uri, shards=shards_dir, student=tmp_path / "out")
     manifest = read_manifest(tmp_path / "out")
     assert manifest["inputs"]["teacher"]["uri"] == teacher_uri and manifest["inputs"]["student"]["uri"] == student_uri
     assert result.metrics["kl"] >= 0 and math.isfinite(result.metrics["student_val_loss"])
@@ -215,5 +215,5 @@ def test_alpha_zero_trains_on_cross_entropy_without_running_the_teacher(tmp_path
     original = distill.ChunkedKDLoss.forward
     monkeypatch.setattr(distill.ChunkedKDLoss, "forward", lambda self, *a: calls.append(1) or original(self, *a))
     cfg = CFG.model_copy(update={"alpha": 0.0, "train": CFG.train.model_copy(update={"max_steps": 2})})
-    distill.run(cfg, teacher_dir, shards_dir, tmp_path / "out")
+    distill.run(cfg, teacher=teacher_dir, shards=shards_dir, student=tmp_path / "out")
     assert len(calls) == cfg.train.eval_batches  # only the final KL diagnostic, never a training step

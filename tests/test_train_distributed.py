@@ -48,7 +48,7 @@ JOBS = {
 def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir) -> dict[str, Path]:
     """One single-process reference (micro-batch 8) and, in one torchrun job, 2 ranks × micro-batch 4 each."""
     root = tmp_path_factory.mktemp("distributed")
-    pretrain.run(_cfg(8), tiny_shards_dir, tiny_tokenizer_dir, root / "single")
+    pretrain.run(_cfg(8), shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=root / "single")
     jobs = [[_cfg(4, JOBS[name]).model_dump_json(), str(root / name)] for name in JOBS]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "DS_ACCELERATOR": "cpu"}
     env.pop("WORLD_SIZE", None)

@@ -83,8 +83,8 @@ def _io(stage: str, out: Path, model: Path, shards: Path, qa: Path) -> dict[str,
 def references(tmp_path_factory, tiny_model_dir, tiny_shards_dir, qa_jsonl) -> dict[str, Path]:
     """The single-process reference run of each stage (in this process)."""
     root = tmp_path_factory.mktemp("finetune-single")
-    lora.run(REFERENCE["finetune_lora"], **_positional(_lora_io(tiny_model_dir, qa_jsonl, root / "finetune_lora")))
-    distill.run(REFERENCE["distill"], **_positional(_distill_io(tiny_model_dir, tiny_shards_dir, root / "distill")))
+    lora.run(REFERENCE["finetune_lora"], **_lora_io(tiny_model_dir, qa_jsonl, root / "finetune_lora"))
+    distill.run(REFERENCE["distill"], **_distill_io(tiny_model_dir, tiny_shards_dir, root / "distill"))
     return {stage: root / stage for stage in REFERENCE}
 
 
@@ -102,14 +102,6 @@ def runs(references, tmp_path_factory, tiny_model_dir, tiny_shards_dir, qa_jsonl
     ]
     launch(jobs)
     return {**references, **{name: root / name for name in JOBS}}
-
-
-def _positional(io: dict[str, str]) -> dict[str, str]:
-    names = {
-        "base_model": "base_model_dir", "qa_uri": "qa_uri", "adapter": "adapter_dir", "merged_model": "merged_dir",
-        "teacher": "teacher_dir", "shards": "shards_dir", "student": "output_dir",
-    }  # fmt: skip
-    return {names[k]: v for k, v in io.items()}
 
 
 def _history(model_dir: Path) -> dict:
@@ -169,7 +161,7 @@ def test_student_written_by_rank_0_loads_and_equals_the_single_process_student(r
 def test_lora_refuses_zero3_naming_the_field(tmp_path, tiny_model_dir, qa_jsonl):
     cfg = _lora(1, ZERO3)
     with pytest.raises(ConfigError, match=r"finetune_lora\.train\.distributed\.deepspeed\.zero\.stage: stage 3"):
-        lora.run(cfg, **_positional(_lora_io(tiny_model_dir, qa_jsonl, tmp_path)))
+        lora.run(cfg, **_lora_io(tiny_model_dir, qa_jsonl, tmp_path))
     assert not any(tmp_path.iterdir())
 
 
@@ -200,11 +192,11 @@ def test_resume_after_a_crash_at_step_3_matches_the_uninterrupted_run(
 
     monkeypatch.setattr(module, "train", crash_after_step_3)
     with pytest.raises(_Crash):
-        module.run(cfg, **_positional(io))
+        module.run(cfg, **(io))
     monkeypatch.undo()
     assert not any(Path(path).exists() for name, path in io.items() if name in {"adapter", "merged_model", "student"})
 
-    module.run(cfg, **_positional(io))
+    module.run(cfg, **(io))
     resumed, uninterrupted = _history(_model_dir(tmp_path)), _history(_model_dir(references[stage]))
     assert resumed["resumed_from"] == 3
     assert resumed["train_loss"] == pytest.approx(uninterrupted["train_loss"], abs=1e-6)

@@ -39,7 +39,7 @@ def base_dir(tmp_path_factory, tiny_model_dir) -> Path:
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory, base_dir, qa_jsonl):
     root = tmp_path_factory.mktemp("lora")
-    result = lora.run(CFG, base_dir, qa_jsonl, root / "adapter", root / "merged")
+    result = lora.run(CFG, base_model=base_dir, qa_uri=qa_jsonl, adapter=root / "adapter", merged_model=root / "merged")
     return result, root / "adapter", root / "merged"
 
 
@@ -73,14 +73,18 @@ def test_finetuning_lowers_heldout_answer_loss_and_writes_manifests(tuned, base_
 def test_unknown_target_module_is_named_in_the_error(tmp_path, base_dir, qa_jsonl):
     cfg = CFG.model_copy(update={"target_modules": ["c_attn", "q_proj"]})
     with pytest.raises(ConfigError, match=r"'q_proj' matches no module of the gpt2 model") as info:
-        lora.run(cfg, base_dir, qa_jsonl, tmp_path / "adapter", tmp_path / "merged")
+        lora.run(
+            cfg, base_model=base_dir, qa_uri=qa_jsonl, adapter=tmp_path / "adapter", merged_model=tmp_path / "merged"
+        )
     assert "\n" not in str(info.value)
 
 
 def test_seq_len_that_cuts_off_every_answer_is_refused(tmp_path, base_dir, qa_jsonl):
     cfg = CFG.model_copy(update={"train": CFG.train.model_copy(update={"seq_len": 3})})
     with pytest.raises(ConfigError, match=r"seq_len \(3\) cuts off every held-out answer"):
-        lora.run(cfg, base_dir, qa_jsonl, tmp_path / "adapter", tmp_path / "merged")
+        lora.run(
+            cfg, base_model=base_dir, qa_uri=qa_jsonl, adapter=tmp_path / "adapter", merged_model=tmp_path / "merged"
+        )
 
 
 def _logits(model: torch.nn.Module, vocab: int) -> torch.Tensor:
@@ -127,7 +131,7 @@ def test_rslora_bias_and_modules_to_save_adapter_still_equals_merged(tmp_path, b
             "train": CFG.train.model_copy(update={"max_steps": 4, "eval_interval": 4}),
         }
     )
-    lora.run(cfg, base_dir, qa_jsonl, tmp_path / "adapter", tmp_path / "merged")
+    lora.run(cfg, base_model=base_dir, qa_uri=qa_jsonl, adapter=tmp_path / "adapter", merged_model=tmp_path / "merged")
     adapter_cfg = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert adapter_cfg["use_rslora"] and adapter_cfg["bias"] == "all" and adapter_cfg["layers_to_transform"] == [1]
     adapted = peft.PeftModel.from_pretrained(load_causal_lm(base_dir), tmp_path / "adapter").eval()
@@ -148,7 +152,7 @@ def test_tied_embedding_in_modules_to_save_trains_the_head_with_it_and_stays_tie
             "train": CFG.train.model_copy(update={"max_steps": 3, "eval_interval": 3}),
         }
     )
-    lora.run(cfg, base_dir, qa_jsonl, tmp_path / "adapter", tmp_path / "merged")
+    lora.run(cfg, base_model=base_dir, qa_uri=qa_jsonl, adapter=tmp_path / "adapter", merged_model=tmp_path / "merged")
     base, merged = load_causal_lm(base_dir), load_causal_lm(tmp_path / "merged")
     assert merged.config.tie_word_embeddings
     assert merged.lm_head.weight is merged.transformer.wte.weight
@@ -175,7 +179,7 @@ def test_base_from_s3_and_adapter_and_merged_reload_from_s3_agree(tmp_path, s3_e
     qa_uri = f"s3://{s3_env}/data/qa.jsonl"
     storage.upload_file(qa_jsonl, qa_uri)
     cfg = CFG.model_copy(update={"train": CFG.train.model_copy(update={"max_steps": 3, "eval_interval": 3})})
-    lora.run(cfg, base_uri, qa_uri, tmp_path / "adapter", tmp_path / "merged")
+    lora.run(cfg, base_model=base_uri, qa_uri=qa_uri, adapter=tmp_path / "adapter", merged_model=tmp_path / "merged")
     assert read_manifest(tmp_path / "merged")["inputs"]["base_model"]["uri"] == base_uri
     storage.copy_tree(str(tmp_path / "adapter"), f"s3://{s3_env}/models/adapter")
     storage.copy_tree(str(tmp_path / "merged"), f"s3://{s3_env}/models/merged")
@@ -193,7 +197,9 @@ def test_base_directory_without_weights_is_a_one_line_error(tmp_path, base_dir, 
     broken = shutil.copytree(base_dir, tmp_path / "noweights")
     (broken / "model.safetensors").unlink()
     with pytest.raises(InputDataError, match=r"noweights: no weights \(model\.safetensors") as info:
-        lora.run(CFG, broken, qa_jsonl, tmp_path / "adapter", tmp_path / "merged")
+        lora.run(
+            CFG, base_model=broken, qa_uri=qa_jsonl, adapter=tmp_path / "adapter", merged_model=tmp_path / "merged"
+        )
     assert "\n" not in str(info.value)
     assert not (tmp_path / "adapter").exists()
 
@@ -201,7 +207,9 @@ def test_base_directory_without_weights_is_a_one_line_error(tmp_path, base_dir, 
 def test_target_module_that_cannot_take_lora_is_named(tmp_path, base_dir, qa_jsonl):
     cfg = CFG.model_copy(update={"target_modules": ["ln_1"]})
     with pytest.raises(ConfigError, match=r"'ln_1' is a LayerNorm; LoRA adapts Linear") as info:
-        lora.run(cfg, base_dir, qa_jsonl, tmp_path / "adapter", tmp_path / "merged")
+        lora.run(
+            cfg, base_model=base_dir, qa_uri=qa_jsonl, adapter=tmp_path / "adapter", merged_model=tmp_path / "merged"
+        )
     assert "\n" not in str(info.value)
 
 
@@ -261,6 +269,8 @@ def test_chat_jsonl_with_packing_trains(tmp_path, base_dir):
     cfg = CFG.model_copy(
         update={"packing": True, "train": CFG.train.model_copy(update={"max_steps": 6, "eval_interval": 6})}
     )
-    result = lora.run(cfg, base_dir, path, tmp_path / "adapter", tmp_path / "merged")
+    result = lora.run(
+        cfg, base_model=base_dir, qa_uri=path, adapter=tmp_path / "adapter", merged_model=tmp_path / "merged"
+    )
     assert result.metrics["tuned_heldout_loss"] < result.metrics["base_heldout_loss"]
     assert read_manifest(tmp_path / "adapter")["config"]["packing"] is True

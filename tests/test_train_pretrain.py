@@ -36,7 +36,7 @@ def inputs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir) -> tuple[Path,
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, inputs):
     out = tmp_path_factory.mktemp("pretrain") / "model"
-    return pretrain.run(CFG, *inputs, out), out
+    return pretrain.run(CFG, shards=inputs[0], tokenizer=inputs[1], model=out), out
 
 
 def test_pretraining_lowers_train_and_validation_loss(trained):
@@ -79,7 +79,7 @@ def test_shards_from_another_tokenizer_are_refused(tmp_path, inputs):
     index["tokenizer_sha256"] = "f" * 64
     (other / "index.json").write_text(json.dumps(index))
     with pytest.raises(InputDataError, match="were written by tokenizer ffffffffffff"):
-        pretrain.run(CFG, other, tokenizer, tmp_path / "out")
+        pretrain.run(CFG, shards=other, tokenizer=tokenizer, model=tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
@@ -88,7 +88,7 @@ def test_occupied_output_is_refused_before_training(tmp_path, inputs, monkeypatc
     (tmp_path / "out" / "keep.txt").write_text("earlier result")
     monkeypatch.setattr(pretrain, "train", lambda *a, **k: pytest.fail("trained despite occupied output"))
     with pytest.raises(InputDataError, match="already exists and is not empty"):
-        pretrain.run(CFG, *inputs, tmp_path / "out")
+        pretrain.run(CFG, shards=inputs[0], tokenizer=inputs[1], model=tmp_path / "out")
     assert (tmp_path / "out" / "keep.txt").read_text() == "earlier result"
 
 

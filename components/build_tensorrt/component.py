@@ -29,4 +29,4 @@ def build_tensorrt(
 
     setup_logging()
     cfg = resolve_stage_config("build_tensorrt", preset, overrides)
-    publish(stage.run(cfg, int8_qdq.path, engine.path), metrics=metrics)
+    publish(stage.run(cfg, int8_qdq=int8_qdq.path, engine=engine.path), metrics=metrics)

@@ -34,5 +34,5 @@ def clean(
 
     setup_logging()
     cleaned.metadata["corpus_fingerprint"] = corpus_fingerprint
-    result = stage.run(resolve_stage_config("clean", preset, overrides), corpus_uri, cleaned.path)
+    result = stage.run(resolve_stage_config("clean", preset, overrides), corpus_uri=corpus_uri, cleaned=cleaned.path)
     publish(result, metrics=metrics, html=report)

@@ -36,5 +36,7 @@ def clean_shard(
     setup_logging()
     shard.metadata["corpus_fingerprint"] = corpus_fingerprint
     cfg = resolve_stage_config("clean", preset, overrides)
-    result = stage.clean_shard(cfg, corpus_uri, shard.path, shard_index=shard_index, shard_count=shard_count)
+    result = stage.clean_shard(
+        cfg, corpus_uri=corpus_uri, shard=shard.path, shard_index=shard_index, shard_count=shard_count
+    )
     publish(result, metrics=metrics)

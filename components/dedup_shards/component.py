@@ -29,4 +29,4 @@ def dedup_shards(
 
     setup_logging()
     cfg = resolve_stage_config("clean", preset, overrides)
-    publish(stage.run(cfg, [s.path for s in shards], plan.path), metrics=metrics)
+    publish(stage.run(cfg, shards=[s.path for s in shards], plan=plan.path), metrics=metrics)

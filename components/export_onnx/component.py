@@ -29,4 +29,4 @@ def export_onnx(
 
     setup_logging()
     cfg = resolve_stage_config("export_onnx", preset, overrides)
-    publish(stage.run(cfg, model.path, onnx_model.path), metrics=metrics)
+    publish(stage.run(cfg, model=model.path, onnx_model=onnx_model.path), metrics=metrics)

@@ -35,5 +35,7 @@ def merge_shards(
 
     setup_logging()
     cfg = resolve_stage_config("clean", preset, overrides)
-    result = stage.finalize(cfg, corpus_uri, [s.path for s in shards], plan.path, cleaned.path)
+    result = stage.finalize(
+        cfg, corpus_uri=corpus_uri, shards=[s.path for s in shards], plan=plan.path, cleaned=cleaned.path
+    )
     publish(result, metrics=metrics, html=report)

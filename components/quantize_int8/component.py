@@ -35,5 +35,7 @@ def quantize_int8(
 
     setup_logging()
     cfg = resolve_stage_config("quantize_int8", preset, overrides)
-    result = stage.run(cfg, onnx_model.path, shards.path, int8_dynamic.path, int8_qdq.path)
+    result = stage.run(
+        cfg, onnx_model=onnx_model.path, shards=shards.path, int8_dynamic=int8_dynamic.path, int8_qdq=int8_qdq.path
+    )
     publish(result, metrics=metrics, html=report)

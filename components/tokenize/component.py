@@ -31,4 +31,4 @@ def tokenize(
 
     setup_logging()
     cfg = resolve_stage_config("tokenize", preset, overrides)
-    publish(stage.run(cfg, cleaned.path, tokenizer.path, shards.path), metrics=metrics)
+    publish(stage.run(cfg, cleaned=cleaned.path, tokenizer=tokenizer.path, shards=shards.path), metrics=metrics)

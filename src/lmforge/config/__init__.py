@@ -21,10 +21,7 @@ from lmforge.config.base import (
     validate_config,
 )
 from lmforge.config.data import (
-    MIN_CHUNK_TOKENS,
     C4Config,
-    ChunkingConfig,
-    ChunkLang,
     CleanConfig,
     FineWebConfig,
     GopherQualityConfig,
@@ -48,7 +45,9 @@ from lmforge.config.presets import (
 )
 from lmforge.config.train import (
     LORA_PRESETS,
+    MIN_CHUNK_TOKENS,
     CheckpointConfig,
+    ChunkLang,
     DeepSpeedConfig,
     DeepSpeedFp16Config,
     DistillConfig,
@@ -67,7 +66,6 @@ __all__ = [
     "C4Config",
     "CheckpointConfig",
     "ChunkLang",
-    "ChunkingConfig",
     "CleanConfig",
     "DeepSpeedConfig",
     "DeepSpeedFp16Config",

@@ -253,29 +253,6 @@ class CleanConfig(StrictModel):
     )
 
 
-ChunkLang = Literal["en", "zh", "auto"]
-MIN_CHUNK_TOKENS = 8  # enough for any one character, so a chunk never has to split one
-
-
-class ChunkingConfig(StrictModel):
-    """Sentence-aware chunks of the cleaned documents for fine-tuning (``chunks.jsonl`` next to the shards)."""
-
-    enabled: bool = Field(
-        True, description="Also write the documents as chunks of whole sentences (spaCy sentencizer) to chunks.jsonl."
-    )
-    chunk_size: int = Field(
-        512,
-        ge=MIN_CHUNK_TOKENS,
-        description=f"Most tokens per chunk (at least {MIN_CHUNK_TOKENS}); a longer sentence is cut at token "
-        "boundaries.",
-    )
-    lang: ChunkLang = Field(
-        "auto",
-        description="Sentence rules: en, zh (splits at 。！？ too), or auto = each document's detected language "
-        "(zh if mostly Han characters when language ID is off).",
-    )
-
-
 class TokenizeConfig(StrictModel):
     """Tokenizer training and token-shard packing."""
 
@@ -287,6 +264,3 @@ class TokenizeConfig(StrictModel):
     shard_tokens: int = Field(50_000_000, gt=0, description="Maximum tokens per shard file before a new one starts.")
     eos_token: str = Field("<|endoftext|>", min_length=1, description="End-of-document token.")
     pad_token: str = Field("<|pad|>", min_length=1, description="Padding token.")
-    chunking: ChunkingConfig = Field(
-        default_factory=ChunkingConfig, description="Sentence-aware chunks for fine-tuning, besides the shards."
-    )

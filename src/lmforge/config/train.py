@@ -7,7 +7,9 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from lmforge.config.base import Precision, StrictModel
-from lmforge.config.data import ChunkLang
+
+ChunkLang = Literal["en", "zh", "auto"]
+MIN_CHUNK_TOKENS = 8  # enough for any one character, so a chunk never has to split one
 
 
 class ModelConfig(StrictModel):

@@ -26,7 +26,7 @@ import shutil
 import time
 import unicodedata
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -353,7 +353,7 @@ def _chunked(docs: Iterator[Document], size: int) -> Iterator[list[Document]]:
 
 
 def clean_shard(
-    cfg: CleanConfig, input_uri: str, output_dir: str | Path, *, shard_index: int = 0, shard_count: int = 1
+    cfg: CleanConfig, *, corpus_uri: str, shard: str | Path, shard_index: int = 0, shard_count: int = 1
 ) -> StageResult:
     """Clean shard ``shard_index`` of ``shard_count`` of the corpus: rules, PII, dedup signatures.
 
@@ -370,14 +370,14 @@ def clean_shard(
     signatures: list[Any] = []
     counters: dict[str, Any] | None = None
     start = time.perf_counter()
-    with staged_output(output_dir) as stage:
+    with staged_output(shard) as stage:
         shards = _ParquetShards(stage, cfg.shard_docs, SHARD_SCHEMA)
         with (
             open(stage / QUARANTINE, "w", encoding="utf-8") as fh,
             open(stage / BAD_RECORDS, "w", encoding="utf-8") as bad_fh,
         ):
             reader = CorpusReader(
-                input_uri,
+                corpus_uri,
                 text_field=cfg.text_field,
                 max_bad_records=cfg.max_bad_records,
                 max_record_bytes=cfg.max_record_bytes,
@@ -409,7 +409,7 @@ def clean_shard(
         save_signatures(stage, keys, digests, signatures, perms)
         reasons = {name: dict(sorted(by.items())) for name, by in counters["reasons"].items() if by}
         stats = {
-            "input": input_uri,
+            "input": corpus_uri,
             "shard": [shard_index, shard_count],
             "files": reader.files,
             "counts": {
@@ -432,15 +432,15 @@ def clean_shard(
         write_manifest(
             stage,
             SHARD_KIND,
-            inputs={"corpus": input_uri},
+            inputs={"corpus": corpus_uri},
             config=cfg.model_dump(),
             metrics=stats["counts"],
             extra={"shard": [shard_index, shard_count]},
         )
     log.debug(
-        "cleaned shard %d/%d of %s: %d of %d documents kept", shard_index, shard_count, input_uri, docs_out, docs_in
+        "cleaned shard %d/%d of %s: %d of %d documents kept", shard_index, shard_count, corpus_uri, docs_out, docs_in
     )
-    return StageResult(metrics={k: float(v) for k, v in stats["counts"].items()}, summary={"output": str(output_dir)})
+    return StageResult(metrics={k: float(v) for k, v in stats["counts"].items()}, summary={"output": str(shard)})
 
 
 def _shard_rows(shard_dir: Path) -> Iterator[dict[str, Any]]:
@@ -454,11 +454,11 @@ def _shard_rows(shard_dir: Path) -> Iterator[dict[str, Any]]:
 
 def finalize(
     cfg: CleanConfig,
-    input_uri: str,
-    shard_dirs: list[str | Path],
-    dedup_dir: str | Path,
-    output_dir: str | Path,
     *,
+    corpus_uri: str,
+    shards: Sequence[str | Path],
+    plan: str | Path,
+    cleaned: str | Path,
     seconds: float | None = None,
 ) -> StageResult:
     """Merge cleaned shards in corpus order, dropping the documents the dedup plan removes.
@@ -467,9 +467,9 @@ def finalize(
         InputDataError: no shard read a document, or no document survives cleaning.
     """
     start = time.perf_counter()
-    shard_dirs = [Path(d) for d in shard_dirs]
-    shard_stats = [json.loads((d / STATS).read_text(encoding="utf-8")) for d in shard_dirs]
-    removed_keys = dedup.read_removed(dedup_dir)
+    shards = [Path(d) for d in shards]
+    shard_stats = [json.loads((d / STATS).read_text(encoding="utf-8")) for d in shards]
+    removed_keys = dedup.read_removed(plan)
     counts: Counter[str] = Counter()
     removed: Counter[str] = Counter()
     reasons: dict[str, Counter[str]] = {}
@@ -483,25 +483,25 @@ def finalize(
     rule_order = list(shard_stats[0]["removed"]) if shard_stats else []
     docs_in = counts["docs_in"]
     if docs_in == 0:
-        raise InputDataError(f"corpus {input_uri}: no documents ({counts['bad_records']} bad records)")
+        raise InputDataError(f"corpus {corpus_uri}: no documents ({counts['bad_records']} bad records)")
 
     targets = {kept for _, kept in removed_keys.values()}
     kept_ids: dict[int, str] = {}
     docs_out = bytes_out = 0
     dedup_removed: Counter[str] = Counter()
-    with staged_output(output_dir) as stage:
+    with staged_output(cleaned) as stage:
         out = _ParquetShards(stage, cfg.shard_docs)
         with open(stage / QUARANTINE, "w", encoding="utf-8") as fh:
             quarantine = _Quarantine(fh, cfg.quarantine_samples)
             bad_records = []
-            for d in shard_dirs:
+            for d in shards:
                 for line in (d / QUARANTINE).read_text(encoding="utf-8").splitlines():
                     record = json.loads(line)
                     if record["rule"] == "bad_record":
                         bad_records.append(record)
                     else:
                         quarantine.add(record)
-            merged = heapq.merge(*(_shard_rows(d) for d in shard_dirs), key=lambda row: row["key"])
+            merged = heapq.merge(*(_shard_rows(d) for d in shards), key=lambda row: row["key"])
             for row in merged:
                 key = row["key"]
                 if key in targets:
@@ -518,7 +518,7 @@ def finalize(
             for record in bad_records:
                 quarantine.add(record)
         with open(stage / BAD_RECORDS, "w", encoding="utf-8") as bad_fh:
-            for d in shard_dirs:
+            for d in shards:
                 with open(d / BAD_RECORDS, encoding="utf-8") as part:
                     shutil.copyfileobj(part, bad_fh)
         out.close()
@@ -526,7 +526,7 @@ def finalize(
         removed_ordered = {name: removed[name] for name in [*rule_order, EXACT_RULE, NEAR_RULE]}
         if docs_out == 0:
             detail = ", ".join(f"{name}: {n}" for name, n in removed_ordered.items() if n)
-            raise InputDataError(f"corpus {input_uri}: all {docs_in} documents were removed by cleaning ({detail})")
+            raise InputDataError(f"corpus {corpus_uri}: all {docs_in} documents were removed by cleaning ({detail})")
         elapsed = (seconds or 0.0) + (time.perf_counter() - start)
         if seconds is None:
             elapsed += max(st["seconds"] for st in shard_stats)
@@ -547,9 +547,9 @@ def finalize(
             "docs_per_sec": docs_in / max(elapsed, 1e-9),
         }
         stats = {
-            "input": input_uri,
+            "input": corpus_uri,
             "files": files,
-            "shards_in": len(shard_dirs),
+            "shards_in": len(shards),
             "metrics": metrics,
             "removed": removed_ordered,
             "reasons": {rule: dict(sorted(c.items())) for rule, c in reasons.items()},
@@ -557,25 +557,25 @@ def finalize(
             "quarantined": dict(quarantine.kept),
         }
         (stage / STATS).write_text(json.dumps(stats, indent=2), encoding="utf-8")
-        html = _report(input_uri, metrics, removed_ordered, stats["reasons"])
+        html = _report(corpus_uri, metrics, removed_ordered, stats["reasons"])
         (stage / REPORT).write_text(html, encoding="utf-8")
-        write_manifest(stage, KIND, inputs={"corpus": input_uri}, config=cfg.model_dump(), metrics=metrics)
+        write_manifest(stage, KIND, inputs={"corpus": corpus_uri}, config=cfg.model_dump(), metrics=metrics)
 
     log.info(
         "cleaned %s: %d of %d documents kept (%s), %d bad records, %.0f docs/s",
-        input_uri,
+        corpus_uri,
         docs_out,
         docs_in,
         ", ".join(f"{name} -{n}" for name, n in removed_ordered.items()),
         counts["bad_records"],
         metrics["docs_per_sec"],
     )
-    summary = {"output": str(output_dir), "shards": out.shards, "files": files}
+    summary = {"output": str(cleaned), "shards": out.shards, "files": files}
     return StageResult(metrics=metrics, html=html, summary=summary)
 
 
-def run(cfg: CleanConfig, input_uri: str, output_dir: str | Path) -> StageResult:
-    """Clean the corpus at ``input_uri`` into ``output_dir`` (committed only on success) in one process.
+def run(cfg: CleanConfig, *, corpus_uri: str, cleaned: str | Path) -> StageResult:
+    """Clean the corpus at ``corpus_uri`` into ``cleaned`` (committed only on success) in one process.
 
     The same three steps as the pipeline fan-out with one shard: :func:`clean_shard`,
     :func:`lmforge.data.dedup.run`, :func:`finalize`.
@@ -585,12 +585,17 @@ def run(cfg: CleanConfig, input_uri: str, output_dir: str | Path) -> StageResult
             no document survives cleaning.
     """
     start = time.perf_counter()
-    with scratch_dir(".lmforge-clean-", Path(output_dir).parent) as scratch:
+    with scratch_dir(".lmforge-clean-", Path(cleaned).parent) as scratch:
         shard = Path(scratch, "shard-00000")
-        clean_shard(cfg, input_uri, shard)
-        dedup.run(cfg, [shard], Path(scratch, "dedup"))
+        clean_shard(cfg, corpus_uri=corpus_uri, shard=shard)
+        dedup.run(cfg, shards=[shard], plan=Path(scratch, "dedup"))
         return finalize(
-            cfg, input_uri, [shard], Path(scratch, "dedup"), output_dir, seconds=time.perf_counter() - start
+            cfg,
+            corpus_uri=corpus_uri,
+            shards=[shard],
+            plan=Path(scratch, "dedup"),
+            cleaned=cleaned,
+            seconds=time.perf_counter() - start,
         )
 
 

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,9 @@ class _Clusters:
             self.parent[rj] = ri
 
 
-def plan(cfg: CleanConfig, keys: np.ndarray, exact: np.ndarray, minhash: np.ndarray) -> dict[int, tuple[str, int]]:
+def plan_removals(
+    cfg: CleanConfig, keys: np.ndarray, exact: np.ndarray, minhash: np.ndarray
+) -> dict[int, tuple[str, int]]:
     """``{removed key: (rule, key of the kept document)}`` over all documents of all shards."""
     from lmforge.data.minhash import MinHasher
 
@@ -134,11 +137,11 @@ def plan(cfg: CleanConfig, keys: np.ndarray, exact: np.ndarray, minhash: np.ndar
     return removed
 
 
-def run(cfg: CleanConfig, shard_dirs: list[str | Path], output_dir: str | Path) -> StageResult:
-    """The global dedup step: read every shard's signatures, write the keys to remove to ``output_dir``."""
-    if not shard_dirs:
+def run(cfg: CleanConfig, *, shards: Sequence[str | Path], plan: str | Path) -> StageResult:
+    """The global dedup step: read every shard's signatures, write the keys to remove to ``plan``."""
+    if not shards:
         raise InputDataError("dedup: no cleaned shards given")
-    loaded = [load_signatures(d) for d in shard_dirs]
+    loaded = [load_signatures(d) for d in shards]
     keys = np.concatenate([k for k, _, _ in loaded])
     if len(np.unique(keys)) != len(keys):
         raise InputDataError("dedup: the shards overlap (a document key occurs twice); were they split correctly?")
@@ -146,10 +149,8 @@ def run(cfg: CleanConfig, shard_dirs: list[str | Path], output_dir: str | Path) 
     perms = cfg.near_dedup.bands * cfg.near_dedup.rows
     minhash = np.concatenate([m for _, _, m in loaded]) if len(keys) else np.empty((0, perms), np.uint32)
     del loaded  # the per-shard arrays are copied above; free them before planning
-    removed = plan(cfg, keys, exact, minhash)
-    return _write_plan(
-        cfg, removed, len(keys), {f"shard_{i:05d}": str(d) for i, d in enumerate(shard_dirs)}, output_dir
-    )
+    removed = plan_removals(cfg, keys, exact, minhash)
+    return _write_plan(cfg, removed, len(keys), {f"shard_{i:05d}": str(d) for i, d in enumerate(shards)}, plan)
 
 
 def _write_plan(

@@ -4,24 +4,16 @@ Two streaming passes over the cleaned corpus: the first trains the tokenizer and
 second encodes documents in batches, appends EOS to each and writes ``train``/``val`` shards. A document
 goes to ``val`` when the hash of its id falls below ``val_fraction``; with two or more documents each
 split is guaranteed at least one (see :class:`SplitPlan`).
-
-With ``chunking.enabled`` the second pass also writes ``chunks.jsonl`` next to the shards, for fine-tuning:
-each document as chunks of whole sentences of at most ``chunking.chunk_size`` tokens (see
-:mod:`lmforge.data.chunking`), one JSON object per line: ``id`` (``{doc id}#{n}``), ``doc_id``,
-``split`` (the document's), ``text``, ``tokens`` and ``forced`` (the chunk ends inside a sentence).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 import logging
 import time
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
-from typing import TextIO
 
 import numpy as np
 from tqdm import tqdm
@@ -29,7 +21,6 @@ from tqdm import tqdm
 from lmforge import report_html
 from lmforge.artifacts import input_record, staged_output, write_manifest
 from lmforge.config import TokenizeConfig
-from lmforge.data.chunking import Chunk, SentenceChunker
 from lmforge.data.clean import read_cleaned
 from lmforge.data.shards import INDEX, ShardWriter
 from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
@@ -40,7 +31,6 @@ log = logging.getLogger("lmforge.tokenize")
 
 TOKENIZER_KIND = "tokenizer"
 SHARDS_KIND = "token-shards"
-CHUNKS = "chunks.jsonl"
 ENCODE_BATCH_DOCS = 256
 
 
@@ -80,33 +70,22 @@ class SplitPlan:
         return "val" if split_bucket(doc_id) < self.val_fraction else "train"
 
 
-def write_chunks(out: TextIO, doc_id: str, split: str, chunks: list[Chunk], counts: dict[str, int]) -> None:
-    """Append one document's chunks to ``chunks.jsonl`` and add them to ``counts``."""
-    for n, chunk in enumerate(chunks):
-        record = {"id": f"{doc_id}#{n}", "doc_id": doc_id, "split": split}
-        record |= {"text": chunk.text, "tokens": chunk.tokens, "forced": chunk.forced}
-        out.write(json.dumps(record, ensure_ascii=False) + "\n")
-        counts["chunks"] += 1
-        counts["chunks_forced"] += chunk.forced
-        counts["chunk_tokens"] += chunk.tokens
-
-
-def run(cfg: TokenizeConfig, cleaned_dir: str | Path, tokenizer_dir: str | Path, shards_dir: str | Path) -> StageResult:
-    """Train a tokenizer on ``cleaned_dir`` into ``tokenizer_dir`` and write token shards to ``shards_dir``.
+def run(cfg: TokenizeConfig, *, cleaned: str | Path, tokenizer: str | Path, shards: str | Path) -> StageResult:
+    """Train a tokenizer on the ``cleaned`` corpus into ``tokenizer`` and write token shards to ``shards``.
 
     Both outputs are committed together at the end; on any error neither is left behind.
     """
-    cleaned = input_record(cleaned_dir)
+    cleaned_record = input_record(cleaned)
     plan = SplitPlan(cfg.val_fraction)
 
     def training_texts() -> Iterator[str]:
-        for position, row in enumerate(read_cleaned(cleaned_dir, verify=True)):
+        for position, row in enumerate(read_cleaned(cleaned, verify=True)):
             plan.observe(position, row["id"])
             yield row["text"]
 
-    with staged_output(tokenizer_dir) as tok_stage, staged_output(shards_dir) as shard_stage:
+    with staged_output(tokenizer) as tok_stage, staged_output(shards) as shard_stage:
         start = time.perf_counter()
-        tokenizer = train_bpe_tokenizer(
+        bpe = train_bpe_tokenizer(
             training_texts(),
             vocab_size=cfg.vocab_size,
             min_frequency=cfg.min_frequency,
@@ -114,11 +93,11 @@ def run(cfg: TokenizeConfig, cleaned_dir: str | Path, tokenizer_dir: str | Path,
             pad_token=cfg.pad_token,
         )
         if plan.documents == 0:
-            raise InputDataError(f"{cleaned_dir}: the cleaned corpus has no documents")
-        tokenizer.save_pretrained(tok_stage)
+            raise InputDataError(f"{cleaned}: the cleaned corpus has no documents")
+        bpe.save_pretrained(tok_stage)
         fingerprint = tokenizer_fingerprint(tok_stage)
-        vocab_size = len(tokenizer)
-        eos_id = tokenizer.convert_tokens_to_ids(cfg.eos_token)
+        vocab_size = len(bpe)
+        eos_id = bpe.convert_tokens_to_ids(cfg.eos_token)
         log.info(
             "trained a %d-token BPE on %d documents in %.1fs",
             vocab_size,
@@ -128,7 +107,7 @@ def run(cfg: TokenizeConfig, cleaned_dir: str | Path, tokenizer_dir: str | Path,
         write_manifest(
             tok_stage,
             TOKENIZER_KIND,
-            inputs={"cleaned": cleaned},
+            inputs={"cleaned": cleaned_record},
             config=cfg.model_dump(),
             metrics={"vocab_size": vocab_size},
             extra={"tokenizer_sha256": fingerprint},
@@ -142,30 +121,17 @@ def run(cfg: TokenizeConfig, cleaned_dir: str | Path, tokenizer_dir: str | Path,
             tokenizer_sha256=fingerprint,
             shard_tokens=cfg.shard_tokens,
         )
-        chunking = cfg.chunking
-        chunker = SentenceChunker(tokenizer, chunking.chunk_size, chunking.lang) if chunking.enabled else None
-        chunk_counts = {"chunks": 0, "chunks_forced": 0, "chunk_tokens": 0}
-        chunk_seconds = 0.0
-        rows = enumerate(read_cleaned(cleaned_dir, verify=False))
-        with (
-            tqdm(total=plan.documents, desc="tokenize", unit="doc", disable=None) as progress,
-            open(shard_stage / CHUNKS, "w", encoding="utf-8") if chunker else contextlib.nullcontext() as chunks_out,
-        ):
+        rows = enumerate(read_cleaned(cleaned, verify=False))
+        with tqdm(total=plan.documents, desc="tokenize", unit="doc", disable=None) as progress:
             while batch := list(islice(rows, ENCODE_BATCH_DOCS)):
                 texts = [row["text"] for _, row in batch]
                 doc_splits = [plan.split(position, row["id"]) for position, row in batch]
-                for split, ids in zip(doc_splits, tokenizer(texts)["input_ids"], strict=True):
+                for split, ids in zip(doc_splits, bpe(texts)["input_ids"], strict=True):
                     ids.append(eos_id)
                     writer.add_document(split, np.asarray(ids, dtype=np.int64))
-                if chunker:
-                    chunk_start = time.perf_counter()
-                    doc_chunks = chunker.chunk_many(texts, [row["lang"] for _, row in batch])
-                    for (_, row), split, chunks in zip(batch, doc_splits, doc_chunks, strict=True):
-                        write_chunks(chunks_out, row["id"], split, chunks, chunk_counts)
-                    chunk_seconds += time.perf_counter() - chunk_start
                 progress.update(len(batch))
         index = writer.close()
-        elapsed = time.perf_counter() - start - chunk_seconds
+        elapsed = time.perf_counter() - start
 
         splits = index["splits"]
         if splits["val"]["documents"] == 0:
@@ -181,15 +147,13 @@ def run(cfg: TokenizeConfig, cleaned_dir: str | Path, tokenizer_dir: str | Path,
             "shards": len(index["shards"]),
             "tokens_per_sec": total_tokens / max(elapsed, 1e-9),
         }
-        if chunker:
-            metrics |= chunk_counts | {"chunking_seconds": chunk_seconds}
         write_manifest(
             shard_stage,
             SHARDS_KIND,
-            inputs={"cleaned": cleaned},
+            inputs={"cleaned": cleaned_record},
             config=cfg.model_dump(),
             metrics=metrics,
-            extra={"tokenizer_sha256": fingerprint, "index": INDEX} | ({"chunks": CHUNKS} if chunker else {}),
+            extra={"tokenizer_sha256": fingerprint, "index": INDEX},
         )
 
     log.info(
@@ -203,14 +167,12 @@ def run(cfg: TokenizeConfig, cleaned_dir: str | Path, tokenizer_dir: str | Path,
     html = report_html.page(
         "lmforge tokenize",
         [("Metrics", report_html.table(["metric", "value"], list(metrics.items())))],
-        subtitle=f"input: {cleaned_dir}",
+        subtitle=f"input: {cleaned}",
     )
     summary = {
-        "tokenizer_dir": str(tokenizer_dir),
-        "shards_dir": str(shards_dir),
+        "tokenizer_dir": str(tokenizer),
+        "shards_dir": str(shards),
         "tokenizer_sha256": fingerprint,
         "shards": [s["name"] for s in index["shards"]],
     }
-    if chunker:
-        summary["chunks"] = str(Path(shards_dir, CHUNKS))
     return StageResult(metrics=metrics, html=html, summary=summary)

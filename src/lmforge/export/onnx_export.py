@@ -335,18 +335,18 @@ def _raise_if_over(name: str, results: list[dict[str, Any]], tolerance: float, w
     return worst
 
 
-def run(cfg: ExportConfig, model_dir: str | Path, output_dir: str | Path) -> StageResult:
-    """Export ``model_dir`` to an ONNX model directory at ``output_dir`` and verify it against PyTorch."""
+def run(cfg: ExportConfig, *, model: str | Path, onnx_model: str | Path) -> StageResult:
+    """Export ``model`` to an ONNX model directory at ``onnx_model`` and verify it against PyTorch."""
     start = time.perf_counter()
-    model_dir = Path(model_dir)
-    model = load_causal_lm(model_dir, dtype=torch.float32)
-    wrapper = LogitsOnly(model).eval()
-    vocab_size = int(model.config.vocab_size)
-    max_positions = int(getattr(model.config, "max_position_embeddings", None) or PARITY_MAX_SEQ)
-    source = input_record(model_dir)
+    model = Path(model)
+    lm = load_causal_lm(model, dtype=torch.float32)
+    wrapper = LogitsOnly(lm).eval()
+    vocab_size = int(lm.config.vocab_size)
+    max_positions = int(getattr(lm.config, "max_position_embeddings", None) or PARITY_MAX_SEQ)
+    source = input_record(model)
 
-    with staged_output(output_dir) as out:
-        copy_model_files(model_dir, out)
+    with staged_output(onnx_model) as out:
+        copy_model_files(model, out)
         path = out / MODEL_FILE
         # Batch 2 and sequence 8: sizes 0 and 1 would be specialized as constants by torch.export.
         shape = (2, min(8, max_positions))
@@ -355,7 +355,7 @@ def run(cfg: ExportConfig, model_dir: str | Path, output_dir: str | Path) -> Sta
             exporter = _export(wrapper, example, path, cfg.opset, no_cache_spec())
         session = OrtCausalLM(path)  # runs onnx.checker on the file
         parity = check_parity(wrapper, session, parity_cases(vocab_size, max_positions))
-        worst = _raise_if_over(f"{model_dir} ({exporter} exporter)", parity, cfg.parity_tolerance, MODEL_FILE)
+        worst = _raise_if_over(f"{model} ({exporter} exporter)", parity, cfg.parity_tolerance, MODEL_FILE)
         size = model_size_bytes(path)
         metrics = {
             "parity_max_abs_diff": worst,
@@ -364,8 +364,8 @@ def run(cfg: ExportConfig, model_dir: str | Path, output_dir: str | Path) -> Sta
         extra: dict[str, Any] = {"exporter": exporter, "opset": cfg.opset, "quantization": "none", "parity": parity}
 
         if cfg.with_past:
-            layout = cache_layout(model)
-            decoder = DecoderWithPast(model, layout.layers).eval()
+            layout = cache_layout(lm)
+            decoder = DecoderWithPast(lm, layout.layers).eval()
             past_path = out / WITH_PAST_FILE
             # Past length 4 and 3 new tokens: no dimension of size 0 or 1 for torch.export to specialize.
             example_past = (
@@ -379,7 +379,7 @@ def run(cfg: ExportConfig, model_dir: str | Path, output_dir: str | Path) -> Sta
                 decoder, OrtDecoderWithPast(past_path), with_past_cases(vocab_size, max_positions)
             )
             past_worst = _raise_if_over(
-                f"{model_dir} ({past_exporter} exporter)", past_parity, cfg.parity_tolerance, WITH_PAST_FILE
+                f"{model} ({past_exporter} exporter)", past_parity, cfg.parity_tolerance, WITH_PAST_FILE
             )
             metrics["with_past_parity_max_abs_diff"] = past_worst
             metrics["with_past_size_mb"] = model_size_bytes(past_path) / 1e6
@@ -397,8 +397,8 @@ def run(cfg: ExportConfig, model_dir: str | Path, output_dir: str | Path) -> Sta
         )
     log.info(
         "exported %s -> %s (%s exporter, opset %d, %.2f MB, parity %.2e%s)",
-        model_dir,
-        output_dir,
+        model,
+        onnx_model,
         exporter,
         cfg.opset,
         metrics["onnx_size_mb"],
@@ -406,7 +406,7 @@ def run(cfg: ExportConfig, model_dir: str | Path, output_dir: str | Path) -> Sta
         f", with past: parity {metrics['with_past_parity_max_abs_diff']:.2e}" if cfg.with_past else "",
     )
     summary: dict[str, Any] = {
-        "output_dir": str(output_dir),
+        "output_dir": str(onnx_model),
         "exporter": exporter,
         "opset": cfg.opset,
         "parity": parity,

@@ -334,43 +334,44 @@ def html_section(metrics: dict[str, float], gates: dict[str, dict[str, Any]], fa
 
 def run(
     cfg: QuantizeConfig,
-    onnx_dir: str | Path,
-    shards_dir: str | Path,
-    dynamic_dir: str | Path,
-    qdq_dir: str | Path,
+    *,
+    onnx_model: str | Path,
+    shards: str | Path,
+    int8_dynamic: str | Path,
+    int8_qdq: str | Path,
 ) -> StageResult:
-    """Write a dynamic-INT8 model to ``dynamic_dir`` and a calibrated Q/DQ INT8 model to ``qdq_dir``, gated."""
+    """Write a dynamic-INT8 model to ``int8_dynamic`` and a calibrated Q/DQ INT8 model to ``int8_qdq``, gated."""
     start = time.perf_counter()
-    onnx_dir = Path(onnx_dir)
-    fp32_file = resolve_model_file(onnx_dir)
-    source = input_record(onnx_dir)
-    shards = TokenShards.open(shards_dir)
-    check_tokenizer_match(onnx_dir, shards)
-    windows = calibration_windows(shards.tokens("train"), cfg.calibration_sequences, cfg.calibration_seq_len)
-    heldout = heldout_tokens(shards, cfg)
-    graphs = [MODEL_FILE] + ([WITH_PAST_FILE] if (onnx_dir / WITH_PAST_FILE).is_file() else [])
+    onnx_model = Path(onnx_model)
+    fp32_file = resolve_model_file(onnx_model)
+    source = input_record(onnx_model)
+    token_shards = TokenShards.open(shards)
+    check_tokenizer_match(onnx_model, token_shards)
+    windows = calibration_windows(token_shards.tokens("train"), cfg.calibration_sequences, cfg.calibration_seq_len)
+    heldout = heldout_tokens(token_shards, cfg)
+    graphs = [MODEL_FILE] + ([WITH_PAST_FILE] if (onnx_model / WITH_PAST_FILE).is_file() else [])
     fp32_bytes = model_size_bytes(fp32_file)
     external = fp32_bytes > EXTERNAL_DATA_BYTES
     sample = windows[: min(len(windows), 2)]
     fp32_model = OrtCausalLM(fp32_file)
     reference = fp32_model.logits(sample)
-    context = min(cfg.gate_context, _max_positions(onnx_dir, cfg.gate_context))
+    context = min(cfg.gate_context, _max_positions(onnx_model, cfg.gate_context))
     fp32_ppl = perplexity(onnx_logits_fn(fp32_model), heldout, context=context).perplexity
     del fp32_model
-    inputs = {"onnx_model": source, "shards": input_record(shards.root)}
+    inputs = {"onnx_model": source, "shards": input_record(token_shards.root)}
 
     with (
         tempfile.TemporaryDirectory(prefix="lmforge-quant-") as tmp,
-        staged_output(dynamic_dir) as dyn_out,
-        staged_output(qdq_dir) as qdq_out,
+        staged_output(int8_dynamic) as dyn_out,
+        staged_output(int8_qdq) as qdq_out,
     ):
         qdq_facts_by_graph: dict[str, Any] = {}
         shared_by_graph: dict[str, Any] = {}
         batch = even_batch_size(len(windows))
         for graph in graphs:
             prepared = Path(tmp) / graph
-            preprocessed = _preprocess(onnx_dir / graph, prepared, external)
-            src = prepared if preprocessed else onnx_dir / graph
+            preprocessed = _preprocess(onnx_model / graph, prepared, external)
+            src = prepared if preprocessed else onnx_model / graph
             quantize_dynamic(
                 str(src),
                 str(dyn_out / graph),
@@ -383,7 +384,7 @@ def run(
             if graph == MODEL_FILE:
                 reader: CalibrationDataReader = TokenWindowReader(windows, batch)
             else:
-                reader = PastWindowReader(windows, OrtDecoderWithPast(onnx_dir / graph), batch)
+                reader = PastWindowReader(windows, OrtDecoderWithPast(onnx_model / graph), batch)
             facts = quantize_qdq(
                 src, qdq_out / graph, reader, cfg, external=external, workdir=Path(tmp) / f"{graph}.calib"
             )
@@ -434,7 +435,7 @@ def run(
             "calibration": qdq_facts_by_graph,
         }
         for out, facts, gate in ((dyn_out, dynamic_facts, gates["dynamic"]), (qdq_out, qdq_facts, gates["qdq"])):
-            copy_model_files(onnx_dir, out)
+            copy_model_files(onnx_model, out)
             write_manifest(
                 out,
                 "onnx-model",
@@ -445,7 +446,7 @@ def run(
             )
     log.info(
         "quantized %s: fp32 %.2f MB, dynamic %.2f MB (%s), qdq %.2f MB (%s), %d calibration sequences, %s",
-        onnx_dir,
+        onnx_model,
         metrics["fp32_size_mb"],
         metrics["dynamic_size_mb"],
         "accepted" if gates["dynamic"]["accepted"] else "rejected",
@@ -459,8 +460,8 @@ def run(
         metrics=metrics,
         html=html_section(metrics, gates, report_facts),
         summary={
-            "dynamic_dir": str(dynamic_dir),
-            "qdq_dir": str(qdq_dir),
+            "dynamic_dir": str(int8_dynamic),
+            "qdq_dir": str(int8_qdq),
             "graphs": graphs,
             "accuracy_gate": gates,
             "calibration": qdq_facts_by_graph,

@@ -342,21 +342,21 @@ def _smoke_test(plan: bytes, model_file: Path, profiles: Mapping, vocab_size: in
 
 def run(
     cfg: TensorRTConfig,
-    qdq_dir: str | Path,
-    output_dir: str | Path,
     *,
+    int8_qdq: str | Path,
+    engine: str | Path,
     timing_cache: str | Path | None = None,
 ) -> StageResult:
-    """Build a TensorRT engine from the ONNX model in ``qdq_dir``, or record why it was skipped.
+    """Build a TensorRT engine from the ONNX model in ``int8_qdq``, or record why it was skipped.
 
     Args:
         timing_cache: a timing-cache file read before and rewritten after the build, so that later builds
             on the same GPU and TensorRT version reuse kernel timings (overrides ``cfg.timing_cache``).
     """
-    qdq_dir = Path(qdq_dir)
-    resolve_model_file(qdq_dir)
-    model_file = select_graph(cfg, qdq_dir) if qdq_dir.is_dir() else qdq_dir
-    source = input_record(qdq_dir)
+    int8_qdq = Path(int8_qdq)
+    resolve_model_file(int8_qdq)
+    model_file = select_graph(cfg, int8_qdq) if int8_qdq.is_dir() else int8_qdq
+    source = input_record(int8_qdq)
     profiles = optimization_profiles(cfg, graph_inputs(model_file))
     if cfg.precision == "int8" and count_qdq_nodes(model_file) == 0:
         raise InputDataError(f"{model_file}: precision int8 needs a Q/DQ model, but the graph has no Q/DQ nodes")
@@ -368,19 +368,19 @@ def run(
     if reason is None and cfg.precision == "int8":
         from lmforge.export.accuracy_gate import gate_result
 
-        gate = gate_result(qdq_dir)
+        gate = gate_result(int8_qdq)
         if not gate["accepted"]:
             reason = f"the Q/DQ INT8 model failed the accuracy gate ({gate['reason']}); serve the FP32 model"
     if reason is not None:
         log.warning("build_tensorrt skipped: %s", reason)
         metrics = {"built": 0.0}
-        with staged_output(output_dir) as out:
+        with staged_output(engine) as out:
             status = write_status(out, "skipped", reason)
             write_manifest(out, KIND, inputs=inputs, config=cfg.model_dump(), metrics=metrics, extra=status)
         return StageResult(metrics=metrics, summary=dict(status))
 
-    vocab_size = int(json.loads((qdq_dir / "config.json").read_text(encoding="utf-8"))["vocab_size"])
-    with staged_output(output_dir) as out:
+    vocab_size = int(json.loads((int8_qdq / "config.json").read_text(encoding="utf-8"))["vocab_size"])
+    with staged_output(engine) as out:
         start = time.perf_counter()
         trtexec_facts: dict[str, Any] | None = None
         if cfg.builder == "trtexec":
@@ -428,5 +428,5 @@ def run(
         (out / BUILD_RECORD).write_text(json.dumps(record, indent=2), encoding="utf-8")
         status = write_status(out, "built", f"TensorRT {record['tensorrt_version']} on {record['gpu']}")
         write_manifest(out, KIND, inputs=inputs, config=cfg.model_dump(), metrics=metrics, extra=status)
-    log.info("built TensorRT engine %s (%.1f MB, %.1f s)", output_dir, metrics["engine_size_mb"], build_seconds)
+    log.info("built TensorRT engine %s (%.1f MB, %.1f s)", engine, metrics["engine_size_mb"], build_seconds)
     return StageResult(metrics=metrics, summary={**status, "build_record": record})

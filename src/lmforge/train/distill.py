@@ -96,7 +96,7 @@ def _localize_model(uri: str | Path, workdir: Path) -> Path:
         raise InputDataError(str(exc).replace(str(local), str(uri))) from exc
 
 
-def run(cfg: DistillConfig, teacher_dir: str | Path, shards_dir: str | Path, output_dir: str | Path) -> StageResult:
+def run(cfg: DistillConfig, *, teacher: str | Path, shards: str | Path, student: str | Path) -> StageResult:
     """Distill the teacher into a student with ``student_layer_fraction`` of its blocks (or ``student_uri``).
 
     The teacher and the student may be local directories or ``s3://`` prefixes. The teacher is frozen
@@ -110,25 +110,23 @@ def run(cfg: DistillConfig, teacher_dir: str | Path, shards_dir: str | Path, out
 
     Raises:
         InputDataError: the teacher has no weights, the shards were not written by the teacher's
-            tokenizer, the student's tokenizer differs from the teacher's, or ``output_dir`` is not empty.
+            tokenizer, the student's tokenizer differs from the teacher's, or ``student`` is not empty.
     """
-    refuse_occupied(output_dir)  # on every rank, before any of them trains
+    refuse_occupied(student)  # on every rank, before any of them trains
     with tempfile.TemporaryDirectory(prefix="lmforge-distill-") as workdir:
-        teacher_local = _localize_model(teacher_dir, Path(workdir, "teacher"))
-        shards_local = storage.localize(str(shards_dir), Path(workdir, "shards"))
+        teacher_local = _localize_model(teacher, Path(workdir, "teacher"))
+        shards_local = storage.localize(str(shards), Path(workdir, "shards"))
         student_local = None
         if cfg.student_uri is not None:
             student_local = _localize_model(cfg.student_uri, Path(workdir, "student"))
-            check_same_tokenizer(
-                teacher_local, student_local, teacher_uri=str(teacher_dir), student_uri=cfg.student_uri
-            )
+            check_same_tokenizer(teacher_local, student_local, teacher_uri=str(teacher), student_uri=cfg.student_uri)
         inputs = {
-            "teacher": input_record(teacher_local) | {"uri": str(teacher_dir)},
-            "shards": input_record(shards_local) | {"uri": str(shards_dir)},
+            "teacher": input_record(teacher_local) | {"uri": str(teacher)},
+            "shards": input_record(shards_local) | {"uri": str(shards)},
         }
         if student_local is not None:
             inputs["student"] = {"uri": cfg.student_uri, "kind": "model"}
-        return _run(cfg, teacher_local, shards_local, student_local, inputs, output_dir)
+        return _run(cfg, teacher_local, shards_local, student_local, inputs, student)
 
 
 def _run(

@@ -234,10 +234,11 @@ def load_adapted(base_uri: str | Path, adapter_uri: str | Path, workdir: str | P
 
 def run(
     cfg: LoraConfig,
-    base_model_dir: str | Path,
+    *,
+    base_model: str | Path,
     qa_uri: str | Path,
-    adapter_dir: str | Path,
-    merged_dir: str | Path,
+    adapter: str | Path,
+    merged_model: str | Path,
 ) -> StageResult:
     """LoRA-tune the base model on the Q&A/chat examples; write the PEFT adapter and the merged model.
 
@@ -254,11 +255,11 @@ def run(
         ConfigError: a target module does not exist or cannot take LoRA, seq_len does not fit, or ZeRO stage 3.
     """
     check_backend(cfg.train)
-    refuse_occupied(adapter_dir, merged_dir)  # on every rank, before any of them trains
+    refuse_occupied(adapter, merged_model)  # on every rank, before any of them trains
     with tempfile.TemporaryDirectory(prefix="lmforge-lora-") as workdir:
-        local_base, tokenizer, model = load_base(base_model_dir, workdir)
-        base_record = model_record(local_base, str(base_model_dir))
-        return _run(cfg, model, tokenizer, base_record, str(base_model_dir), qa_uri, adapter_dir, merged_dir)
+        local_base, tokenizer, model = load_base(base_model, workdir)
+        base_record = model_record(local_base, str(base_model))
+        return _run(cfg, model, tokenizer, base_record, str(base_model), qa_uri, adapter, merged_model)
 
 
 def _run(

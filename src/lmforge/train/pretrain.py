@@ -27,33 +27,33 @@ logger = logging.getLogger("lmforge.pretrain")
 TENSORBOARD_DIR = "tensorboard"
 
 
-def run(cfg: PretrainConfig, shards_dir: str | Path, tokenizer_dir: str | Path, output_dir: str | Path) -> StageResult:
-    """Pretrain ``cfg.model`` on the shards' train split; write an HF model directory to ``output_dir``.
+def run(cfg: PretrainConfig, *, shards: str | Path, tokenizer: str | Path, model: str | Path) -> StageResult:
+    """Pretrain ``cfg.model`` on the shards' train split; write an HF model directory to ``model``.
 
     With ``cfg.train.checkpoint.dir`` set, training resumes from the newest complete checkpoint there
     and writes new ones as configured.
 
     Raises:
-        InputDataError: the shards were not written by the tokenizer in ``tokenizer_dir``, a split is
-            shorter than one training window, or ``output_dir`` is not empty.
+        InputDataError: the shards were not written by ``tokenizer``, a split is shorter than one
+            training window, or ``model`` is not empty.
         TrainingPreempted: SIGTERM arrived; the final checkpoint is in ``cfg.train.checkpoint.dir``.
         NonFiniteLossError: too many consecutive non-finite steps.
     """
     tcfg = cfg.train
-    shards = open_matching_shards(shards_dir, tokenizer_dir)
-    tokenizer = load_tokenizer(tokenizer_dir)
-    inputs = {"shards": input_record(shards_dir), "tokenizer": input_record(tokenizer_dir)}
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    refuse_occupied(output_dir)
+    token_shards = open_matching_shards(shards, tokenizer)
+    tok = load_tokenizer(tokenizer)
+    inputs = {"shards": input_record(shards), "tokenizer": input_record(tokenizer)}
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    refuse_occupied(model)
 
-    with distributed_context(tcfg.distributed) as ctx, main_rank_outputs(ctx, output_dir) as (out,):
-        train_batch, val_batches = shard_batches(shards, tcfg, rank=ctx.rank, world_size=ctx.world_size)
+    with distributed_context(tcfg.distributed) as ctx, main_rank_outputs(ctx, model) as (out,):
+        train_batch, val_batches = shard_batches(token_shards, tcfg, rank=ctx.rank, world_size=ctx.world_size)
         with hf_zero3_init(tcfg, ctx.world_size):
-            model = build_model(cfg.model, len(tokenizer), eos_id=tokenizer.eos_token_id, pad_id=pad_id, seed=tcfg.seed)
-            partitioned = any(hasattr(p, "ds_id") for p in model.parameters())
+            lm = build_model(cfg.model, len(tok), eos_id=tok.eos_token_id, pad_id=pad_id, seed=tcfg.seed)
+            partitioned = any(hasattr(p, "ds_id") for p in lm.parameters())
             if not partitioned:
-                model = model.to(ctx.device)
-            parameters = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+                lm = lm.to(ctx.device)
+            parameters = sum(getattr(p, "ds_numel", p.numel()) for p in lm.parameters())
             if ctx.is_main:
                 logger.info(
                     "pretraining %s (%d layers, %.2fM parameters) for %d steps on %d train tokens, %d rank(s), %s",
@@ -61,29 +61,29 @@ def run(cfg: PretrainConfig, shards_dir: str | Path, tokenizer_dir: str | Path, 
                     cfg.model.n_layer,
                     parameters / 1e6,
                     tcfg.max_steps,
-                    shards.index["splits"]["train"]["tokens"],
+                    token_shards.index["splits"]["train"]["tokens"],
                     ctx.world_size,
                     describe_backend(tcfg.distributed),
                 )
             history = train(
-                model,
+                lm,
                 tcfg,
                 causal_lm_loss,
                 train_batch,
                 lambda: val_batches,
                 desc="pretrain",
                 dist=ctx,
-                flops_per_token=model_flops_per_token(model, tcfg.seq_len),
+                flops_per_token=model_flops_per_token(lm, tcfg.seq_len),
                 tensorboard_dir=out / TENSORBOARD_DIR if out is not None else None,
             )
         # outside hf_zero3_init: the plain copy of ZeRO-3 weights must not be partitioned again
-        model = whole_model(
-            model,
+        lm = whole_model(
+            lm,
             ctx,
-            lambda: build_model(cfg.model, len(tokenizer), eos_id=tokenizer.eos_token_id, pad_id=pad_id, seed=0),
+            lambda: build_model(cfg.model, len(tok), eos_id=tok.eos_token_id, pad_id=pad_id, seed=0),
         )
         if out is None:
-            return StageResult(summary={"model_dir": str(output_dir), "rank": ctx.rank})
+            return StageResult(summary={"model_dir": str(model), "rank": ctx.rank})
 
         val_loss = history["eval_loss"][-1]
         metrics = {
@@ -100,13 +100,13 @@ def run(cfg: PretrainConfig, shards_dir: str | Path, tokenizer_dir: str | Path, 
         metrics |= moved_metrics
         if history["mfu"] and history["mfu"][-1] is not None:
             metrics["mfu"] = history["mfu"][-1]
-        save_model_dir(model.cpu(), tokenizer, out, history=history)
+        save_model_dir(lm.cpu(), tok, out, history=history)
         write_manifest(out, "model", inputs=inputs, config=cfg.model_dump(mode="json"), metrics=metrics)
-    logger.info("pretrain: val loss %.4f (perplexity %.1f) -> %s", val_loss, metrics["val_perplexity"], output_dir)
+    logger.info("pretrain: val loss %.4f (perplexity %.1f) -> %s", val_loss, metrics["val_perplexity"], model)
 
     html = page(
         "Pretraining",
         [*curves_section(history), ("Metrics", table(["metric", "value"], list(metrics.items())))],
         subtitle=f"{cfg.model.arch}, {cfg.model.n_layer} layers, {parameters / 1e6:.2f}M parameters",
     )
-    return StageResult(metrics=metrics, html=html, summary={"model_dir": str(output_dir), **moved_summary})
+    return StageResult(metrics=metrics, html=html, summary={"model_dir": str(model), **moved_summary})
