@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import re
 import shutil
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from lmforge.artifacts import read_manifest, sha256_file
-from lmforge.config import ChunkingConfig, CleanConfig, TokenizeConfig
+from lmforge.config import CleanConfig, TokenizeConfig
 from lmforge.data import clean, tokenize
 from lmforge.data.clean import read_cleaned
 from lmforge.data.shards import TokenShards
@@ -65,43 +63,6 @@ def test_shard_token_counts_equal_the_encoded_documents_plus_eos(tokenized):
     assert m["val_documents"] > 0 and m["vocab_size"] == len(tok) == 512
     assert m["tokens_per_sec"] > 0
     assert m["shards"] == len(shards.index["shards"]) > 2  # shard_tokens forces roll-over
-
-
-def test_chunks_hold_each_document_as_sentence_runs_within_chunk_size(tokenized):
-    result, cleaned, tok_dir, shards_dir = tokenized
-    tok = load_tokenizer(tok_dir)
-    with open(shards_dir / "chunks.jsonl", encoding="utf-8") as fh:
-        records = [json.loads(line) for line in fh]
-    by_doc: dict[str, list[dict]] = defaultdict(list)
-    for record in records:
-        by_doc[record["doc_id"]].append(record)
-    documents = {row["id"]: row["text"] for row in read_cleaned(cleaned)}
-    assert set(by_doc) == set(documents)
-
-    def squash(text: str) -> str:
-        return re.sub(r"\s+", "", text)
-
-    for doc_id, chunks in by_doc.items():
-        assert [c["id"] for c in chunks] == [f"{doc_id}#{n}" for n in range(len(chunks))]
-        assert squash("".join(c["text"] for c in chunks)) == squash(documents[doc_id])
-        assert {c["split"] for c in chunks} == {"val" if split_bucket(doc_id) < CFG.val_fraction else "train"}
-    size = CFG.chunking.chunk_size
-    assert all(c["tokens"] == len(tok(c["text"], add_special_tokens=False)["input_ids"]) <= size for c in records)
-    assert any(not c["forced"] and c["text"].endswith((".", "!", "?")) for c in records)
-
-    m = result.metrics
-    assert (m["chunks"], m["chunks_forced"]) == (len(records), sum(c["forced"] for c in records))
-    assert m["chunk_tokens"] == sum(c["tokens"] for c in records)
-    manifest = read_manifest(shards_dir, verify=True)
-    assert manifest["chunks"] == "chunks.jsonl" and "chunks.jsonl" in manifest["files"]
-
-
-def test_chunking_off_writes_no_chunks(tmp_path):
-    cleaned = make_cleaned(tmp_path, [{"text": "first document text"}, {"text": "second document text"}])
-    cfg = TokenizeConfig(vocab_size=300, chunking=ChunkingConfig(enabled=False))
-    result = tokenize.run(cfg, cleaned=cleaned, tokenizer=tmp_path / "tok", shards=tmp_path / "shards")
-    assert not (tmp_path / "shards" / "chunks.jsonl").exists() and "chunks" not in result.metrics
-    assert "chunks" not in read_manifest(tmp_path / "shards")
 
 
 def test_index_and_manifests_record_hashes_and_lineage(tokenized):
