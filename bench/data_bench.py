@@ -95,7 +95,8 @@ def build_corpus(path: Path, megabytes: float, edit_rate: float, seed: int) -> t
 
 
 def _clean_config(preset: str, overrides: dict[str, Any]) -> Any:
-    from lmforge.config import CleanConfig, resolve_stage_config
+    from lmforge.config import CleanConfig
+    from lmforge.stages import resolve_stage_config
 
     base = resolve_stage_config("clean", preset).model_dump()
     for key, value in overrides.items():

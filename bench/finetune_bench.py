@@ -135,7 +135,7 @@ def child_kd(args: dict[str, Any]) -> dict[str, Any]:
 def child_pretrain(args: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from lmforge.config import resolve_stage_config
+    from lmforge.stages import resolve_stage_config
     from lmforge.train import pretrain
 
     torch.set_num_threads(args["threads"])
@@ -154,7 +154,7 @@ def child_pretrain(args: dict[str, Any]) -> dict[str, Any]:
 def child_lora_demo(args: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from lmforge.config import resolve_stage_config
+    from lmforge.stages import resolve_stage_config
     from lmforge.train import lora
 
     torch.set_num_threads(args["threads"])
@@ -180,7 +180,7 @@ def child_lora_demo(args: dict[str, Any]) -> dict[str, Any]:
 def child_kd_vs_ce(args: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from lmforge.config import resolve_stage_config
+    from lmforge.stages import resolve_stage_config
     from lmforge.train import distill
 
     torch.set_num_threads(args["threads"])

@@ -36,8 +36,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmforge.config import ModelConfig, TrainConfig, resolve_config
+from lmforge.config import ModelConfig, TrainConfig
 from lmforge.model.build import build_model, set_gpt2_activation
+from lmforge.stages import resolve_config
 from lmforge.train.batches import random_windows
 from lmforge.train.distributed import distributed_context
 from lmforge.train.loop import lr_at, train

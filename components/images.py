@@ -1,7 +1,7 @@
-"""The one place that maps each component to its container image, and the image tag.
+"""The container image of each component (its stage's ``runtime`` in the registry), and the image tag.
 
 Tag = ``<package version>-<12 hex of the image sources' sha256>``: the Dockerfiles, ``pyproject.toml`` and the
-Python code the images install (``src/lmforge``, ``components``, ``pipelines``; generated files excluded). A
+Python code the images install (``src/``, ``components``, ``pipelines``; generated files excluded). A
 changed image is a new tag, so KFP's cache, whose key holds the image reference, never reuses a step run by an
 older image under the same version. ``make images`` builds and pushes under the same tag (``lmforge images
 --tag``). In a checkout the tag is computed from the files; an installed package (inside an image) reads
@@ -19,45 +19,21 @@ from functools import cache
 from pathlib import Path
 
 from lmforge import __version__
+from lmforge.stages import get_stage
 
 DEFAULT_REGISTRY = "ghcr.io/lmforge"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TAG_FILE = Path(__file__).resolve().with_name("image_tag.txt")
 
-# Runtime (images/<runtime>/Dockerfile) for every component.
-RUNTIME_OF_COMPONENT: dict[str, str] = {
-    "preflight": "cpu",
-    "plan_shards": "cpu",
-    "clean_shard": "cpu",
-    "dedup_shards": "cpu",
-    "merge_shards": "cpu",
-    "clean": "cpu",
-    "tokenize": "cpu",
-    "pretrain": "train",
-    "finetune_lora": "train",
-    "distill": "train",
-    "export_onnx": "cpu",
-    "quantize_int8": "cpu",
-    "build_tensorrt": "tensorrt",
-    "evaluate": "cpu",
-    "promote": "cpu",
-}
-
-GPU_RUNTIMES = frozenset({"train", "tensorrt"})
 # What the images are built from (relative to the repository root), by glob; generated files are not inputs.
 IMAGE_SOURCES = (
     "pyproject.toml",
     "images/*/Dockerfile",
-    "src/lmforge/**/*.py",
+    "src/**/*.py",
     "src/lmforge/presets/*.yaml",
     "components/**/*.py",
     "pipelines/*.py",
 )
-
-
-def runs_on_gpu(component: str) -> bool:
-    """Whether ``component`` belongs on the GPU node pool (its runtime is a CUDA image)."""
-    return RUNTIME_OF_COMPONENT[component] in GPU_RUNTIMES
 
 
 def source_digest(root: Path = REPO_ROOT) -> str:
@@ -82,7 +58,7 @@ def image_tag() -> str:
     return TAG_FILE.read_text(encoding="utf-8").strip()
 
 
-def image_for(component: str) -> str:
-    """Fully qualified image reference for ``component``."""
+def image_for(stage: str) -> str:
+    """Fully qualified image reference for ``stage``'s component: ``<registry>/lmforge-<runtime>:<tag>``."""
     registry = os.environ.get("LMFORGE_IMAGE_REGISTRY", DEFAULT_REGISTRY).rstrip("/")
-    return f"{registry}/lmforge-{RUNTIME_OF_COMPONENT[component]}:{image_tag()}"
+    return f"{registry}/lmforge-{get_stage(stage).runtime}:{image_tag()}"

@@ -2,7 +2,8 @@
 
 Components go to ``components/<stage>/component.yaml`` (for reuse with
 ``kfp.components.load_component_from_file``) with a generated ``README.md`` beside it; pipelines go to
-``pipelines/compiled/<name>.yaml``; the images' tag to ``components/image_tag.txt``.
+``pipelines/compiled/<name>.yaml``; the images' tag to ``components/image_tag.txt``; every config field
+to ``docs/config.md``. Every stage in the registry must have a component.
 """
 
 from __future__ import annotations
@@ -15,16 +16,14 @@ from typing import Any
 
 from kfp import compiler
 
-from components.images import RUNTIME_OF_COMPONENT, image_tag
-from pipelines.component_docs import render_component_readme, render_index
+from lmforge.stages import STAGES, render_config_markdown
+from lmforge_kfp.components import load_component
+from lmforge_kfp.components.images import image_tag
+from lmforge_kfp.pipelines.component_docs import render_component_readme, render_index
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-PIPELINES: dict[str, str] = {"lmforge_pipeline": "pipelines.lmforge_pipeline:lmforge_pipeline"}
-
-
-def component_function(stage: str):
-    """The ``@dsl.component`` object of ``stage``."""
-    return getattr(importlib.import_module(f"components.{stage}.component"), stage)
+PIPELINES: dict[str, str] = {"lmforge_pipeline": "lmforge_kfp.pipelines.lmforge_pipeline:lmforge_pipeline"}
+CONFIG_DOCS = Path("docs") / "config.md"
 
 
 def pipeline_function(name: str):
@@ -36,7 +35,7 @@ def pipeline_function(name: str):
 def compile_all(root: Path = REPO_ROOT) -> list[Path]:
     """Compile all components (YAML + generated README) and pipelines under ``root``; returns the files written."""
     written: list[Path] = []
-    components = {stage: component_function(stage) for stage in RUNTIME_OF_COMPONENT}
+    components = {stage: load_component(stage) for stage in STAGES}
     for stage, component in components.items():
         folder = root / "components" / stage
         folder.mkdir(parents=True, exist_ok=True)
@@ -46,6 +45,9 @@ def compile_all(root: Path = REPO_ROOT) -> list[Path]:
     (root / "components" / "README.md").write_text(render_index(components), encoding="utf-8")
     (root / "components" / "image_tag.txt").write_text(image_tag() + "\n", encoding="utf-8")
     written += [root / "components" / "README.md", root / "components" / "image_tag.txt"]
+    (root / CONFIG_DOCS).parent.mkdir(parents=True, exist_ok=True)
+    (root / CONFIG_DOCS).write_text(render_config_markdown(), encoding="utf-8")
+    written.append(root / CONFIG_DOCS)
     for name in PIPELINES:
         target = root / "pipelines" / "compiled" / f"{name}.yaml"
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -1,60 +1,86 @@
-"""Component READMEs generated from each component's signature and docstring (kept current by a test)."""
+"""Component READMEs generated from the stage registry and the compiled component (kept current by a test)."""
 
 from __future__ import annotations
 
-from docstring_parser import parse
+from typing import Any
 
-from components.images import RUNTIME_OF_COMPONENT, image_for, runs_on_gpu
+from lmforge.stages import STAGES, get_stage
+from lmforge.stages.spec import StageSpec
+from lmforge_kfp.components.images import image_for
+from lmforge_kfp.components.signature import NO_DEFAULT, expected_parameters
+
+# Example values for the string parameters a user must give, by name (anything else: an empty string).
+EXAMPLE_VALUES = {
+    "corpus_uri": '"s3://my-bucket/raw/corpus.jsonl"',
+    "qa_uri": '"s3://my-bucket/qa/pairs.jsonl"',
+    "release_root": '"s3://my-bucket/releases"',
+    "model_name": '"support-bot"',
+}
 
 
-def _type_name(kfp_type: str) -> str:
+def _cell(text: Any) -> str:
+    """One Markdown table cell: a single line, pipes escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _kfp_type(kfp_type: str) -> str:
     return kfp_type.removeprefix("system.").split("@")[0]
 
 
-def _example_value(name: str, kfp_type: str) -> str:
-    if kfp_type in ("String", "STRING"):
-        return '"s3://my-bucket/data/corpus.jsonl"' if name.endswith("uri") or name == "release_root" else '""'
-    return f'upstream.outputs["{name}"]'
+def _example(name: str, kind: str) -> str:
+    if kind in ("input", "Dataset", "Model", "Artifact"):
+        return f'upstream.outputs["{name}"]'
+    if kind == "int":
+        return "1"
+    return EXAMPLE_VALUES.get(name, '""')
 
 
-def render_component_readme(stage: str, component) -> str:
+def render_component_readme(stage: str, component: Any) -> str:
     """Markdown README for one component: purpose, image, resources, inputs, outputs, example."""
-    doc = parse(component.python_func.__doc__ or "")
-    params = {p.arg_name: p.description for p in doc.params}
-    spec = component.component_spec
+    spec = get_stage(stage)
+    compiled = component.component_spec
+    params = expected_parameters(spec)
     lines = [
         f"# `{stage}`",
         "",
-        (doc.short_description or "").strip(),
+        spec.summary,
         "",
-        f"- Image: `{image_for(stage)}` (runtime `{RUNTIME_OF_COMPONENT[stage]}`, see `images/`).",
+        f"- Image: `{image_for(stage)}` (runtime `{spec.runtime}`, see `images/`).",
         "- Resources in the lmforge pipeline: "
         + (
-            "1 × `nvidia.com/gpu`, node selector `lmforge.io/pool=gpu`, toleration `nvidia.com/gpu`."
-            if runs_on_gpu(stage)
+            "`gpu_count` × `nvidia.com/gpu` (default 1), node selector `lmforge.io/pool=gpu`, toleration "
+            "`nvidia.com/gpu`."
+            if spec.on_gpu
             else "CPU pool."
         ),
-        f"- Library entry point: see `lmforge.stages.STAGE_SPECS[{stage!r}]`; run alone with `lmforge stage {stage}`.",
+        f"- Contract: `lmforge.stages.STAGES[{stage!r}]`; entry point `{spec.entry}`."
+        + (f" Config section `{spec.section}` (`lmforge config --explain {spec.section}`)." if spec.section else ""),
+        f"- Run it alone, without KFP: `lmforge stage {stage} --help` lists its arguments; "
+        f"`lmforge stage {stage} {_cli_example(spec)}`.",
         "",
         "## Inputs",
         "",
         "| name | type | default | description |",
         "|---|---|---|---|",
     ]
-    for name, inp in spec.inputs.items():
-        default = "required" if inp.default is None and not inp.optional else f"`{inp.default!r}`"
-        lines.append(f"| `{name}` | {_type_name(inp.type)} | {default} | {params.get(name, '')} |")
+    for param in params:
+        if param.kind == "output":
+            continue
+        inp = compiled.inputs[param.name]
+        default = "required" if param.default is NO_DEFAULT else f"`{param.default!r}`"
+        lines.append(f"| `{param.name}` | {_kfp_type(inp.type)} | {default} | {_cell(param.description)} |")
     lines += ["", "## Outputs", "", "| name | type | description |", "|---|---|---|"]
-    for name, out in (spec.outputs or {}).items():
-        description = params.get(name) or (doc.returns.description if name == "Output" and doc.returns else "")
-        lines.append(f"| `{name}` | {_type_name(out.type)} | {description} |")
-    required = [n for n, i in spec.inputs.items() if i.default is None and not i.optional]
-    args = [f"{n}={_example_value(n, spec.inputs[n].type)}" for n in required]
-    call = (
-        f"    {stage}({args[0]})"
-        if len(args) == 1
-        else "\n".join([f"    {stage}(", *(f"        {a}," for a in args), "    )"])
-    )
+    for param in params:
+        if param.kind == "output":
+            lines.append(
+                f"| `{param.name}` | {_kfp_type(compiled.outputs[param.name].type)} | {_cell(param.description)} |"
+            )
+    returned = {"Output": spec.returns[0]} if len(spec.returns) == 1 else {port.name: port for port in spec.returns}
+    for name, port in returned.items():
+        lines.append(f"| `{name}` | {_kfp_type(compiled.outputs[name].type)} | {_cell(port.description)} |")
+    required = [p for p in params if p.kind != "output" and p.default is NO_DEFAULT]
+    args = [f"{p.name}={_example(p.name, p.kind if p.kind == 'input' else p.type)}" for p in required]
+    call = "\n".join([f"    {stage}(", *(f"        {a}," for a in args), "    )"])
     lines += [
         "",
         "## Use it in your own pipeline",
@@ -72,26 +98,35 @@ def render_component_readme(stage: str, component) -> str:
         call,
         "```",
         "",
-        "_Generated by `lmforge compile` from the component's signature and docstring; do not edit._",
+        "_Generated by `lmforge compile` from the stage registry; do not edit._",
         "",
     ]
     return "\n".join(lines)
 
 
-def render_index(components: dict[str, object]) -> str:
+def _cli_example(spec: StageSpec) -> str:
+    parts = []
+    for port in (*spec.inputs, *spec.outputs):
+        if not port.required:
+            continue
+        value = EXAMPLE_VALUES.get(port.name, "1" if port.kind == "int" else f"out/{port.name}").strip('"')
+        parts.append(f"--io {port.name}={value}")
+    return " ".join(parts)
+
+
+def render_index(components: dict[str, Any]) -> str:
     """``components/README.md``: one line per component."""
     lines = [
         "# lmforge components",
         "",
         "Each folder holds `component.py` (the thin KFP wrapper), the compiled `component.yaml` for reuse with",
-        "`kfp.components.load_component_from_file`, and a README generated from its signature.",
+        "`kfp.components.load_component_from_file`, and a README generated from the stage registry.",
         "",
         "| component | what it does | runs on |",
         "|---|---|---|",
     ]
-    for stage, component in components.items():
-        summary = (parse(component.python_func.__doc__ or "").short_description or "").strip()
-        pool = "GPU" if runs_on_gpu(stage) else "CPU"
-        lines.append(f"| [`{stage}`]({stage}/README.md) | {summary} | {pool} |")
+    for stage in components:
+        spec = STAGES[stage]
+        lines.append(f"| [`{stage}`]({stage}/README.md) | {_cell(spec.summary)} | {'GPU' if spec.on_gpu else 'CPU'} |")
     lines += ["", "_Generated by `lmforge compile`; do not edit._", ""]
     return "\n".join(lines)

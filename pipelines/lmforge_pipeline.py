@@ -8,22 +8,25 @@ names. Every stage's behaviour comes from its component and the ``lmforge`` libr
 from kfp import dsl, kubernetes
 from kfp.dsl import Artifact, Dataset, Input, Model
 
-from components.build_tensorrt.component import build_tensorrt
-from components.clean_shard.component import clean_shard
-from components.dedup_shards.component import dedup_shards
-from components.distill.component import distill
-from components.evaluate.component import evaluate
-from components.export_onnx.component import export_onnx
-from components.finetune_lora.component import finetune_lora
-from components.images import image_for
-from components.merge_shards.component import merge_shards
-from components.plan_shards.component import plan_shards
-from components.preflight.component import preflight
-from components.pretrain.component import pretrain
-from components.promote.component import promote
-from components.quantize_int8.component import quantize_int8
-from components.tokenize.component import tokenize
 from lmforge.launch.stage_runner import RUN_ID_ENV
+from lmforge.stages import overrides_help
+from lmforge_kfp.components import load_component
+from lmforge_kfp.components.images import image_for
+
+preflight = load_component("preflight")
+plan_shards = load_component("plan_shards")
+clean_shard = load_component("clean_shard")
+dedup_shards = load_component("dedup_shards")
+merge_shards = load_component("merge_shards")
+tokenize = load_component("tokenize")
+pretrain = load_component("pretrain")
+finetune_lora = load_component("finetune_lora")
+distill = load_component("distill")
+export_onnx = load_component("export_onnx")
+quantize_int8 = load_component("quantize_int8")
+build_tensorrt = load_component("build_tensorrt")
+evaluate = load_component("evaluate")
+promote = load_component("promote")
 
 PIPELINE_NAME = "lmforge"
 DEFAULT_GPU_NODE_SELECTOR = {"lmforge.io/pool": "gpu"}
@@ -101,9 +104,8 @@ def promote_release(
     engine: Input[Artifact],
     evaluation: Input[Artifact],
     release_root: str,
+    model_name: str,
     version: str,
-    preset: str,
-    overrides: str,
     cpu_request: str,
     memory_request: str,
     s3_secret_name: str,
@@ -119,16 +121,29 @@ def promote_release(
         engine=engine,
         evaluation=evaluation,
         release_root=release_root,
+        model_name=model_name,
         version=version,
-        preset=preset,
-        overrides=overrides,
     )
     released.set_display_name("promote").set_caching_options(False).set_retry(num_retries=2, backoff_duration="30s")
     _with_s3_credentials(_with_requests(released, cpu_request, memory_request), s3_secret_name)
-    return released.output
+    return released.outputs["Output"]
+
+
+def _with_fields_in_overrides_help(func):
+    """Append every field (type, default) of a section to its ``<section>_overrides`` parameter's description, so
+    the Kubeflow UI shows what each JSON object may hold (the field help itself: ``lmforge config --explain``)."""
+    lines = []
+    for line in (func.__doc__ or "").split("\n"):
+        name = line.strip().partition(":")[0]
+        lines.append(line)
+        if name.endswith("_overrides"):
+            lines.append(f"            Fields: {overrides_help(name.removesuffix('_overrides'))}.")
+    func.__doc__ = "\n".join(lines)
+    return func
 
 
 @dsl.pipeline(name=PIPELINE_NAME)
+@_with_fields_in_overrides_help
 def lmforge_pipeline(
     corpus_uri: str = "demo://shakespeare",
     qa_uri: str = "demo://chatterbot",
@@ -145,7 +160,7 @@ def lmforge_pipeline(
     quantize_int8_overrides: str = "{}",
     build_tensorrt_overrides: str = "{}",
     evaluate_overrides: str = "{}",
-    promote_overrides: str = "{}",
+    model_name: str = "",
     gpu_accelerator_type: str = "nvidia.com/gpu",
     gpu_count: int = 1,
     gpu_node_selector: dict = DEFAULT_GPU_NODE_SELECTOR,
@@ -176,7 +191,8 @@ def lmforge_pipeline(
         quantize_int8_overrides: JSON object of INT8 settings, e.g. {"calibrate_method": "entropy"}.
         build_tensorrt_overrides: JSON object of TensorRT build settings, e.g. {"max_seq": 2048}.
         evaluate_overrides: JSON object of evaluation and gate settings, e.g. {"gate.max_student_perplexity": 50.0}.
-        promote_overrides: JSON object of release settings, e.g. {"model_name": "support-bot"}.
+        model_name: Release name: releases land in <release_root>/models/<model_name>/<version>/; empty: derived from
+            the corpus (lmforge-demo for the demo corpus).
         gpu_accelerator_type: Accelerator resource for the GPU stages (pretrain, LoRA, distill, TensorRT).
         gpu_count: GPUs per GPU-stage pod; pretrain, LoRA and distill run one process per GPU (torchrun) when it is
             above 1.
@@ -202,15 +218,14 @@ def lmforge_pipeline(
         s3_secret_name=s3_secret_name,
         launch=launch,
         gpu_count=gpu_count,
-        preset=preset,
-        promote_overrides=promote_overrides,
+        model_name=model_name,
     )
     checked.set_display_name("0 preflight checks").set_caching_options(False)
     gpu = (gpu_accelerator_type, checked.outputs["gpu_limit"], gpu_node_selector, gpu_tolerations)
 
     shard_indices = plan_shards(shard_count=clean_shards)
     shard_indices.set_display_name("1a plan corpus shards")
-    with dsl.ParallelFor(shard_indices.output, name="clean-fan-out") as shard_index:
+    with dsl.ParallelFor(shard_indices.outputs["Output"], name="clean-fan-out") as shard_index:
         shard = clean_one_shard(
             corpus_uri=corpus_uri,
             shard_index=shard_index,
@@ -304,7 +319,7 @@ def lmforge_pipeline(
         release_root=release_root,
         preset=preset,
         overrides=evaluate_overrides,
-        promote_overrides=promote_overrides,
+        model_name=checked.outputs["model_name"],
         production_fingerprint=checked.outputs["production_fingerprint"],
     )
     evaluated.set_display_name("9 evaluate + gate")
@@ -320,9 +335,8 @@ def lmforge_pipeline(
             engine=engine.outputs["engine"],
             evaluation=evaluated.outputs["evaluation"],
             release_root=release_root,
+            model_name=checked.outputs["model_name"],
             version=release_version,
-            preset=preset,
-            overrides=promote_overrides,
             cpu_request=cpu_request,
             memory_request=memory_request,
             s3_secret_name=s3_secret_name,

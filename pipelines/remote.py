@@ -31,8 +31,8 @@ import urllib3
 import yaml
 
 from lmforge import __version__
-from lmforge.config import STAGES
 from lmforge.errors import LmforgeError
+from lmforge.stages import sections
 
 # The C loader when libyaml is there: a compiled pipeline is ~70 KB and pure-Python parsing is slow.
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -150,7 +150,7 @@ def pipeline_arguments(
     """
     arguments: dict[str, Any] = {"preset": preset}
     arguments.update({f"{stage}_overrides": json.dumps(fields) for stage, fields in stage_overrides.items()})
-    managed = {"preset", *(f"{stage}_overrides" for stage in STAGES)}
+    managed = {"preset", *(f"{section}_overrides" for section in sections())}
     for name, raw in params.items():
         if name in managed:
             flag = "--preset" if name == "preset" else f"--set {name.removesuffix('_overrides')}.FIELD=VALUE"

@@ -2,15 +2,9 @@
 
 import pytest
 
-from lmforge.config import (
-    STAGES,
-    PipelineConfig,
-    list_presets,
-    parse_overrides,
-    resolve_config,
-    resolve_stage_config,
-)
+from lmforge.config import STAGES, list_presets, parse_overrides
 from lmforge.errors import ConfigError
+from lmforge.stages import PipelineConfig, resolve_config, resolve_stage_config
 
 
 @pytest.mark.parametrize("preset", ["tiny-cpu", "gpt2-124m"])

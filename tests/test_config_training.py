@@ -7,8 +7,9 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from lmforge.config import TrainConfig, resolve_config
+from lmforge.config import TrainConfig
 from lmforge.errors import ConfigError
+from lmforge.stages import resolve_config
 from lmforge.train.deepspeed_config import DeepSpeedJSON, deepspeed_json
 
 T = "pretrain.train"

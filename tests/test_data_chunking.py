@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lmforge.config import resolve_config
 from lmforge.data.chunking import SentenceChunker, resolve_lang
 from lmforge.data.qa import (
     IGNORE_INDEX,
@@ -21,6 +20,7 @@ from lmforge.data.qa import (
 )
 from lmforge.errors import ConfigError
 from lmforge.model.build import load_tokenizer
+from lmforge.stages import resolve_config
 
 EN_SENTENCES = [
     "The ship left the harbour before dawn.",

@@ -321,7 +321,7 @@ def test_s3_object_and_prefix_are_read_and_sources_name_the_s3_keys(s3_env, tmp_
 
 @pytest.mark.slow
 def test_demo_shakespeare_keeps_most_scenes_under_the_tiny_cpu_rules(tmp_path):
-    from lmforge.config import resolve_stage_config
+    from lmforge.stages import resolve_stage_config
 
     cfg = resolve_stage_config("clean", "tiny-cpu", None)
     result = clean.run(cfg, corpus_uri="demo://shakespeare", cleaned=tmp_path / "cleaned")

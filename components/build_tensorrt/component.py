@@ -1,12 +1,14 @@
-"""KFP component: build a TensorRT engine from the Q/DQ ONNX model (GPU pool)."""
+"""KFP component of the `build_tensorrt` stage; its contract (ports, descriptions) is its entry in lmforge.stages."""
 
 from kfp import dsl
 from kfp.dsl import Artifact, Input, Metrics, Model, Output
 
-from components.images import image_for
+from lmforge_kfp.components.images import image_for
+from lmforge_kfp.components.signature import documented
 
 
 @dsl.component(base_image=image_for("build_tensorrt"), install_kfp_package=False)
+@documented("build_tensorrt")
 def build_tensorrt(
     int8_qdq: Input[Model],
     engine: Output[Artifact],
@@ -14,19 +16,6 @@ def build_tensorrt(
     preset: str = "tiny-cpu",
     overrides: str = "{}",
 ):
-    """Build a strongly typed TensorRT engine; without TensorRT or a GPU, record an explicit ``skipped`` status.
+    from lmforge_kfp.runtime import run_component
 
-    Args:
-        int8_qdq: Q/DQ ONNX model directory from ``quantize_int8``.
-        engine: ``engine.plan`` + ``build_record.json``, or ``status.json`` saying skipped and why.
-        metrics: ``built`` (1/0) and build figures.
-        preset: lmforge preset the stage config starts from.
-        overrides: JSON object of TensorRTConfig fields, e.g. {"max_seq": 2048}.
-    """
-    from lmforge.component_io import publish, setup_logging
-    from lmforge.config import resolve_stage_config
-    from lmforge.export import tensorrt as stage
-
-    setup_logging()
-    cfg = resolve_stage_config("build_tensorrt", preset, overrides)
-    publish(stage.run(cfg, int8_qdq=int8_qdq.path, engine=engine.path), metrics=metrics)
+    run_component("build_tensorrt", locals())

@@ -1,12 +1,14 @@
-"""KFP component: the global exact + MinHash LSH dedup step over every shard's signatures."""
+"""KFP component of the `dedup_shards` stage; its contract (ports, descriptions) is its entry in lmforge.stages."""
 
 from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Input, Metrics, Output
 
-from components.images import image_for
+from lmforge_kfp.components.images import image_for
+from lmforge_kfp.components.signature import documented
 
 
 @dsl.component(base_image=image_for("dedup_shards"), install_kfp_package=False)
+@documented("dedup_shards")
 def dedup_shards(
     shards: Input[list[Dataset]],
     plan: Output[Artifact],
@@ -14,19 +16,6 @@ def dedup_shards(
     preset: str = "tiny-cpu",
     overrides: str = "{}",
 ):
-    """Cluster exact and near duplicates across all shards; keep one document per cluster, deterministically.
+    from lmforge_kfp.runtime import run_component
 
-    Args:
-        shards: Cleaned shards from ``clean_shard`` (collected from the fan-out).
-        plan: The corpus keys to remove, with the rule and the kept duplicate.
-        metrics: Exact and near duplicates removed, cluster counts.
-        preset: lmforge preset the stage config starts from.
-        overrides: JSON object of CleanConfig fields, e.g. {"near_dedup.bands": 20}.
-    """
-    from lmforge.component_io import publish, setup_logging
-    from lmforge.config import resolve_stage_config
-    from lmforge.data import dedup as stage
-
-    setup_logging()
-    cfg = resolve_stage_config("clean", preset, overrides)
-    publish(stage.run(cfg, shards=[s.path for s in shards], plan=plan.path), metrics=metrics)
+    run_component("dedup_shards", locals())

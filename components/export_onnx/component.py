@@ -1,12 +1,14 @@
-"""KFP component: export a causal LM to ONNX."""
+"""KFP component of the `export_onnx` stage; its contract (ports, descriptions) is its entry in lmforge.stages."""
 
 from kfp import dsl
 from kfp.dsl import Input, Metrics, Model, Output
 
-from components.images import image_for
+from lmforge_kfp.components.images import image_for
+from lmforge_kfp.components.signature import documented
 
 
 @dsl.component(base_image=image_for("export_onnx"), install_kfp_package=False)
+@documented("export_onnx")
 def export_onnx(
     model: Input[Model],
     onnx_model: Output[Model],
@@ -14,19 +16,6 @@ def export_onnx(
     preset: str = "tiny-cpu",
     overrides: str = "{}",
 ):
-    """Export to ONNX (torch.onnx dynamo exporter) and check logits parity against PyTorch.
+    from lmforge_kfp.runtime import run_component
 
-    Args:
-        model: Hugging Face causal LM directory.
-        onnx_model: Directory with ``model.onnx``, tokenizer and config.
-        metrics: Parity error, size, export time.
-        preset: lmforge preset the stage config starts from.
-        overrides: JSON object of ExportConfig fields, e.g. {"opset": 18}.
-    """
-    from lmforge.component_io import publish, setup_logging
-    from lmforge.config import resolve_stage_config
-    from lmforge.export import onnx_export as stage
-
-    setup_logging()
-    cfg = resolve_stage_config("export_onnx", preset, overrides)
-    publish(stage.run(cfg, model=model.path, onnx_model=onnx_model.path), metrics=metrics)
+    run_component("export_onnx", locals())

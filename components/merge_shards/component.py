@@ -1,12 +1,14 @@
-"""KFP component: merge cleaned shards into the cleaned corpus, dropping the duplicates."""
+"""KFP component of the `merge_shards` stage; its contract (ports, descriptions) is its entry in lmforge.stages."""
 
 from kfp import dsl
 from kfp.dsl import HTML, Artifact, Dataset, Input, Metrics, Output
 
-from components.images import image_for
+from lmforge_kfp.components.images import image_for
+from lmforge_kfp.components.signature import documented
 
 
 @dsl.component(base_image=image_for("merge_shards"), install_kfp_package=False)
+@documented("merge_shards")
 def merge_shards(
     corpus_uri: str,
     shards: Input[list[Dataset]],
@@ -17,25 +19,6 @@ def merge_shards(
     preset: str = "tiny-cpu",
     overrides: str = "{}",
 ):
-    """Merge the shards in corpus order without the documents the dedup plan removes; the same output as ``clean``.
+    from lmforge_kfp.runtime import run_component
 
-    Args:
-        corpus_uri: The raw corpus URI (recorded in the manifest).
-        shards: Cleaned shards from ``clean_shard``.
-        plan: Removal plan from ``dedup_shards``.
-        cleaned: Parquet shards (id, text, source, lang), quarantine sample, stats and manifest.
-        metrics: Documents/bytes in and out, removals per rule, duplicate rate.
-        report: HTML report with removals per rule.
-        preset: lmforge preset the stage config starts from.
-        overrides: JSON object of CleanConfig fields overriding the preset.
-    """
-    from lmforge.component_io import publish, setup_logging
-    from lmforge.config import resolve_stage_config
-    from lmforge.data import clean as stage
-
-    setup_logging()
-    cfg = resolve_stage_config("clean", preset, overrides)
-    result = stage.finalize(
-        cfg, corpus_uri=corpus_uri, shards=[s.path for s in shards], plan=plan.path, cleaned=cleaned.path
-    )
-    publish(result, metrics=metrics, html=report)
+    run_component("merge_shards", locals())

@@ -1,20 +1,18 @@
-"""KFP component: the shard indices the cleaning fan-out iterates over."""
+"""KFP component of the `plan_shards` stage; its contract (ports, descriptions) is its entry in lmforge.stages."""
 
 from kfp import dsl
+from kfp.dsl import Metrics, Output
 
-from components.images import image_for
+from lmforge_kfp.components.images import image_for
+from lmforge_kfp.components.signature import documented
 
 
 @dsl.component(base_image=image_for("plan_shards"), install_kfp_package=False)
-def plan_shards(shard_count: int) -> list[int]:
-    """List ``0 .. shard_count-1`` for ``dsl.ParallelFor`` over corpus shards.
+@documented("plan_shards")
+def plan_shards(
+    shard_count: int,
+    metrics: Output[Metrics],
+) -> list[int]:
+    from lmforge_kfp.runtime import run_component
 
-    Args:
-        shard_count: How many shards to split the corpus into (at least 1).
-
-    Returns:
-        The shard indices.
-    """
-    if shard_count < 1:
-        raise ValueError(f"shard_count must be at least 1, got {shard_count}")
-    return list(range(shard_count))
+    return run_component("plan_shards", locals())

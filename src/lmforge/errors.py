@@ -6,6 +6,9 @@ The CLI prints ``LmforgeError`` messages without a traceback.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class LmforgeError(Exception):
     """Base class: an error caused by input or environment that the user can fix."""
@@ -45,3 +48,13 @@ class ArtifactConflictError(InputDataError):
 
 class GateBaselineMovedError(InputDataError):
     """The production release the gate compared against is no longer latest; the evaluation is stale."""
+
+
+class PreflightError(InputDataError):
+    """One or more preflight checks failed; the message lists each."""
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the closest of ``choices`` to a mistyped ``name``, else ``""``."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

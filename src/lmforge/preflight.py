@@ -16,23 +16,22 @@ import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lmforge import storage
 from lmforge.artifacts import sha256_file
 from lmforge.data.demo import is_demo, materialize
-from lmforge.errors import LmforgeError, StorageError
+from lmforge.errors import ConfigError, LmforgeError, PreflightError, StorageError
+from lmforge.launch import check_training_api, parse_launch
+from lmforge.results import StageResult
 
 if TYPE_CHECKING:
     from lmforge.config import LaunchConfig
 
 log = logging.getLogger("lmforge.preflight")
 
+DEMO_MODEL_NAME = "lmforge-demo"  # the release name when none is given
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-
-
-class PreflightError(LmforgeError):
-    """One or more preflight checks failed; the message lists each."""
 
 
 @dataclass
@@ -144,42 +143,6 @@ def check_secret(name: str) -> str:
     return "ok"
 
 
-def check_training_api(cfg: LaunchConfig, api_client: Any = None) -> str:
-    """``ok`` when the cluster serves the job kind ``cfg.backend`` submits (its CRD is installed); a reason otherwise.
-
-    Asks API discovery (``GET /apis/<group>/<version>``), which every authenticated user may read, rather
-    than the cluster-scoped ``customresourcedefinitions`` that the pipeline's namespaced Role cannot get.
-
-    Args:
-        cfg: The launch configuration (only ``backend`` matters).
-        api_client: Kubernetes API client; default: in-cluster service account, else ``~/.kube/config``.
-    """
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-    from kubernetes.config import ConfigException
-    from urllib3.exceptions import HTTPError
-
-    from lmforge.launch.manifests import JOB_KINDS
-
-    kind = JOB_KINDS[cfg.backend]
-    operator = "Kubeflow Trainer v2" if cfg.backend == "trainjob" else "the Kubeflow Training Operator v1"
-    try:
-        if api_client is None:
-            from lmforge.launch.client import kube_api_client
-
-            api_client = kube_api_client()
-        served = client.CustomObjectsApi(api_client).get_api_resources(kind.group, kind.version)
-    except ApiException as exc:
-        if exc.status == 404:
-            return f"the cluster does not serve {kind.api_version} ({kind.kind}): install {operator}"
-        return f"API discovery of {kind.api_version}: HTTP {exc.status} {exc.reason}"
-    except (ConfigException, HTTPError, OSError) as exc:
-        return f"cannot reach the Kubernetes API: {exc}"
-    if kind.plural not in {resource.name for resource in served.resources}:
-        return f"{kind.api_version} does not serve {kind.plural}: install {operator}"
-    return "ok"
-
-
 def run_checks(
     *,
     corpus_uri: str,
@@ -228,3 +191,46 @@ def run_checks(
     if report.failed:
         raise PreflightError("preflight failed: " + "; ".join(f"{k}: {v}" for k, v in report.failed.items()))
     return report
+
+
+def run(
+    *,
+    corpus_uri: str,
+    qa_uri: str,
+    release_root: str,
+    s3_secret_name: str = "lmforge-s3",
+    launch: str = "{}",
+    gpu_count: int = 1,
+    model_name: str = "",
+) -> StageResult:
+    """The ``preflight`` stage: :func:`run_checks`, with the values the later steps take from it.
+
+    Its summary holds ``corpus_fingerprint``, ``qa_fingerprint``, ``production_fingerprint`` (cache keys),
+    ``gpu_limit`` (``gpu_count`` as the string the KFP backend needs for an accelerator limit) and the
+    resolved ``model_name``.
+
+    Raises:
+        ConfigError: ``gpu_count`` below 0 or an invalid ``launch`` config.
+        PreflightError: one or more checks failed; the message lists each.
+    """
+    if gpu_count < 0:
+        raise ConfigError(f"gpu_count: must be at least 0, got {gpu_count}")
+    name = model_name or DEMO_MODEL_NAME
+    report = run_checks(
+        corpus_uri=corpus_uri,
+        qa_uri=qa_uri,
+        release_root=release_root,
+        s3_secret_name=s3_secret_name,
+        launch=parse_launch(launch),
+        model_name=name,
+    )
+    fp = report.fingerprints
+    summary = {
+        "corpus_fingerprint": fp["corpus"],
+        "qa_fingerprint": fp["qa"],
+        "production_fingerprint": fp["production"],
+        "gpu_limit": str(gpu_count),
+        "model_name": name,
+        "checks": report.checks,
+    }
+    return StageResult(metrics={"checks_passed": float(len(report.checks))}, summary=summary)

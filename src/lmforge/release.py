@@ -49,7 +49,6 @@ from typing import Any
 
 from lmforge import __version__, storage
 from lmforge.artifacts import MANIFEST, PUBLISH_CLAIM, fingerprint, read_json_file, read_manifest
-from lmforge.config import PromoteConfig
 from lmforge.errors import (
     ConfigError,
     GateBaselineMovedError,
@@ -326,8 +325,8 @@ def production_fingerprint(release_root: str | None, model_name: str) -> str:
 
 
 def promote(
-    cfg: PromoteConfig,
     *,
+    model_name: str,
     release_root: str,
     version: str,
     artifacts: Mapping[str, str | Path],
@@ -335,10 +334,10 @@ def promote(
     run_id: str | None = None,
     require_passed: bool = True,
 ) -> StageResult:
-    """Publish ``artifacts`` and the evaluation as release ``version`` of ``cfg.model_name``.
+    """Publish ``artifacts`` and the evaluation as release ``version`` of ``model_name``.
 
     Args:
-        cfg: the release name.
+        model_name: the release name (``models/<model_name>/`` under ``release_root``).
         release_root: local directory or ``s3://`` URI holding ``models/``.
         version: release version (``default_version()`` gives a timestamp one).
         artifacts: artifact directories by release folder name; each must carry a manifest.
@@ -352,6 +351,7 @@ def promote(
         ReleaseExistsError: something already exists at the target.
     """
     _check_name("version", version)
+    _check_name("model name", model_name)
     for name in artifacts:
         _check_name("artifact name", name)
         if name in (MANIFEST, EVALUATION):
@@ -379,12 +379,12 @@ def promote(
     if not sources:
         raise InputDataError(f"promote: every artifact failed its accuracy gate ({', '.join(withheld)})")
 
-    model_root = storage.join(release_root, "models", cfg.model_name)
+    model_root = storage.join(release_root, "models", model_name)
     target = storage.join(model_root, version)
     release_manifest_uri = storage.join(target, MANIFEST)
     baseline = results.get("production")
     if isinstance(baseline, Mapping):
-        now = _identity(latest_release(release_root, cfg.model_name))
+        now = _identity(latest_release(release_root, model_name))
         if now != baseline_identity(baseline):
             raise GateBaselineMovedError(
                 f"evaluation {evaluation_dir} is stale: {_moved(baseline, now)}. Evaluate again against the "
@@ -408,7 +408,7 @@ def promote(
 
     try:
         release = _write_release(
-            cfg, version, target, run_id, sources, manifests, evaluation_dir, eval_manifest, results, withheld
+            model_name, version, target, run_id, sources, manifests, evaluation_dir, eval_manifest, results, withheld
         )
         # The release manifest goes last: a reader that sees it sees a complete release.
         created = storage.create_if_absent(release_manifest_uri, json.dumps(release, indent=2, sort_keys=True).encode())
@@ -430,7 +430,7 @@ def promote(
         {"version": version, "manifest_uri": release_manifest_uri, "created_at": created_at},
         baseline=baseline,
     )
-    log.info("released %s %s at %s; latest is %s", cfg.model_name, version, target, latest.get("version"))
+    log.info("released %s %s at %s; latest is %s", model_name, version, target, latest.get("version"))
     return StageResult(
         metrics={},
         summary={
@@ -442,8 +442,32 @@ def promote(
     )
 
 
+def run(
+    *,
+    student: str | Path,
+    onnx_fp32: str | Path,
+    int8_dynamic: str | Path,
+    int8_qdq: str | Path,
+    engine: str | Path,
+    evaluation: str | Path,
+    release_root: str,
+    model_name: str,
+    version: str = "",
+) -> StageResult:
+    """The ``promote`` stage: :func:`promote` the gated artifacts, each under its artifact name in the release."""
+    artifacts = {"student": student, "onnx_fp32": onnx_fp32, "int8_dynamic": int8_dynamic, "int8_qdq": int8_qdq}
+    artifacts["engine"] = engine
+    return promote(
+        model_name=model_name,
+        release_root=release_root,
+        version=version or default_version(),
+        artifacts={name: Path(path) for name, path in artifacts.items()},
+        evaluation_dir=evaluation,
+    )
+
+
 def _write_release(
-    cfg: PromoteConfig,
+    model_name: str,
     version: str,
     target: str,
     run_id: str | None,
@@ -471,7 +495,7 @@ def _write_release(
         }
     return {
         "kind": "release",
-        "model_name": cfg.model_name,
+        "model_name": model_name,
         "version": version,
         "created_at": _now(),
         "lmforge_version": __version__,

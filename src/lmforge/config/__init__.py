@@ -7,9 +7,10 @@ documentation in the Kubeflow UI.
 
 One module per stage family (:mod:`~lmforge.config.data`, :mod:`~lmforge.config.train`,
 :mod:`~lmforge.config.export`, :mod:`~lmforge.config.evaluate`, :mod:`~lmforge.config.launch`);
-:mod:`~lmforge.config.presets` holds the whole pipeline's config and the presets. A preset is a YAML
-file in ``lmforge/presets/`` holding a partial :class:`PipelineConfig`; :func:`resolve_config` merges
-a preset with user overrides and validates the result.
+:mod:`~lmforge.config.presets` reads the presets. A preset is a YAML
+file in ``lmforge/presets/`` holding one section per stage config; :mod:`lmforge.stages.configs` builds
+the whole pipeline's config from the sections the stage registry declares and resolves presets with
+overrides.
 """
 
 from lmforge.config.base import (
@@ -32,17 +33,10 @@ from lmforge.config.data import (
     PiiConfig,
     TokenizeConfig,
 )
-from lmforge.config.evaluate import EvaluateConfig, GateConfig, GenerationEvalConfig, PromoteConfig
+from lmforge.config.evaluate import EvaluateConfig, GateConfig, GenerationEvalConfig
 from lmforge.config.export import ExportConfig, QuantizeConfig, TensorRTConfig
 from lmforge.config.launch import LaunchConfig, SecretEnvConfig, TolerationConfig
-from lmforge.config.presets import (
-    STAGES,
-    PipelineConfig,
-    list_presets,
-    load_preset,
-    resolve_config,
-    resolve_stage_config,
-)
+from lmforge.config.presets import describe_preset, list_presets, load_preset
 from lmforge.config.train import (
     LORA_PRESETS,
     MIN_CHUNK_TOKENS,
@@ -62,7 +56,6 @@ from lmforge.config.train import (
 __all__ = [
     "LORA_PRESETS",
     "MIN_CHUNK_TOKENS",
-    "STAGES",
     "C4Config",
     "CheckpointConfig",
     "ChunkLang",
@@ -85,10 +78,8 @@ __all__ = [
     "NGramFraction",
     "NearDedupConfig",
     "PiiConfig",
-    "PipelineConfig",
     "Precision",
     "PretrainConfig",
-    "PromoteConfig",
     "QuantizeConfig",
     "SecretEnvConfig",
     "StrictModel",
@@ -98,11 +89,10 @@ __all__ = [
     "TrainConfig",
     "ZeroConfig",
     "deep_merge",
+    "describe_preset",
     "format_validation_error",
     "list_presets",
     "load_preset",
     "parse_overrides",
-    "resolve_config",
-    "resolve_stage_config",
     "validate_config",
 ]

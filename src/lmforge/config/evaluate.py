@@ -95,11 +95,3 @@ class EvaluateConfig(StrictModel):
         if self.stride is not None and self.stride > self.context:
             raise ValueError(f"stride ({self.stride}) must not exceed context ({self.context})")
         return self
-
-
-class PromoteConfig(StrictModel):
-    """The ``promote`` stage."""
-
-    model_name: str = Field(
-        "lmforge-demo", pattern=r"^[a-z0-9][a-z0-9._-]*$", description="Release name in the registry."
-    )

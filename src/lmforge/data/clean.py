@@ -57,7 +57,7 @@ from lmforge.data.filters import (
 )
 from lmforge.data.minhash import MinHasher
 from lmforge.data.pii import PiiRedactor
-from lmforge.errors import InputDataError
+from lmforge.errors import ConfigError, InputDataError
 from lmforge.results import StageResult
 from lmforge.scratch import scratch_dir
 
@@ -350,6 +350,17 @@ def _chunked(docs: Iterator[Document], size: int) -> Iterator[list[Document]]:
             chunk = []
     if chunk:
         yield chunk
+
+
+def plan_shards(*, shard_count: int) -> StageResult:
+    """The ``plan_shards`` stage: shard indices ``0 .. shard_count-1`` for the cleaning fan-out.
+
+    Raises:
+        ConfigError: ``shard_count`` is below 1.
+    """
+    if shard_count < 1:
+        raise ConfigError(f"shard_count: must be at least 1, got {shard_count}")
+    return StageResult(metrics={"shards": float(shard_count)}, summary={"shard_indices": list(range(shard_count))})
 
 
 def clean_shard(

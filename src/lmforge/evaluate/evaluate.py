@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from lmforge.artifacts import MANIFEST, input_record, read_json_file, staged_output, write_manifest
-from lmforge.config import EvaluateConfig, LoraConfig, PromoteConfig
+from lmforge.config import EvaluateConfig, LoraConfig
 from lmforge.data.shards import INDEX, TokenShards
-from lmforge.errors import InputDataError
+from lmforge.errors import ConfigError, InputDataError
 from lmforge.evaluate.gate import check_gate
 from lmforge.evaluate.generation import evaluate_generation, group_by_prompt, prompt_and_reference, samples
 from lmforge.evaluate.latency import latency_profile
@@ -323,6 +323,45 @@ MODEL_METRICS: tuple[str, ...] = (
 def run(
     cfg: EvaluateConfig,
     *,
+    shards: str | Path,
+    evaluation: str | Path,
+    teacher: str | Path | None = None,
+    student: str | Path | None = None,
+    onnx_fp32: str | Path | None = None,
+    int8_dynamic: str | Path | None = None,
+    int8_qdq: str | Path | None = None,
+    engine: str | Path | None = None,
+    cleaned: str | Path | None = None,
+    qa_uri: str | None = None,
+    release_root: str | None = None,
+    model_name: str | None = None,
+) -> StageResult:
+    """The ``evaluate`` stage: :func:`evaluate_models` on the pipeline's models, by their artifact names.
+
+    Raises:
+        ConfigError: ``release_root`` without ``model_name`` (the production release would be unknown).
+    """
+    if release_root and not model_name:
+        raise ConfigError("evaluate: release_root is given but model_name is not; the gate's baseline is unknown")
+    given = {"teacher": teacher, "student": student, "onnx_fp32": onnx_fp32, "int8_dynamic": int8_dynamic}
+    given["int8_qdq"] = int8_qdq
+    return evaluate_models(
+        cfg,
+        shards_dir=shards,
+        models={name: path for name, path in given.items() if path and name in ("teacher", "student")},
+        onnx_models={name: path for name, path in given.items() if path and name not in ("teacher", "student")},
+        engine_dir=engine,
+        output_dir=evaluation,
+        qa_uri=qa_uri or None,
+        release_root=release_root or None,
+        model_name=model_name,
+        cleaned_dir=cleaned,
+    )
+
+
+def evaluate_models(
+    cfg: EvaluateConfig,
+    *,
     shards_dir: str | Path,
     models: Mapping[str, str | Path],
     onnx_models: Mapping[str, str | Path],
@@ -344,7 +383,7 @@ def run(
         output_dir: where the evaluation artifact is committed (manifest kind ``evaluation``).
         qa_uri: Q&A JSONL for generation metrics; ``None`` takes the one recorded in the teacher's manifest.
         release_root: the model registry; its ``latest.json`` release is what the gate compares with.
-        model_name: release name in the registry (default: :class:`PromoteConfig`'s).
+        model_name: release name in the registry whose production release is the gate's baseline.
         cleaned_dir: the ``clean`` stage's output, for the data summary in the report (``stats.json``).
     """
     overlap = set(models) & set(onnx_models)
@@ -419,7 +458,7 @@ def run(
         "served_model": served_model(evaluated),
         "tensorrt": trt,
         "generation": generation,
-        "production": production_summary(release_root, model_name or PromoteConfig().model_name),
+        "production": production_summary(release_root, model_name or ""),
         "data": data_summary(Path(shards_dir), Path(cleaned_dir) if cleaned_dir is not None else None),
     }
     decision = check_gate(cfg.gate, results)
@@ -462,4 +501,5 @@ def run(
         metrics=metrics,
         html=report,
         summary={"passed": decision.passed, "checks": results["gate"]["checks"], "table": table_rows},
+        markdown=markdown_summary(results),
     )

@@ -17,6 +17,7 @@ from lmforge.launch.client import (
     launch,
     launch_and_wait,
 )
+from lmforge.launch.discovery import check_training_api
 from lmforge.launch.manifests import (
     PYTORCHJOB,
     TRAINJOB,
@@ -51,6 +52,7 @@ __all__ = [
     "build_job",
     "build_pytorchjob",
     "build_trainjob",
+    "check_training_api",
     "fetch_artifact",
     "job_name",
     "job_state",

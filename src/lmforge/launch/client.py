@@ -23,7 +23,6 @@ import collections
 import contextlib
 import json
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -37,6 +36,7 @@ from urllib3.exceptions import HTTPError as TransportError
 
 from lmforge.config import LaunchConfig
 from lmforge.errors import LmforgeError
+from lmforge.launch.cancel import CancelRequested, sigterm_raises
 from lmforge.launch.manifests import (
     TRAINJOB,
     JobKind,
@@ -161,28 +161,6 @@ def _iter_lines(resp: Any) -> Iterator[str]:
             yield line.decode("utf-8", "replace").rstrip("\r")
     if pending:
         yield pending.decode("utf-8", "replace")
-
-
-class _Cancel(BaseException):
-    """Raised from the SIGTERM handler inside the wait; BaseException so nothing in between swallows it."""
-
-
-@contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """While waiting, turn SIGTERM (pod stop on run cancel) into an exception so the job gets deleted."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be set from the main thread; callers there rely on KeyboardInterrupt
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the cleanup
-        raise _Cancel(signal.Signals(signum).name)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 class _Launch:
@@ -438,11 +416,11 @@ def launch_and_wait(
     )
     log.info("%s: %s", launch.ref, describe_command(job_command(manifest)))
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    with _sigterm_raises():  # kept through the cleanup: its handler ignores a second SIGTERM meanwhile
+    with sigterm_raises():  # kept through the cleanup: its handler ignores a second SIGTERM meanwhile
         try:
             job = launch.submit_or_adopt(recreate_failed)
             job = launch.wait(job, deadline)
-        except (_Cancel, KeyboardInterrupt, _Timeout) as exc:
+        except (CancelRequested, KeyboardInterrupt, _Timeout) as exc:
             why = "timeout" if isinstance(exc, _Timeout) else str(exc) or type(exc).__name__
             log.warning("%s: %s while waiting; deleting the job", launch.ref, why)
             try:

@@ -33,13 +33,22 @@ from typing import Any
 
 from lmforge import storage
 from lmforge.artifacts import MANIFEST, PUBLISH_CLAIM, read_manifest, staged_output
-from lmforge.config import LaunchConfig, parse_overrides, resolve_stage_config, validate_config
-from lmforge.errors import ArtifactConflictError, ArtifactIncompleteError, ConfigError, InputDataError, StorageError
-from lmforge.launch.client import LaunchCancelled, LaunchError, _Cancel, _sigterm_raises, launch
+from lmforge.config import LaunchConfig, parse_overrides, validate_config
+from lmforge.errors import (
+    ArtifactConflictError,
+    ArtifactIncompleteError,
+    ConfigError,
+    InputDataError,
+    PreflightError,
+    StorageError,
+)
+from lmforge.launch.cancel import CancelRequested, sigterm_raises
+from lmforge.launch.client import LaunchCancelled, LaunchError, launch
+from lmforge.launch.discovery import check_training_api
 from lmforge.launch.manifests import describe_command, single_pod_command, stage_args
 from lmforge.results import StageResult
 from lmforge.scratch import scratch_dir
-from lmforge.stages import STAGE_SPECS, run_stage
+from lmforge.stages import STAGES, StageSpec, get_stage, resolve_stage_config, run_stage
 
 log = logging.getLogger("lmforge.launch")
 
@@ -49,9 +58,6 @@ RUN_ID_ENV = "LMFORGE_RUN_ID"
 # Where `lmforge stage` keeps local copies of s3:// inputs and outputs (default: the system temp dir).
 WORKDIR_ENV = "LMFORGE_STAGE_WORKDIR"
 RESULT_FILE = "result.json"
-# Stages whose `run` joins torchrun's process group and writes on rank 0 only (lmforge.train.distributed); any
-# other stage handed to run_training_stage runs in this process.
-DISTRIBUTED_STAGES = frozenset({"pretrain", "finetune_lora", "distill"})
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run")  # = `torchrun`, without relying on PATH
 
 
@@ -91,7 +97,7 @@ def run_training_stage(
     """Run ``stage`` in this process, under torchrun in this pod, or as a multi-node job, as ``cfg`` says.
 
     Args:
-        stage: Stage name (``lmforge.stages.STAGE_SPECS``).
+        stage: Stage name (``lmforge.stages.STAGES``); only a ``distributed`` stage runs under torchrun or as a job.
         cfg: Where and how wide to run.
         io: Local paths of the stage's inputs and outputs (and its string parameters such as ``qa_uri``).
         preset: Config preset; ``overrides``: stage-relative overrides (JSON object or mapping).
@@ -111,23 +117,22 @@ def run_training_stage(
         InputDataError: (multi-node) an output path is not empty, or an input has no manifest.
         LaunchError: torchrun or the job failed (with the last lines of its log); no output was written.
     """
-    if stage not in STAGE_SPECS:
-        raise ConfigError(f"unknown stage {stage!r}; stages: {', '.join(STAGE_SPECS)}")
+    spec = get_stage(stage)
     stage_cfg = resolve_stage_config(stage, preset, overrides)  # a bad override fails here, before any launch
     flat = _flat_overrides(overrides)
-    if stage not in DISTRIBUTED_STAGES:
+    if not spec.distributed:
         if cfg.num_nodes > 1 or cfg.gpus_per_node > 1:
             log.warning(
                 "%s runs in one process (only %s run distributed): running it here on one device, not on "
                 "%d node(s) x %d GPU(s)",
                 stage,
-                ", ".join(sorted(DISTRIBUTED_STAGES)),
+                ", ".join(name for name, s in STAGES.items() if s.distributed),
                 cfg.num_nodes,
                 cfg.gpus_per_node,
             )
         return _in_process(stage, stage_cfg, io)
     if cfg.num_nodes > 1:
-        return _as_job(stage, cfg, io, flat, preset, image, run_id, task or stage, staging_uri, api_client)
+        return _as_job(spec, cfg, io, flat, preset, image, run_id, task or stage, staging_uri, api_client)
     if cfg.gpus_per_node > 1:
         return _in_pod(stage, cfg, io, flat, preset)
     return _in_process(stage, stage_cfg, io)
@@ -174,14 +179,14 @@ def run_streaming(command: Sequence[str], *, what: str, tail_lines: int = 50) ->
     proc = subprocess.Popen(
         list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", env=env
     )
-    with _sigterm_raises():
+    with sigterm_raises():
         try:
             for raw in proc.stdout or ():
                 line = raw.rstrip("\n")
                 tail.append(line)
                 log.info("[%s] %s", what.partition(":")[0], line)
             code = proc.wait()
-        except (_Cancel, KeyboardInterrupt) as exc:
+        except (CancelRequested, KeyboardInterrupt) as exc:
             log.warning("%s: %s; stopping it", what, str(exc) or type(exc).__name__)
             _stop(proc)
             if isinstance(exc, KeyboardInterrupt):
@@ -207,7 +212,7 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 
 def _as_job(
-    stage: str,
+    spec: StageSpec,
     cfg: LaunchConfig,
     io: Mapping[str, str],
     overrides: dict[str, Any],
@@ -219,8 +224,7 @@ def _as_job(
     api_client: Any,
 ) -> StageResult:
     """Stage inputs to S3, run the job there, copy the outputs back and read its result."""
-    from lmforge.preflight import PreflightError, check_training_api
-
+    stage = spec.name
     if not storage.is_s3(staging_uri) or not staging_uri[len(storage.S3_SCHEME) :].strip("/"):
         raise ConfigError(
             f"staging_uri: launch.num_nodes={cfg.num_nodes} needs an s3://bucket/prefix the job's pods can reach "
@@ -235,8 +239,8 @@ def _as_job(
         )
     if not image:
         raise ConfigError("job image: launch.num_nodes > 1 needs the container image of the job's pods")
-    spec = STAGE_SPECS[stage]
-    for name in spec.outputs:
+    outputs = _artifact_names(spec.outputs)
+    for name in outputs:
         local = Path(io[name]) if io.get(name) else None
         if local is not None and local.exists() and (local.is_file() or any(local.iterdir())):
             raise InputDataError(f"output {local} already exists and is not empty; refusing to overwrite it")
@@ -247,9 +251,9 @@ def _as_job(
     prefix = storage.join(staging_uri, run_id, task)
     remote: dict[str, str] = {}
     for name, value in io.items():
-        if name in spec.outputs:
+        if name in outputs:
             remote[name] = storage.join(prefix, name)
-        elif name in spec.inputs and not _passes_through(name, value):
+        elif name in _artifact_names(spec.inputs) and not storage.is_s3(value):
             remote[name] = storage.join(prefix, name)
             copied = publish_artifact(value, remote[name])
             log.info("%s: staged input %s %s %s", stage, name, "->" if copied else "already at", remote[name])
@@ -263,11 +267,11 @@ def _as_job(
     if not storage.is_file(result_uri):
         raise LaunchError(f"{launched.kind} {launched.name} succeeded but wrote no result at {result_uri}")
     result = read_result(result_uri)
-    for name in spec.outputs:
+    for name in outputs:
         if io.get(name):
             fetch_artifact(remote[name], io[name])
             log.info("%s: output %s <- %s (verified)", stage, io[name], remote[name])
-    result.summary = _swap_paths(result.summary, {remote[n]: io[n] for n in spec.outputs if io.get(n)})
+    result.summary = _swap_paths(result.summary, {remote[n]: io[n] for n in outputs if io.get(n)})
     result.summary["launch"] = {
         "mode": "job",
         "kind": launched.kind,
@@ -280,9 +284,9 @@ def _as_job(
     return result
 
 
-def _passes_through(name: str, value: str) -> bool:
-    """Parameters named ``*_uri`` (read by the stage itself) and inputs already on S3 need no staging."""
-    return name.endswith("_uri") or storage.is_s3(value)
+def _artifact_names(ports: Sequence[Any]) -> set[str]:
+    """The artifact (directory) ports; parameters such as ``qa_uri`` are read by the stage itself, never staged."""
+    return {port.name for port in ports if port.is_artifact}
 
 
 # --- inside the workers / the job's pods: `lmforge stage ... --result URI` -------------------------------------------
@@ -303,25 +307,25 @@ def run_stage_uris(
     written to a local scratch directory and uploaded by rank 0, manifest last, their manifest naming the
     S3 inputs rather than the local copies. Rank 0 (``RANK`` unset or 0) writes the result to ``result_uri``.
     """
-    spec = STAGE_SPECS.get(stage)
-    if spec is None:
-        return run_stage(stage, stage_cfg, dict(io))  # raises the unknown-stage error
+    spec = get_stage(stage)
+    outputs, inputs = _artifact_names(spec.outputs), _artifact_names(spec.inputs)
     root = Path(workdir or os.environ.get(WORKDIR_ENV) or tempfile.gettempdir())
     root.mkdir(parents=True, exist_ok=True)
     main = int(os.environ.get("RANK", "0")) == 0
     with scratch_dir(f"lmforge-stage-{stage}-", root) as scratch:
-        local, uploads, localized = dict(io), {}, {}
-        for name, uri in io.items():
-            if not storage.is_s3(uri) or name.endswith("_uri"):
-                continue
-            if name in spec.outputs:
-                if storage.is_file(storage.join(uri, MANIFEST)):
-                    raise InputDataError(f"output {uri} already holds a complete artifact; refusing to overwrite it")
+        local: dict[str, Any] = dict(io)
+        uploads: dict[str, str] = {}
+        localized: dict[str, str] = {}
+        for name, value in io.items():
+            if name in outputs and storage.is_s3(value):
+                if storage.is_file(storage.join(value, MANIFEST)):
+                    raise InputDataError(f"output {value} already holds a complete artifact; refusing to overwrite it")
                 local[name] = str(Path(scratch, name))
-                uploads[name] = uri
-            elif name in spec.inputs:
-                local[name] = str(localize_artifact(uri, root / "lmforge-inputs"))
-                localized[local[name]] = uri
+                uploads[name] = value
+            elif name in inputs:
+                uris = value.split(",") if spec.port(name).many and isinstance(value, str) else value
+                copies = [_local_copy(uri, root, localized) for uri in ([uris] if isinstance(uris, str) else uris)]
+                local[name] = copies if spec.port(name).many else copies[0]
         result = run_stage(stage, stage_cfg, local)
         if main:
             for name, uri in uploads.items():
@@ -332,6 +336,15 @@ def run_stage_uris(
     if main and result_uri:
         write_result(result, result_uri)
     return result
+
+
+def _local_copy(uri: str, root: Path, localized: dict[str, str]) -> str:
+    """A local path for artifact ``uri`` (downloaded when it is on S3), noting the S3 source for lineage."""
+    if not storage.is_s3(uri):
+        return uri
+    path = str(localize_artifact(uri, root / "lmforge-inputs"))
+    localized[path] = uri
+    return path
 
 
 def localize_artifact(uri: str, cache_root: Path) -> Path:

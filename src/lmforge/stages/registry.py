@@ -1,0 +1,341 @@
+"""The stage registry: every step of the lmforge DAG, declared once.
+
+Each entry names the stage's artifacts and parameters exactly as its KFP component, its entry point and
+``lmforge stage NAME --io NAME=...`` name them. Adding a stage is one entry here plus its module, config
+model and component (docs/contributing.md).
+"""
+
+from __future__ import annotations
+
+from lmforge.config import (
+    CleanConfig,
+    DistillConfig,
+    EvaluateConfig,
+    ExportConfig,
+    LoraConfig,
+    PretrainConfig,
+    QuantizeConfig,
+    TensorRTConfig,
+    TokenizeConfig,
+)
+from lmforge.errors import ConfigError, did_you_mean
+from lmforge.stages.spec import StageSpec, artifact, param
+
+CORPUS_URI = param("corpus_uri", "str", "Raw corpus: local path, glob, s3:// URI or demo://shakespeare.")
+CORPUS_FINGERPRINT = param(
+    "corpus_fingerprint",
+    "str",
+    "Content hash of the corpus from preflight: part of the cache key, so changed data behind an unchanged URI "
+    "is never served from cache.",
+    default="",
+)
+QA_URI = param("qa_uri", "str", "Q&A JSONL (prompt/response or chat messages per line): local, s3:// or demo://.")
+RELEASE_ROOT = param("release_root", "str", "Release registry root: a local path or s3://bucket/prefix.")
+MODEL_NAME = param("model_name", "str", "Release name: releases live under <release_root>/models/<model_name>/.")
+SHARDS = artifact("shards", "Dataset", "Token shards from tokenize (train/val .bin files + index.json).")
+
+_STAGES: tuple[StageSpec, ...] = (
+    StageSpec(
+        name="preflight",
+        summary="Check that inputs are readable, the registry writable and the S3 Secret present; fingerprint the "
+        "data and the production release.",
+        entry="lmforge.preflight:run",
+        config=None,
+        inputs=(
+            CORPUS_URI,
+            QA_URI,
+            RELEASE_ROOT,
+            param(
+                "s3_secret_name",
+                "str",
+                "Secret holding the S3 credentials (checked only inside a cluster; skipped with IRSA).",
+                default="lmforge-s3",
+            ),
+            param(
+                "launch",
+                "str",
+                "The training steps' LaunchConfig JSON: validated here, and with num_nodes > 1 the cluster must "
+                "serve its job kind (TrainJob or PyTorchJob).",
+                default="{}",
+            ),
+            param("gpu_count", "int", "GPUs per GPU-stage pod (at least 0).", default=1),
+            param(
+                "model_name",
+                "str",
+                "Release name; empty: derived from the corpus (lmforge-demo for the demo corpus).",
+                default="",
+            ),
+        ),
+        returns=(
+            param("corpus_fingerprint", "str", "sha256 of the corpus content (downstream cache keys)."),
+            param("qa_fingerprint", "str", "sha256 of the Q&A data (downstream cache keys)."),
+            param("production_fingerprint", "str", "Fingerprint of the production release the gate compares with."),
+            param(
+                "gpu_limit",
+                "str",
+                "gpu_count as a string: the KFP backend's driver reads an accelerator limit only from a string "
+                "parameter (an integer one is dropped), so the GPU steps take their limit from here.",
+            ),
+            param("model_name", "str", "The release name every later step uses."),
+        ),
+    ),
+    StageSpec(
+        name="plan_shards",
+        summary="List the shard indices 0 .. shard_count-1 for the cleaning fan-out (dsl.ParallelFor).",
+        entry="lmforge.data.clean:plan_shards",
+        config=None,
+        inputs=(param("shard_count", "int", "How many shards to split the corpus into (at least 1)."),),
+        returns=(param("shard_indices", "list[int]", "The shard indices."),),
+    ),
+    StageSpec(
+        name="clean_shard",
+        summary="Apply the cleaning rules and PII redaction to one shard of the corpus and MinHash-sign its documents.",
+        entry="lmforge.data.clean:clean_shard",
+        config=CleanConfig,
+        section="clean",
+        inputs=(
+            CORPUS_URI,
+            param("shard_index", "int", "Which shard this task cleans (0-based)."),
+            param("shard_count", "int", "How many shards the corpus is split into."),
+        ),
+        outputs=(
+            artifact(
+                "shard",
+                "Dataset",
+                "Surviving documents with their corpus keys, dedup signatures, quarantine sample and counters.",
+            ),
+        ),
+        cache_keys=(CORPUS_FINGERPRINT,),
+    ),
+    StageSpec(
+        name="dedup_shards",
+        summary="Cluster exact and near duplicates across all shards; keep one document per cluster, "
+        "deterministically.",
+        entry="lmforge.data.dedup:run",
+        config=CleanConfig,
+        section="clean",
+        inputs=(artifact("shards", "Dataset", "Cleaned shards from clean_shard (the whole fan-out).", many=True),),
+        outputs=(artifact("plan", "Artifact", "The corpus keys to remove, with the rule and the kept duplicate."),),
+    ),
+    StageSpec(
+        name="merge_shards",
+        summary="Merge the shards in corpus order without the documents the dedup plan removes: the cleaned corpus.",
+        entry="lmforge.data.clean:finalize",
+        config=CleanConfig,
+        section="clean",
+        inputs=(
+            param("corpus_uri", "str", "The raw corpus URI (recorded in the manifest)."),
+            artifact("shards", "Dataset", "Cleaned shards from clean_shard (the whole fan-out).", many=True),
+            artifact("plan", "Artifact", "Removal plan from dedup_shards."),
+        ),
+        outputs=(
+            artifact("cleaned", "Dataset", "Parquet shards (id, text, source, lang), quarantine sample and stats."),
+        ),
+        html="report",
+    ),
+    StageSpec(
+        name="clean",
+        summary="Normalize, filter, redact and deduplicate a raw corpus into Parquet shards in one step "
+        "(clean_shard, dedup_shards and merge_shards with one shard).",
+        entry="lmforge.data.clean:run",
+        config=CleanConfig,
+        inputs=(CORPUS_URI,),
+        outputs=(
+            artifact("cleaned", "Dataset", "Parquet shards (id, text, source, lang), quarantine sample and stats."),
+        ),
+        cache_keys=(CORPUS_FINGERPRINT,),
+        html="report",
+    ),
+    StageSpec(
+        name="tokenize",
+        summary="Train a byte-level BPE tokenizer on the cleaned corpus and pack train/val token shards.",
+        entry="lmforge.data.tokenize:run",
+        config=TokenizeConfig,
+        inputs=(artifact("cleaned", "Dataset", "Cleaned corpus from clean or merge_shards."),),
+        outputs=(
+            artifact("tokenizer", "Artifact", "Hugging Face fast tokenizer directory."),
+            artifact("shards", "Dataset", "train-NNNNN.bin / val-NNNNN.bin token shards with index.json."),
+        ),
+    ),
+    StageSpec(
+        name="pretrain",
+        summary="Pretrain a causal LM (AdamW, warmup + cosine, clipping, autocast) on the token shards.",
+        entry="lmforge.train.pretrain:run",
+        config=PretrainConfig,
+        inputs=(
+            SHARDS,
+            artifact("tokenizer", "Artifact", "Tokenizer from tokenize (its hash must match the shards')."),
+        ),
+        outputs=(
+            artifact("model", "Model", "Hugging Face model directory (safetensors, tokenizer, training history)."),
+        ),
+        html="curves",
+        runtime="train",
+        distributed=True,
+    ),
+    StageSpec(
+        name="finetune_lora",
+        summary="Fine-tune the base model with LoRA on Q&A pairs (prompt tokens masked from the loss); emit the "
+        "adapter and the merged model.",
+        entry="lmforge.train.lora:run",
+        config=LoraConfig,
+        inputs=(artifact("base_model", "Model", "Hugging Face causal LM directory (e.g. from pretrain)."), QA_URI),
+        outputs=(
+            artifact("adapter", "Model", "PEFT adapter directory."),
+            artifact("merged_model", "Model", "Standalone model with the adapter merged in (the teacher)."),
+        ),
+        cache_keys=(
+            param(
+                "qa_fingerprint",
+                "str",
+                "Content hash of the Q&A data from preflight: part of the cache key, so changed data behind an "
+                "unchanged URI is never served from cache.",
+                default="",
+            ),
+        ),
+        html="curves",
+        runtime="train",
+        distributed=True,
+    ),
+    StageSpec(
+        name="distill",
+        summary="Train a shallower student on alpha·T²·KL(teacher‖student) + (1−alpha)·CE over the token shards.",
+        entry="lmforge.train.distill:run",
+        config=DistillConfig,
+        inputs=(
+            artifact("teacher", "Model", "Teacher causal LM (the merged LoRA model), on the shards' tokenizer."),
+            SHARDS,
+        ),
+        outputs=(artifact("student", "Model", "Student Hugging Face model directory."),),
+        html="curves",
+        runtime="train",
+        distributed=True,
+    ),
+    StageSpec(
+        name="export_onnx",
+        summary="Export a causal LM to ONNX (with and without KV cache) and check logits parity against PyTorch.",
+        entry="lmforge.export.onnx_export:run",
+        config=ExportConfig,
+        inputs=(artifact("model", "Model", "Hugging Face causal LM directory."),),
+        outputs=(artifact("onnx_model", "Model", "model.onnx and decoder_with_past.onnx with tokenizer and config."),),
+    ),
+    StageSpec(
+        name="quantize_int8",
+        summary="Quantize an FP32 ONNX model to INT8: dynamic (ONNX Runtime on CPU) and static Q/DQ calibrated on "
+        "the shards, each behind an accuracy gate.",
+        entry="lmforge.export.quantize:run",
+        config=QuantizeConfig,
+        inputs=(
+            artifact("onnx_model", "Model", "FP32 ONNX model directory from export_onnx."),
+            artifact("shards", "Dataset", "Token shards the calibration batches are drawn from (same tokenizer)."),
+        ),
+        outputs=(
+            artifact("int8_dynamic", "Model", "Dynamically quantized ONNX model directory."),
+            artifact("int8_qdq", "Model", "Statically calibrated Q/DQ ONNX model directory (TensorRT input)."),
+        ),
+        html="report",
+    ),
+    StageSpec(
+        name="build_tensorrt",
+        summary="Build a strongly typed TensorRT engine; without TensorRT or a GPU, record an explicit skipped status.",
+        entry="lmforge.export.tensorrt:run",
+        config=TensorRTConfig,
+        inputs=(artifact("int8_qdq", "Model", "Q/DQ ONNX model directory from quantize_int8."),),
+        outputs=(
+            artifact("engine", "Artifact", "engine.plan + build_record.json, or status.json saying skipped and why."),
+        ),
+        runtime="tensorrt",
+    ),
+    StageSpec(
+        name="evaluate",
+        summary="Held-out perplexity, generation quality, size and latency of every model; the report and the "
+        "promotion gate's decision.",
+        entry="lmforge.evaluate.evaluate:run",
+        config=EvaluateConfig,
+        inputs=(
+            SHARDS,
+            artifact("teacher", "Model", "Merged LoRA model (the teacher).", required=False),
+            artifact("student", "Model", "Distilled student.", required=False),
+            artifact("onnx_fp32", "Model", "FP32 ONNX export of the student.", required=False),
+            artifact("int8_dynamic", "Model", "Dynamic INT8 ONNX model.", required=False),
+            artifact("int8_qdq", "Model", "Calibrated Q/DQ INT8 ONNX model.", required=False),
+            artifact("engine", "Artifact", "TensorRT engine directory (or its skipped status).", required=False),
+            artifact("cleaned", "Dataset", "Cleaned corpus; its stats feed the report's data summary.", required=False),
+            param(
+                "qa_uri",
+                "str",
+                "Q&A data: its held-out pairs (never trained on) score EM/F1/BLEU/ROUGE-L; empty: the one recorded "
+                "in the teacher's manifest.",
+                default="",
+            ),
+            param(
+                "release_root",
+                "str",
+                "Release registry root: the candidate is compared with the production release of model_name "
+                "(latest.json); empty: no comparison.",
+                default="",
+            ),
+            param("model_name", "str", "Release name whose production release is the gate's baseline.", default=""),
+        ),
+        outputs=(artifact("evaluation", "Artifact", "results.json, report.html, report.md and manifest."),),
+        returns=(param("passed", "bool", "Whether every gate check passed (promote runs only then)."),),
+        cache_keys=(
+            param(
+                "production_fingerprint",
+                "str",
+                "Fingerprint of the production release from preflight: part of the cache key, so a run after a new "
+                "release re-evaluates instead of reusing a gate decided against the old one.",
+                default="",
+            ),
+        ),
+        html="report",
+        markdown="summary",
+    ),
+    StageSpec(
+        name="promote",
+        summary="Publish the release to <release_root>/models/<model_name>/<version>/ with a lineage manifest; "
+        "never overwrites.",
+        entry="lmforge.release:run",
+        config=None,
+        inputs=(
+            artifact("student", "Model", "Distilled student model."),
+            artifact("onnx_fp32", "Model", "FP32 ONNX model."),
+            artifact("int8_dynamic", "Model", "Dynamic INT8 ONNX model."),
+            artifact("int8_qdq", "Model", "Q/DQ INT8 ONNX model."),
+            artifact("engine", "Artifact", "TensorRT engine directory or its skipped status."),
+            artifact("evaluation", "Artifact", "Evaluation results and report (the gate must have passed)."),
+            RELEASE_ROOT,
+            MODEL_NAME,
+            param("version", "str", "Release version; empty picks a UTC timestamp vYYYYMMDD-HHMMSS.", default=""),
+        ),
+        returns=(param("release_uri", "str", "The release URI."),),
+    ),
+)
+
+STAGES: dict[str, StageSpec] = {spec.name: spec for spec in _STAGES}
+
+
+def get_stage(name: str) -> StageSpec:
+    """The registered stage ``name``.
+
+    Raises:
+        ConfigError: no such stage; the message lists them and names the nearest one.
+    """
+    if name in STAGES:
+        return STAGES[name]
+    raise ConfigError(f"unknown stage {name!r}{did_you_mean(name, STAGES)}; stages: {', '.join(STAGES)}")
+
+
+def register(spec: StageSpec) -> StageSpec:
+    """Add a stage (a plugin's, or a test's throwaway one); a name already registered is refused."""
+    if spec.name in STAGES:
+        raise ConfigError(f"stage {spec.name!r} is already registered")
+    STAGES[spec.name] = spec
+    return spec
+
+
+def unregister(name: str) -> None:
+    """Remove a stage added with :func:`register`; the built-in stages stay."""
+    if name in {spec.name for spec in _STAGES}:
+        raise ConfigError(f"stage {name!r} is built in and cannot be removed")
+    STAGES.pop(name, None)

@@ -1,0 +1,314 @@
+"""The KFP commands of the ``lmforge`` CLI: run the DAG locally, compile it, submit, schedule and list runs.
+
+:func:`register` adds them to the ``lmforge`` app (entry point group ``lmforge.commands``); ``kfp`` is
+imported only inside the commands that need it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from lmforge.cli import (
+    PresetOpt,
+    SetOpt,
+    VerboseOpt,
+    console,
+    fail,
+    overrides_by_section,
+    parse_assignments,
+    setup_cli_logging,
+)
+from lmforge.errors import LmforgeError
+from lmforge.stages import resolve_config
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``run``, ``compile``, ``images``, ``submit``, ``schedule`` and ``runs`` to ``app``."""
+    app.command("run")(run)
+    app.command("compile")(compile_)
+    app.command("images")(images)
+    app.command("submit")(submit)
+    app.command("schedule")(schedule)
+    app.command("runs")(runs)
+
+
+def run(
+    preset: PresetOpt = "tiny-cpu",
+    corpus: Annotated[str, typer.Option(help="Raw corpus URI (local, s3://, demo://).")] = "demo://shakespeare",
+    qa: Annotated[str, typer.Option(help="Q&A JSONL URI for LoRA (local, s3://, demo://).")] = "demo://chatterbot",
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where runs and the registry go.")] = Path(
+        "lmforge-out"
+    ),
+    release_root: Annotated[str, typer.Option(help="Registry root; default <output>/registry.")] = "",
+    version: Annotated[str, typer.Option(help="Release version; default a UTC timestamp.")] = "",
+    model_name: Annotated[
+        str, typer.Option("--model-name", help="Release name (models/<name>/); default: derived from the corpus.")
+    ] = "",
+    set_: SetOpt = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Run the whole DAG locally (kfp.local, one subprocess per stage) and print the summary."""
+    setup_cli_logging(verbose)
+    try:
+        by_section = overrides_by_section(parse_assignments(set_, "--set"))
+        resolve_config(preset, {f"{s}.{k}": v for s, fields in by_section.items() for k, v in fields.items()})
+        from lmforge_kfp.pipelines.local_run import run_pipeline_locally
+
+        params: dict[str, Any] = {
+            "corpus_uri": corpus,
+            "qa_uri": qa,
+            "preset": preset,
+            "release_root": release_root or str((output / "registry").resolve()),
+            "release_version": version,
+            "model_name": model_name,
+            **{f"{stage}_overrides": json.dumps(fields) for stage, fields in by_section.items()},
+        }
+        local_run = run_pipeline_locally(params, output / "runs")
+    except LmforgeError as exc:
+        fail(exc)
+    _print_summary(local_run)
+
+
+def _print_summary(local_run: Any) -> None:
+    evaluation = local_run.output("evaluate", "evaluation")
+    results = json.loads((evaluation / "results.json").read_text(encoding="utf-8"))
+    table = Table(title=f"lmforge run — {local_run.seconds:.0f} s", show_lines=False)
+    for column in ("model", "perplexity", "size MB", "p50 ms", "p99 ms"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for name, row in results["models"].items():
+        table.add_row(
+            name,
+            *(_fmt(row.get(key)) for key in ("perplexity", "size_mb", "p50_ms", "p99_ms")),
+        )
+    out = Console()
+    out.print(table)
+    verdict = "[green]passed[/]" if results["passed"] else "[red]failed[/]"
+    out.print(f"gate: {verdict}; promoted: {'yes' if local_run.promoted else 'no'}")
+    out.print(f"report: {evaluation / 'report.html'}")
+    out.print(f"run directory: {local_run.run_dir}")
+
+
+def _fmt(value: Any) -> str:
+    return "—" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def compile_(
+    root: Annotated[Path | None, typer.Option(help="Repository root to write into (default: this checkout).")] = None,
+    registry: Annotated[
+        str | None,
+        typer.Option(
+            help="Image registry the steps pull from, e.g. registry.example.com/ml (what `make images` "
+            "pushed to); default: $LMFORGE_IMAGE_REGISTRY, else ghcr.io/lmforge."
+        ),
+    ] = None,
+) -> None:
+    """Compile every component (components/*/component.yaml) and pipeline (pipelines/compiled/*.yaml)."""
+    if registry:
+        os.environ["LMFORGE_IMAGE_REGISTRY"] = registry
+    from lmforge_kfp.pipelines.compile import REPO_ROOT, compile_all
+
+    for path in compile_all(root or REPO_ROOT):
+        typer.echo(str(path))
+
+
+def images(
+    tag: Annotated[bool, typer.Option("--tag", help="Print only the tag (what `make images` builds under).")] = False,
+) -> None:
+    """The runtime images the compiled pipeline pulls: <registry>/lmforge-<runtime>:<version>-<source hash>."""
+    from lmforge_kfp.components.images import RUNTIME_OF_COMPONENT, image_for, image_tag
+
+    if tag:
+        typer.echo(image_tag())
+        return
+    for runtime in sorted(set(RUNTIME_OF_COMPONENT.values())):
+        component = next(c for c, r in RUNTIME_OF_COMPONENT.items() if r == runtime)
+        typer.echo(f"{runtime}\t{image_for(component)}")
+
+
+# -- Kubeflow Pipelines server: submit, schedule, runs ---------------------------------------------------------------
+
+HostOpt = Annotated[
+    str,
+    typer.Option("--host", help="KFP API server URL, e.g. http://localhost:8080 (port-forward of ml-pipeline-ui)."),
+]
+ParamOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--param",
+        help="Pipeline parameter NAME=VALUE, converted to the parameter's type, e.g. gpu_count=2 "
+        "or release_root=s3://bucket/releases.",
+    ),
+]
+ExperimentOpt = Annotated[str, typer.Option("--experiment", help="Experiment name; created when missing.")]
+NamespaceOpt = Annotated[
+    str,
+    typer.Option(
+        "--namespace",
+        envvar="LMFORGE_KFP_NAMESPACE",
+        help="Kubeflow profile namespace of a multi-user deployment (default '': single-user KFP).",
+    ),
+]
+ServiceAccountOpt = Annotated[
+    str,
+    typer.Option(
+        "--service-account",
+        help="Service account the run's pods use (default: the server's, pipeline-runner or default-editor).",
+    ),
+]
+TokenOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="LMFORGE_KFP_TOKEN",
+        show_default=False,
+        help="Bearer token for a multi-user KFP API (e.g. `kubectl create token SA --audience=pipelines.kubeflow."
+        "org`); else $KF_PIPELINES_SA_TOKEN_PATH names a token file, else no credentials (port-forward).",
+    ),
+]
+PackageOpt = Annotated[
+    Path | None,
+    typer.Option("--package", help="Compiled pipeline YAML (default: pipelines/compiled/lmforge_pipeline.yaml)."),
+]
+
+
+def _setup_remote_logging(verbose: bool) -> None:
+    setup_cli_logging(verbose)
+    if not verbose:
+        # urllib3 warns on every connection retry; an unreachable host is reported once, as the error line.
+        logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+
+
+def _remote_arguments(
+    host: str, package_path: Path | None, preset: str, set_: list[str] | None, param: list[str] | None
+) -> tuple[Any, dict[str, Any]]:
+    """Validate everything locally (host, overrides, parameters, package) and return the package and arguments."""
+    from lmforge_kfp.pipelines import remote
+
+    remote.check_host(host)
+    assignments = parse_assignments(set_, "--set")
+    by_section = overrides_by_section(assignments)
+    resolve_config(preset, assignments)
+    parse_assignments(param, "--param")  # KEY=VALUE check; values are typed against the pipeline below
+    raw_params = dict(item.split("=", 1) for item in param or [])
+    package = remote.load_package(package_path or remote.COMPILED_PIPELINE)
+    return package, remote.pipeline_arguments(package, preset, by_section, raw_params)
+
+
+def _describe_version(version: Any) -> str:
+    return f"pipeline version {version.name} ({'uploaded' if version.uploaded else 'already on the server'})"
+
+
+def submit(
+    host: HostOpt,
+    preset: PresetOpt = "tiny-cpu",
+    set_: SetOpt = None,
+    param: ParamOpt = None,
+    experiment: ExperimentOpt = "lmforge",
+    namespace: NamespaceOpt = "",
+    service_account: ServiceAccountOpt = "",
+    token: TokenOpt = None,
+    run_name: Annotated[str, typer.Option("--run-name", help="Run name; default pipeline, version and time.")] = "",
+    package: PackageOpt = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Start a run on a Kubeflow Pipelines server (uploading the pipeline version if new); print the run URL."""
+    _setup_remote_logging(verbose)
+    try:
+        pkg, arguments = _remote_arguments(host, package, preset, set_, param)
+        from lmforge_kfp.pipelines.remote import Remote
+
+        submitted = Remote(host, namespace, token=token).submit(
+            pkg, arguments, experiment=experiment, run_name=run_name, service_account=service_account
+        )
+    except LmforgeError as exc:
+        fail(exc)
+    console.print(f"{_describe_version(submitted.version)}; experiment {experiment!r}", highlight=False, soft_wrap=True)
+    console.print(f"run {submitted.run_name!r} created ({submitted.run_id})", highlight=False, soft_wrap=True)
+    typer.echo(submitted.url)
+
+
+def schedule(
+    host: HostOpt,
+    cron: Annotated[
+        str,
+        typer.Option("--cron", help="When to run: 5-field cron '0 3 * * 0' (Sundays 03:00) or KFP's 6-field form."),
+    ],
+    name: Annotated[str, typer.Option("--name", help="Recurring run name; an existing one is updated.")],
+    preset: PresetOpt = "tiny-cpu",
+    set_: SetOpt = None,
+    param: ParamOpt = None,
+    experiment: ExperimentOpt = "lmforge",
+    namespace: NamespaceOpt = "",
+    service_account: ServiceAccountOpt = "",
+    token: TokenOpt = None,
+    package: PackageOpt = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Create or update a recurring run so it runs the current pipeline version; print its URL."""
+    _setup_remote_logging(verbose)
+    try:
+        pkg, arguments = _remote_arguments(host, package, preset, set_, param)
+        from lmforge_kfp.pipelines.remote import Remote, kfp_cron
+
+        kfp_cron(cron)  # reject a bad expression before contacting the server
+        if not name.strip():
+            raise LmforgeError("--name: a recurring run needs a name")
+        scheduled = Remote(host, namespace, token=token).schedule(
+            pkg, arguments, name=name, cron=cron, experiment=experiment, service_account=service_account
+        )
+    except LmforgeError as exc:
+        fail(exc)
+    if scheduled.unchanged:
+        what = "unchanged"
+    elif scheduled.replaced:
+        what = f"updated (replaced {', '.join(scheduled.replaced)})"
+    else:
+        what = "created"
+    console.print(f"{_describe_version(scheduled.version)}; experiment {experiment!r}", highlight=False, soft_wrap=True)
+    console.print(
+        f"recurring run {name!r} {what}: {scheduled.recurring_run_id}, cron '{scheduled.cron}'",
+        highlight=False,
+        soft_wrap=True,
+    )
+    typer.echo(scheduled.url)
+
+
+def runs(
+    host: HostOpt,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=1000, help="How many recent runs to show.")] = 20,
+    experiment: Annotated[str, typer.Option("--experiment", help="Only runs of this experiment.")] = "",
+    namespace: NamespaceOpt = "",
+    token: TokenOpt = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """List the most recent runs on a Kubeflow Pipelines server with their state."""
+    _setup_remote_logging(verbose)
+    try:
+        from lmforge_kfp.pipelines.remote import Remote, check_host
+
+        check_host(host)
+        rows = Remote(host, namespace, token=token).list_runs(limit=limit, experiment=experiment)
+    except LmforgeError as exc:
+        fail(exc)
+    table = Table(title=f"runs on {host.rstrip('/')}" + (f" — experiment {experiment}" if experiment else ""))
+    for column in ("created (UTC)", "run", "state", "finished (UTC)", "run id"):
+        table.add_column(column)
+    styles = {"SUCCEEDED": "green", "FAILED": "red", "RUNNING": "cyan", "CANCELED": "yellow"}
+    for row in rows:
+        state = f"[{styles[row.state]}]{row.state}[/]" if row.state in styles else row.state
+        table.add_row(
+            _when(row.created_at), f"[link={row.url}]{row.name}[/link]", state, _when(row.finished_at), row.run_id
+        )
+    Console(width=max(Console().width, 140)).print(table)
+
+
+def _when(moment: Any) -> str:
+    return "—" if moment is None else f"{moment:%Y-%m-%d %H:%M}"

@@ -1,0 +1,75 @@
+"""What every lmforge component runs inside its container: its registry entry, called with KFP's artifacts.
+
+A component's body is one line, ``return run_component("<stage>", locals())``: its signature (checked
+against the registry by the tests) names the artifacts and parameters, and this function maps them to
+the stage's entry point — artifacts to their local ``path``, ``preset``/``overrides`` to the stage's
+config, the launch parameters of a distributed stage to :func:`lmforge.launch.run_training_stage` —
+then writes the stage's ``Metrics``/``HTML``/``Markdown`` outputs and returns its output parameters.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping
+from typing import Any
+
+from lmforge.component_io import publish, setup_logging
+from lmforge.stages import get_stage, resolve_stage_config, run_stage
+from lmforge.stages.spec import StageSpec
+
+METRICS = "metrics"  # the Output[Metrics] every component has
+CONFIG_ARGS = ("preset", "overrides")  # of every stage with a config section
+LAUNCH_ARGS = ("launch", "staging_uri", "gpu_count", "job_image")  # of every distributed stage
+
+
+def run_component(stage: str, args: Mapping[str, Any]) -> Any:
+    """Run registry stage ``stage`` with a component's arguments (its ``locals()``) and return its outputs.
+
+    Returns:
+        Nothing, the one output parameter, or a named tuple of them (``StageSpec.returns``), read from the
+        stage result's summary.
+    """
+    setup_logging()
+    spec = get_stage(stage)
+    for key in spec.cache_keys:  # the fingerprint is in the cache key already; record it for people too
+        for port in spec.outputs:
+            args[port.name].metadata[key.name] = args[key.name]
+    io = {port.name: _local(args[port.name]) for port in spec.ports if args.get(port.name) is not None}
+    if spec.distributed:
+        result = _run_distributed(spec, args, io)
+    else:
+        cfg = resolve_stage_config(stage, args["preset"], args["overrides"]) if spec.config else None
+        result = run_stage(stage, cfg, io)
+    publish(
+        result,
+        metrics=args[METRICS],
+        html=args[spec.html] if spec.html else None,
+        markdown=args[spec.markdown] if spec.markdown else None,
+        markdown_text=result.markdown,
+    )
+    values = [result.summary[port.name] for port in spec.returns]
+    if len(values) <= 1:
+        return values[0] if values else None
+    return collections.namedtuple("Outputs", [port.name for port in spec.returns])(*values)
+
+
+def _local(value: Any) -> Any:
+    """An artifact's local path (a list of them for a collected fan-out); a parameter as it is."""
+    if isinstance(value, list):
+        return [item.path for item in value]
+    return getattr(value, "path", value)
+
+
+def _run_distributed(spec: StageSpec, args: Mapping[str, Any], io: dict[str, Any]) -> Any:
+    from lmforge.launch import parse_launch, run_training_stage
+    from lmforge_kfp.components.images import image_for
+
+    return run_training_stage(
+        spec.name,
+        parse_launch(args["launch"], gpus_per_node=args["gpu_count"]),
+        io,
+        preset=args["preset"],
+        overrides=args["overrides"],
+        image=args["job_image"] or image_for(spec.name),
+        staging_uri=args["staging_uri"],
+    )
