@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from lmforge.cli import app
+from lmforge.cli import application
 
 runner = CliRunner()
 
@@ -22,25 +22,25 @@ def _error_line(result) -> str:
 
 
 def test_run_rejects_a_bad_override_before_running(tmp_path):
-    result = runner.invoke(app, ["run", "--output", str(tmp_path), "--set", "pretrain.train.max_steps=true"])
+    result = runner.invoke(application(), ["run", "--output", str(tmp_path), "--set", "pretrain.train.max_steps=true"])
     assert "pretrain.train.max_steps" in _error_line(result)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_run_rejects_an_unknown_preset(tmp_path):
-    result = runner.invoke(app, ["run", "--output", str(tmp_path), "--preset", "gpt-9"])
+    result = runner.invoke(application(), ["run", "--output", str(tmp_path), "--preset", "gpt-9"])
     assert "unknown preset 'gpt-9'" in _error_line(result)
 
 
 def test_run_rejects_an_unknown_stage_in_overrides(tmp_path):
-    result = runner.invoke(app, ["run", "--output", str(tmp_path), "--set", "pretrian.train.lr=0.1"])
+    result = runner.invoke(application(), ["run", "--output", str(tmp_path), "--set", "pretrian.train.lr=0.1"])
     assert "pretrian.train.lr" in _error_line(result)
 
 
 def test_stage_missing_corpus_is_named_and_writes_nothing(tmp_path):
     out = tmp_path / "cleaned"
     result = runner.invoke(
-        app, ["stage", "clean", "--io", f"corpus_uri={tmp_path}/missing.jsonl", "--io", f"cleaned={out}"]
+        application(), ["stage", "clean", "--io", f"corpus_uri={tmp_path}/missing.jsonl", "--io", f"cleaned={out}"]
     )
     assert "missing.jsonl" in _error_line(result)
     assert not out.exists()
@@ -50,7 +50,7 @@ def test_stage_non_json_line_is_named_with_file_and_line(tmp_path):
     corpus = tmp_path / "raw.jsonl"
     corpus.write_text(json.dumps({"text": "a perfectly fine document with words"}) + "\n{oops\n")
     out = tmp_path / "cleaned"
-    result = runner.invoke(app, ["stage", "clean", "--io", f"corpus_uri={corpus}", "--io", f"cleaned={out}"])
+    result = runner.invoke(application(), ["stage", "clean", "--io", f"corpus_uri={corpus}", "--io", f"cleaned={out}"])
     assert "raw.jsonl:2" in _error_line(result)
     assert not out.exists()
 
@@ -58,20 +58,24 @@ def test_stage_non_json_line_is_named_with_file_and_line(tmp_path):
 def test_stage_empty_corpus_is_named(tmp_path):
     corpus = tmp_path / "empty.jsonl"
     corpus.write_text("")
-    result = runner.invoke(app, ["stage", "clean", "--io", f"corpus_uri={corpus}", "--io", f"cleaned={tmp_path / 'o'}"])
+    result = runner.invoke(
+        application(), ["stage", "clean", "--io", f"corpus_uri={corpus}", "--io", f"cleaned={tmp_path / 'o'}"]
+    )
     assert "empty.jsonl" in _error_line(result)
 
 
 def test_stage_runs_clean_and_prints_metrics(tmp_path, shakespeare_docs):
     corpus = tmp_path / "raw.jsonl"
     corpus.write_text("".join(json.dumps(d) + "\n" for d in shakespeare_docs[:5]))
-    result = runner.invoke(app, ["stage", "clean", "--io", f"corpus_uri={corpus}", "--io", f"cleaned={tmp_path / 'o'}"])
+    result = runner.invoke(
+        application(), ["stage", "clean", "--io", f"corpus_uri={corpus}", "--io", f"cleaned={tmp_path / 'o'}"]
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["metrics"]["docs_out"] == 5
 
 
 def test_config_prints_resolved_yaml():
-    result = runner.invoke(app, ["config", "--set", "distill.temperature=3.0"])
+    result = runner.invoke(application(), ["config", "--set", "distill.temperature=3.0"])
     assert result.exit_code == 0
     assert "temperature: 3.0" in result.output
 
@@ -79,6 +83,6 @@ def test_config_prints_resolved_yaml():
 @pytest.mark.slow
 def test_run_names_the_failed_task_in_one_line(tmp_path):
     """A stage failing inside the local DAG (here: no corpus) ends in one error line naming the task."""
-    result = runner.invoke(app, ["run", "--output", str(tmp_path), "--corpus", str(tmp_path / "none.jsonl")])
+    result = runner.invoke(application(), ["run", "--output", str(tmp_path), "--corpus", str(tmp_path / "none.jsonl")])
     line = _error_line(result)
     assert "preflight" in line and "FAILURE" in line

@@ -7,10 +7,10 @@ import yaml
 from kfp import compiler, dsl
 from kfp.components import load_component_from_file
 
-from components.images import RUNTIME_OF_COMPONENT
-from pipelines.compile import REPO_ROOT, compile_all
+from lmforge.stages import STAGES
+from lmforge_kfp.pipelines.compile import REPO_ROOT, compile_all
 
-GPU_STAGES = {"pretrain", "finetune_lora", "distill", "build_tensorrt"}
+GPU_STAGES = {name for name, spec in STAGES.items() if spec.on_gpu}
 PIPELINE_YAML = REPO_ROOT / "pipelines/compiled/lmforge_pipeline.yaml"
 PIPELINE_STAGES = sorted(
     name.removeprefix("exec-").replace("-", "_")
@@ -43,7 +43,7 @@ def monkeypatch_module():
 
 def test_committed_yaml_and_readmes_match_a_fresh_compile(fresh_compile):
     fresh = sorted(p.relative_to(fresh_compile) for p in fresh_compile.rglob("*") if p.is_file())
-    assert len(fresh) == 2 * len(RUNTIME_OF_COMPONENT) + 3  # YAML + README per component, index, tag, pipeline
+    assert len(fresh) == 2 * len(STAGES) + 4  # YAML + README per component, index, tag, pipeline, docs/config.md
     stale = [
         str(rel)
         for rel in fresh
@@ -53,7 +53,7 @@ def test_committed_yaml_and_readmes_match_a_fresh_compile(fresh_compile):
 
 
 def test_every_stage_has_a_component_yaml():
-    assert {p.parent.name for p in COMPONENT_YAMLS} == set(RUNTIME_OF_COMPONENT)
+    assert {p.parent.name for p in COMPONENT_YAMLS} == set(STAGES)
 
 
 @pytest.mark.parametrize("path", COMPONENT_YAMLS, ids=lambda p: p.parent.name)
@@ -93,7 +93,7 @@ def test_gpu_settings_only_on_gpu_stages():
     pipeline, platform = docs[0], docs[1]
     executors = pipeline["deploymentSpec"]["executors"]
     k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-    assert set(PIPELINE_STAGES) == set(RUNTIME_OF_COMPONENT) - {"clean"}  # clean = the fan-out in one step
+    assert set(PIPELINE_STAGES) == set(STAGES) - {"clean"}  # clean = the fan-out in one step
     for stage in PIPELINE_STAGES:
         executor = f"exec-{stage.replace('_', '-')}"
         resources = executors[executor]["container"].get("resources", {})

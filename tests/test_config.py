@@ -2,7 +2,8 @@
 
 import pytest
 
-from lmforge.config import STAGES, list_presets, parse_overrides
+from lmforge.config import list_presets, parse_overrides
+from lmforge.stages import STAGES, sections
 from lmforge.errors import ConfigError
 from lmforge.stages import PipelineConfig, resolve_config, resolve_stage_config
 
@@ -36,7 +37,8 @@ def test_gpt2_124m_has_the_gpt2_small_shape():
         ({"tokenize.vocab_size": 10}, "tokenize.vocab_size"),
         ({"quantize_int8.op_types": ["Softmax"]}, "quantize_int8.op_types"),
         ({"build_tensorrt.min_seq": 512, "build_tensorrt.opt_seq": 64}, "min_seq <= opt_seq"),
-        ({"promote.model_name": "Bad Name"}, "promote.model_name"),
+        ({"promote.model_name": "x"}, "unknown config section(s) 'promote'"),
+        ({"pretrian.train.lr": 1e-3}, "'pretrian' (did you mean 'pretrain'?)"),
         ({"clean.text_field": ""}, "clean.text_field"),
         ({"clean.max_bad_records": None}, "clean.max_bad_records"),
     ],
@@ -66,7 +68,14 @@ def test_stage_overrides_must_be_a_json_object():
         parse_overrides("[1, 2]")
 
 
-def test_every_stage_has_a_config_section():
-    assert set(STAGES) == set(PipelineConfig.model_fields)
-    with pytest.raises(ConfigError, match="unknown stage 'train'"):
-        resolve_stage_config("train")
+def test_the_pipeline_config_has_one_section_per_stage_config_and_stages_without_one_take_no_overrides():
+    assert (
+        set(PipelineConfig.model_fields) == {spec.section for spec in STAGES.values() if spec.config} == set(sections())
+    )
+    assert {name for name, spec in STAGES.items() if spec.config is None} == {"preflight", "plan_shards", "promote"}
+    assert resolve_stage_config("clean_shard").model_dump() == resolve_stage_config("clean").model_dump()
+    assert resolve_stage_config("promote") is None
+    with pytest.raises(ConfigError, match="takes no config"):
+        resolve_stage_config("promote", overrides={"model_name": "x"})
+    with pytest.raises(ConfigError, match=r"unknown stage 'pretrian' \(did you mean 'pretrain'\?\)"):
+        resolve_stage_config("pretrian")

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipelines.compile import REPO_ROOT
+from lmforge_kfp.pipelines.compile import REPO_ROOT
 
 COMPILED = sorted((REPO_ROOT / "pipelines" / "compiled").glob("*.yaml"))
 # The protobuf kind a driver sees for a value of each declared parameter type (resolve.go's type validation).
@@ -115,11 +115,15 @@ def test_every_component_input_is_fed_a_value_of_its_declared_type(spec):
     assert not wrong, wrong
 
 
-def test_loop_items_have_the_type_of_every_consumer_and_of_the_values_produced(spec):
+def test_loop_items_have_the_type_of_every_consumer_and_of_the_values_produced(spec, tmp_path):
     """The loop DAG types its item from the items' declared element type; a bare ``list`` makes it STRING."""
-    from components.plan_shards.component import plan_shards
+    from kfp import dsl
 
-    producers = {"comp-plan-shards": lambda: plan_shards.python_func(shard_count=3)}
+    from lmforge_kfp.components import load_component
+
+    plan_shards = load_component("plan_shards")
+    metrics = dsl.Metrics(name="metrics", uri=str(tmp_path / "metrics"), metadata={})
+    producers = {"comp-plan-shards": lambda: plan_shards.python_func(shard_count=3, metrics=metrics)}
     loops = 0
     for _, _, task_name, task in _tasks(spec):
         iterator = task.get("parameterIterator")

@@ -21,7 +21,7 @@ import yaml
 from kfp_api_server import KfpApiServer
 from typer.testing import CliRunner
 
-from lmforge.cli import app
+from lmforge.cli import application
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "kubeflow.md"
@@ -58,7 +58,7 @@ def test_make_images_pushes_under_the_tag_the_compiled_pipeline_pulls():
     registry = dict(arg.split("=", 1) for arg in command[2:] if "=" in arg)["REGISTRY"]
     makefile = (ROOT / "Makefile").read_text()
     assert "REGISTRY=$(REGISTRY) TAG=$$($(PYTHON) -m lmforge images --tag)" in makefile
-    result = runner.invoke(app, ["images", "--tag"])
+    result = runner.invoke(application(), ["images", "--tag"])
     assert result.exit_code == 0 and re.fullmatch(r"\d+\.\d+\.\d+-[0-9a-f]{12}\n", result.output)
     assert registry  # used by the compile step below
 
@@ -77,7 +77,7 @@ def compiled(tmp_path_factory) -> tuple[Path, str, str]:
         [sys.executable, "-m", "lmforge", *args], capture_output=True, text=True, timeout=300, env=env, check=False
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    return out, registry, runner.invoke(app, ["images", "--tag"]).output.strip()
+    return out, registry, runner.invoke(application(), ["images", "--tag"]).output.strip()
 
 
 @pytest.mark.slow
@@ -122,7 +122,7 @@ def test_submit_as_written_reaches_the_api(form, compiled, monkeypatch, tmp_path
         args[args.index("--token") + 1] = token
     with KfpApiServer(multi_user=form == "multi-user", token=token if form == "multi-user" else None) as server:
         args[args.index("--host") + 1] = server.url
-        result = runner.invoke(app, args)
+        result = runner.invoke(application(), args)
         assert result.exit_code == 0, result.output
         [run] = server.runs.values()
     assert run["runtime_config"]["parameters"]["release_root"].startswith("s3://")

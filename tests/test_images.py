@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.images import DEFAULT_REGISTRY, IMAGE_SOURCES, RUNTIME_OF_COMPONENT, computed_tag, image_for
 from lmforge import __version__
+from lmforge.stages import RUNTIMES as RUNTIME_GPU
+from lmforge.stages import STAGES
+from lmforge_kfp.components.images import DEFAULT_REGISTRY, IMAGE_SOURCES, computed_tag, image_for
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNTIMES = sorted(set(RUNTIME_OF_COMPONENT.values()))
+RUNTIMES = sorted({spec.runtime for spec in STAGES.values()})
 
 
 @dataclass(frozen=True)
@@ -77,13 +79,14 @@ def _dockerignore_patterns() -> list[str]:
     return [line.strip().rstrip("/") for line in lines if line.strip() and not line.startswith("#")]
 
 
-def test_image_map_covers_every_component_folder() -> None:
+def test_every_component_folder_is_a_registered_stage_and_every_runtime_is_known() -> None:
     folders = {p.parent.name for p in (ROOT / "components").glob("*/component.py")}
     assert folders, "no components found"
-    assert folders == set(RUNTIME_OF_COMPONENT), (
-        f"missing from components/images.py: {sorted(folders - set(RUNTIME_OF_COMPONENT))}; "
-        f"mapped but absent: {sorted(set(RUNTIME_OF_COMPONENT) - folders)}"
+    assert folders == set(STAGES), (
+        f"component folders without a registry entry: {sorted(folders - set(STAGES))}; "
+        f"registered stages without a component: {sorted(set(STAGES) - folders)}"
     )
+    assert set(RUNTIMES) <= set(RUNTIME_GPU)
 
 
 def test_every_runtime_has_a_dockerfile_and_every_dockerfile_a_runtime() -> None:

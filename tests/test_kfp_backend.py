@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.compile import REPO_ROOT
+from lmforge_kfp.pipelines.compile import REPO_ROOT
 
 TOOLS = REPO_ROOT.parent / "shared" / "tools" / "kfp-backend-check" / "bin"
 COMPILED = sorted((REPO_ROOT / "pipelines" / "compiled").glob("*.yaml"))

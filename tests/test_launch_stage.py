@@ -154,7 +154,9 @@ class _Artifact:
 
 
 def test_pretrain_component_runs_in_process_by_default_and_publishes(tmp_path, tiny_shards_dir, tiny_tokenizer_dir):
-    from components.pretrain.component import pretrain
+    from lmforge_kfp.components import load_component
+
+    pretrain = load_component("pretrain")
 
     metrics, curves = _Artifact(tmp_path / "metrics"), _Artifact(tmp_path / "curves.html")
     pretrain.python_func(
@@ -171,7 +173,9 @@ def test_pretrain_component_runs_in_process_by_default_and_publishes(tmp_path, t
     [('{"nodes": 2}', r"launch\.nodes: Extra inputs"), ('{"num_nodes": 2}', r"staging_uri: launch\.num_nodes=2")],
 )
 def test_pretrain_component_refuses_a_bad_launch_before_training(tmp_path, launch, message):
-    from components.pretrain.component import pretrain
+    from lmforge_kfp.components import load_component
+
+    pretrain = load_component("pretrain")
 
     with pytest.raises(ConfigError, match=message):
         pretrain.python_func(

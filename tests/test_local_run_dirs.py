@@ -31,7 +31,7 @@ def rendezvous(rendezvous: str, me: str) -> str:
 
 RUN = """
 import json, sys
-from pipelines.local_run import run_pipeline_locally
+from lmforge_kfp.pipelines.local_run import run_pipeline_locally
 run = run_pipeline_locally(json.loads(sys.argv[1]), sys.argv[2], sys.argv[3])
 print(run.run_dir)
 """

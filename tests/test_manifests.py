@@ -246,7 +246,7 @@ def test_aws_s3_uses_irsa_and_no_static_credentials(rendered: dict[str, list[dic
 
 
 def test_gpu_pool_documents_the_placement_the_pipeline_uses(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    from pipelines.lmforge_pipeline import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_GPU_TOLERATIONS
+    from lmforge_kfp.pipelines.lmforge_pipeline import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_GPU_TOLERATIONS
 
     assert DEFAULT_GPU_NODE_SELECTOR == GPU_NODE_SELECTOR, "pipeline default changed; update components/gpu-pool"
     assert DEFAULT_GPU_TOLERATIONS == [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]

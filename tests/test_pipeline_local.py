@@ -45,7 +45,7 @@ def small_corpus(tmp_path_factory, shakespeare_docs) -> Path:
 
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory, small_corpus):
-    from pipelines.local_run import run_pipeline_locally
+    from lmforge_kfp.pipelines.local_run import run_pipeline_locally
 
     out = tmp_path_factory.mktemp("e2e")
     params = {
@@ -138,7 +138,7 @@ def test_onnx_models_load_in_onnxruntime(local_run, task, name):
 def test_a_candidate_worse_than_production_is_not_promoted(local_run, small_corpus):
     """Second run into the same registry with a barely trained student: the gate compares it with the
     release the first run promoted and stops it before promote."""
-    from pipelines.local_run import run_pipeline_locally
+    from lmforge_kfp.pipelines.local_run import run_pipeline_locally
 
     _, out = local_run
     worse_student = {**SMALL["distill_overrides"], "init": "random", "train.max_steps": 2, "train.warmup_steps": 1}

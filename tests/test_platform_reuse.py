@@ -6,7 +6,7 @@ import pytest
 from kfp import dsl, local
 from kfp.components import load_component_from_file
 
-from pipelines.compile import REPO_ROOT
+from lmforge_kfp.pipelines.compile import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import yaml
 
 from lmforge import storage
 from lmforge.preflight import PreflightError, check_writable, fingerprint_uri, run_checks
-from pipelines.compile import REPO_ROOT
+from lmforge_kfp.pipelines.compile import REPO_ROOT
 
 
 def _corpus(tmp_path, text="a document with enough words in it\n"):
@@ -213,7 +213,9 @@ def test_run_checks_skips_the_training_api_for_one_node(tmp_path):
 
 
 def test_preflight_component_refuses_a_bad_launch_before_any_gpu_step(tmp_path):
-    from components.preflight.component import preflight
+    from lmforge_kfp.components import load_component
+
+    preflight = load_component("preflight")
     from lmforge.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"launch\.num_node: Extra inputs are not permitted"):

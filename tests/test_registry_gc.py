@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from lmforge import storage
 from lmforge.artifacts import PUBLISH_CLAIM, write_manifest
-from lmforge.cli import app
+from lmforge.cli import application
 from lmforge.config import PromoteConfig
 from lmforge.errors import StorageError
 from lmforge.launch.stage_runner import publish_artifact
@@ -95,13 +95,13 @@ def test_registry_gc_removes_the_stale_claim_of_a_killed_promotion(registry, inp
     storage.write_bytes(storage.join(target, "student", "a.bin"), b"abc")
     runner = CliRunner()
 
-    result = runner.invoke(app, ["registry", "gc", registry])  # claimed long before the default 24 h
+    result = runner.invoke(application(), ["registry", "gc", registry])  # claimed long before the default 24 h
     assert result.exit_code == 0, result.output
     assert f"removed release {target}" in result.output
     assert not storage.exists(target)
     assert _promote(registry, inputs).summary["version"] == "v1"
 
-    again = runner.invoke(app, ["registry", "gc", registry, "--older-than-hours", "0"])
+    again = runner.invoke(application(), ["registry", "gc", registry, "--older-than-hours", "0"])
     assert again.exit_code == 0 and "nothing to clean" in again.output  # a complete release is never touched
     assert latest_release(registry, "tiny")["version"] == "v1"
 
@@ -111,7 +111,7 @@ def test_registry_gc_leaves_a_claim_younger_than_the_threshold(registry, inputs)
 
     target = storage.join(registry, "models", "tiny", "v1")
     storage.write_bytes(storage.join(target, CLAIM), json.dumps({"claimed_at": _now()}).encode())
-    result = CliRunner().invoke(app, ["registry", "gc", registry, "--dry-run"])
+    result = CliRunner().invoke(application(), ["registry", "gc", registry, "--dry-run"])
     assert result.exit_code == 0 and "nothing to clean" in result.output
     assert storage.is_file(storage.join(target, CLAIM))  # a promotion may still be copying
 
@@ -123,7 +123,7 @@ def test_registry_gc_frees_a_prefix_claimed_by_a_publisher_that_died(registry, t
         json.dumps({"manifest_sha256": "0" * 64, "claimed_at": "2026-01-01T00:00:00Z"}).encode(),
     )
     storage.write_bytes(storage.join(prefix, "weights.bin"), b"half")
-    result = CliRunner().invoke(app, ["registry", "gc", registry, "--older-than-hours", "1"])
+    result = CliRunner().invoke(application(), ["registry", "gc", registry, "--older-than-hours", "1"])
     assert result.exit_code == 0 and f"removed artifact {prefix}" in result.output
     artifact = _artifact(tmp_path / "model", "model", {"weights.bin": "whole"})
     assert publish_artifact(artifact, prefix) is True
@@ -138,7 +138,7 @@ def test_registry_gc_aborts_incomplete_multipart_uploads_under_the_root(s3_env):
     outside = client.create_multipart_upload(Bucket=s3_env, Key="elsewhere/file")
 
     root = f"s3://{s3_env}/registry"
-    result = CliRunner().invoke(app, ["registry", "gc", root, "--older-than-hours", "0"])
+    result = CliRunner().invoke(application(), ["registry", "gc", root, "--older-than-hours", "0"])
     assert result.exit_code == 0, result.output
     assert f"removed upload s3://{s3_env}/{key}" in result.output
     left = client.list_multipart_uploads(Bucket=s3_env).get("Uploads", [])

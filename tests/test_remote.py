@@ -18,9 +18,9 @@ from kfp_api_server import KfpApiServer
 from typer.testing import CliRunner
 
 from lmforge import __version__
-from lmforge.cli import app
+from lmforge.cli import application
 from lmforge.errors import LmforgeError
-from pipelines.remote import COMPILED_PIPELINE, kfp_cron, load_package, pipeline_arguments
+from lmforge_kfp.pipelines.remote import COMPILED_PIPELINE, kfp_cron, load_package, pipeline_arguments
 
 runner = CliRunner()
 
@@ -61,7 +61,7 @@ def _error_line(result) -> str:
 
 def _schedule(server: KfpApiServer, package: Path, *extra: str):
     args = ["schedule", "--host", server.url, "--cron", "0 3 * * 0", "--name", "weekly", "--package", str(package)]
-    return runner.invoke(app, [*args, *extra])
+    return runner.invoke(application(), [*args, *extra])
 
 
 # -- submit ------------------------------------------------------------------------------------------------------------
@@ -69,7 +69,7 @@ def _schedule(server: KfpApiServer, package: Path, *extra: str):
 
 def test_submit_uploads_the_pipeline_creates_experiment_and_run_and_prints_the_run_url(server, package):
     result = runner.invoke(
-        app,
+        application(),
         [
             "submit",
             "--host",
@@ -108,7 +108,7 @@ def test_submit_uploads_the_pipeline_creates_experiment_and_run_and_prints_the_r
 
 def test_submitting_the_same_pipeline_twice_uploads_it_once(server, package):
     for _ in range(2):
-        result = runner.invoke(app, ["submit", "--host", server.url, "--package", str(package)])
+        result = runner.invoke(application(), ["submit", "--host", server.url, "--package", str(package)])
         assert result.exit_code == 0, result.output
     assert len(server.calls("POST", "/pipelines/upload")) == 1
     assert len(server.calls("POST", "/pipelines/upload_version")) == 1
@@ -129,13 +129,13 @@ def test_submitting_the_same_pipeline_twice_uploads_it_once(server, package):
     ],
 )
 def test_submit_rejects_bad_input_before_contacting_the_server(server, package, extra, message):
-    result = runner.invoke(app, ["submit", "--host", server.url, "--package", str(package), *extra])
+    result = runner.invoke(application(), ["submit", "--host", server.url, "--package", str(package), *extra])
     assert message in _error_line(result)
     assert server.requests == []
 
 
 def test_submit_rejects_a_host_without_scheme(server):
-    result = runner.invoke(app, ["submit", "--host", server.url.removeprefix("http://")])
+    result = runner.invoke(application(), ["submit", "--host", server.url.removeprefix("http://")])
     assert "expected a URL starting with http://" in _error_line(result)
     assert server.requests == []
 
@@ -224,7 +224,8 @@ def test_schedule_names_the_old_recurring_run_it_could_not_delete(server, packag
 
 def test_schedule_rejects_a_bad_cron_before_contacting_the_server(server, package):
     result = runner.invoke(
-        app, ["schedule", "--host", server.url, "--cron", "every sunday", "--name", "w", "--package", str(package)]
+        application(),
+        ["schedule", "--host", server.url, "--cron", "every sunday", "--name", "w", "--package", str(package)],
     )
     assert "--cron 'every sunday'" in _error_line(result)
     assert server.requests == []
@@ -246,7 +247,7 @@ def test_a_failing_server_answer_is_one_line_naming_host_and_operation(
     server, package, status, method, path, operation
 ):
     server.fail_with(status, method, path)
-    line = _error_line(runner.invoke(app, ["submit", "--host", server.url, "--package", str(package)]))
+    line = _error_line(runner.invoke(application(), ["submit", "--host", server.url, "--package", str(package)]))
     assert line.startswith(f"error: {server.url}: {operation}")
     assert f"failed: HTTP {status}" in line
     assert f"injected failure for {method} {path}" in line  # the server's own message is passed on
@@ -256,7 +257,7 @@ def test_an_unreachable_host_is_one_line_error(tmp_path, monkeypatch):
     monkeypatch.setattr(kfp.Client, "_LOCAL_KFP_CONTEXT", str(tmp_path / "kfp-context.json"))
     with KfpApiServer() as stopped:
         url = stopped.url
-    line = _error_line(runner.invoke(app, ["runs", "--host", url]))
+    line = _error_line(runner.invoke(application(), ["runs", "--host", url]))
     assert line.startswith(f"error: {url}: ") and "failed: cannot reach the server" in line
     assert "Connection refused" in line
 
@@ -266,12 +267,14 @@ def test_an_unreachable_host_is_one_line_error(tmp_path, monkeypatch):
 
 def test_runs_lists_the_most_recent_runs_with_their_state(server, package):
     for name in ("first", "second", "third"):
-        result = runner.invoke(app, ["submit", "--host", server.url, "--package", str(package), "--run-name", name])
+        result = runner.invoke(
+            application(), ["submit", "--host", server.url, "--package", str(package), "--run-name", name]
+        )
         assert result.exit_code == 0, result.output
     for run in server.runs.values():
         run["state"] = {"first": "FAILED", "second": "SUCCEEDED", "third": "RUNNING"}[run["display_name"]]
 
-    result = runner.invoke(app, ["runs", "--host", server.url, "--limit", "2"])
+    result = runner.invoke(application(), ["runs", "--host", server.url, "--limit", "2"])
     assert result.exit_code == 0, result.output
     assert "third" in result.stdout and "RUNNING" in result.stdout
     assert "second" in result.stdout and "SUCCEEDED" in result.stdout
@@ -351,7 +354,7 @@ def test_a_multi_user_server_without_credentials_fails_in_one_line_saying_how_to
     server, package, monkeypatch
 ):
     monkeypatch.delenv("LMFORGE_KFP_TOKEN")
-    line = _error_line(runner.invoke(app, ["submit", "--host", server.url, "--package", str(package)]))
+    line = _error_line(runner.invoke(application(), ["submit", "--host", server.url, "--package", str(package)]))
     assert "HTTP 401" in line and "there is no user identity header" in line
     assert "--token" in line and "KF_PIPELINES_SA_TOKEN_PATH" in line
     assert not server.runs
@@ -363,7 +366,7 @@ def test_a_service_account_token_file_authenticates(server, package, monkeypatch
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
     monkeypatch.setenv("KF_PIPELINES_SA_TOKEN_PATH", str(token_file))
-    result = runner.invoke(app, ["runs", "--host", server.url])
+    result = runner.invoke(application(), ["runs", "--host", server.url])
     assert result.exit_code == 0, result.output
     assert server.requests and all(r.path.endswith("healthz") or r.method for r in server.requests)
 
@@ -374,7 +377,7 @@ def test_single_user_defaults_send_no_namespace_and_no_service_account(monkeypat
     for name in ("LMFORGE_KFP_NAMESPACE", "LMFORGE_KFP_TOKEN", "KF_PIPELINES_SA_TOKEN_PATH"):
         monkeypatch.delenv(name, raising=False)
     with KfpApiServer(lifetime_s=60) as single_user:
-        result = runner.invoke(app, ["submit", "--host", single_user.url, "--package", str(package)])
+        result = runner.invoke(application(), ["submit", "--host", single_user.url, "--package", str(package)])
         assert result.exit_code == 0, result.output
         [run] = single_user.runs.values()
         [experiment] = single_user.experiments.values()

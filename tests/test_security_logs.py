@@ -12,7 +12,7 @@ import pytest
 from s3server import ACCESS_KEY, SECRET_KEY
 
 from lmforge import storage
-from lmforge.cli import _setup_logging
+from lmforge.cli import setup_cli_logging
 from lmforge.component_io import CREDENTIAL_LOGGERS, setup_logging
 
 SESSION_TOKEN = "FwoGZXIvYXdzEXAMPLEsessionTOKEN0123456789abcdef"
@@ -49,7 +49,7 @@ def test_verbose_stage_against_s3_logs_no_credential(s3_env, s3_server, shakespe
         assert not leaked, f"{secret!r} appears in {len(leaked)} log lines, e.g. {leaked[0][:300]}"
 
 
-@pytest.mark.parametrize("setup", [lambda: setup_logging(logging.DEBUG), lambda: _setup_logging(True)])
+@pytest.mark.parametrize("setup", [lambda: setup_logging(logging.DEBUG), lambda: setup_cli_logging(True)])
 def test_both_verbose_setups_cap_the_credential_loggers_at_info(setup):
     setup()
     try:

@@ -9,6 +9,7 @@ lists a section's fields with their types, defaults and descriptions: ``lmforge 
 
 from __future__ import annotations
 
+import functools
 import json
 import types
 import typing
@@ -35,10 +36,18 @@ def sections() -> dict[str, type[StrictModel]]:
 
 
 def pipeline_config_model() -> type[StrictModel]:
-    """The model of a whole preset: one field per section, each defaulting to its model's defaults."""
+    """The model of a whole preset: one field per section, each defaulting to its model's defaults.
+
+    The same class while the registry's sections stay the same (a registered stage with a new section makes
+    a new one).
+    """
+    return _model_of_sections(tuple(sections().items()))
+
+
+@functools.cache
+def _model_of_sections(items: tuple[tuple[str, type[StrictModel]], ...]) -> type[StrictModel]:
     fields: dict[str, Any] = {
-        name: (model, Field(default_factory=model, description=_first_line(model)))
-        for name, model in sections().items()
+        name: (model, Field(default_factory=model, description=_first_line(model))) for name, model in items
     }
     return create_model("PipelineConfig", __base__=StrictModel, **fields)
 
