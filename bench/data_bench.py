@@ -122,7 +122,7 @@ def child_shard(spec: dict[str, Any]) -> dict[str, Any]:
 
     cfg = _clean_config(spec["preset"], spec["overrides"])
     start = time.perf_counter()
-    result = clean.clean_shard(cfg, corpus_uri=spec["corpus"], shard=spec["out"])
+    result = clean.clean_shard(cfg, corpus_uri=spec["corpus"], shard_index=0, shard_count=1, shard=spec["out"])
     return {"wall_s": time.perf_counter() - start, "metrics": result.metrics}
 
 

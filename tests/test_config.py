@@ -3,9 +3,8 @@
 import pytest
 
 from lmforge.config import list_presets, parse_overrides
-from lmforge.stages import STAGES, sections
 from lmforge.errors import ConfigError
-from lmforge.stages import PipelineConfig, resolve_config, resolve_stage_config
+from lmforge.stages import STAGES, PipelineConfig, resolve_config, resolve_stage_config, sections
 
 
 @pytest.mark.parametrize("preset", ["tiny-cpu", "gpt2-124m"])

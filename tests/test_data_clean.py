@@ -339,7 +339,13 @@ def test_two_worker_processes_write_the_same_shard_as_one(tmp_path):
     outputs = {}
     for workers in (1, 2):
         out = tmp_path / f"workers-{workers}"
-        clean.clean_shard(cfg.model_copy(update={"workers": workers}), corpus_uri="demo://shakespeare", shard=out)
+        clean.clean_shard(
+            cfg.model_copy(update={"workers": workers}),
+            corpus_uri="demo://shakespeare",
+            shard_index=0,
+            shard_count=1,
+            shard=out,
+        )
         outputs[workers] = out
     one, two = (read_manifest(outputs[w], verify=True)["files"] for w in (1, 2))
     assert {n: f for n, f in one.items() if n != "stats.json"} == {n: f for n, f in two.items() if n != "stats.json"}

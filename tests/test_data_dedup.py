@@ -123,8 +123,8 @@ def test_overlapping_shards_are_refused(tmp_path):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text(json.dumps({"text": "some words in a document"}) + "\n")
     cfg = CleanConfig.model_validate({**RULES_OFF, "min_words": 0})
-    clean.clean_shard(cfg, corpus_uri=str(corpus), shard=tmp_path / "a")
-    clean.clean_shard(cfg, corpus_uri=str(corpus), shard=tmp_path / "b")
+    clean.clean_shard(cfg, corpus_uri=str(corpus), shard_index=0, shard_count=1, shard=tmp_path / "a")
+    clean.clean_shard(cfg, corpus_uri=str(corpus), shard_index=0, shard_count=1, shard=tmp_path / "b")
     from lmforge.errors import InputDataError
 
     with pytest.raises(InputDataError, match="the shards overlap"):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lmforge.artifacts import read_manifest, write_manifest
-from lmforge.config import EvaluateConfig, GateConfig, GenerationEvalConfig, PromoteConfig
+from lmforge.config import EvaluateConfig, GateConfig, GenerationEvalConfig
 from lmforge.data.shards import TokenShards
 from lmforge.errors import InputDataError
 from lmforge.evaluate import evaluate
@@ -100,7 +100,7 @@ def artifacts(tmp_path_factory, tiny_model_dir, qa_jsonl) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def evaluated(tmp_path_factory, artifacts, tiny_shards_dir):
     out = tmp_path_factory.mktemp("eval") / "evaluation"
-    result = evaluate.run(
+    result = evaluate.evaluate_models(
         CFG,
         shards_dir=tiny_shards_dir,
         models={"teacher": artifacts["teacher"], "student": artifacts["student"]},
@@ -209,7 +209,7 @@ def test_onnx_and_pytorch_agree_with_a_sliding_window(artifacts, tiny_model_dir,
 
 def test_failed_gate_is_reported_not_raised(tmp_path, artifacts, tiny_shards_dir):
     cfg = CFG.model_copy(update={"gate": GateConfig(max_student_perplexity=1.0), "latency_runs": 1})
-    result = evaluate.run(
+    result = evaluate.evaluate_models(
         cfg,
         shards_dir=tiny_shards_dir,
         models={"student": artifacts["student"]},
@@ -229,7 +229,7 @@ def test_failed_gate_is_reported_not_raised(tmp_path, artifacts, tiny_shards_dir
 def test_engine_dir_without_status_is_refused(tmp_path, artifacts, tiny_shards_dir):
     (tmp_path / "engine").mkdir()
     with pytest.raises(InputDataError, match=r"no status\.json"):
-        evaluate.run(
+        evaluate.evaluate_models(
             CFG,
             shards_dir=tiny_shards_dir,
             models={"student": artifacts["student"]},
@@ -250,7 +250,7 @@ def test_a_candidate_worse_than_production_fails_the_gate(tmp_path, artifacts, t
     (prod_eval / "results.json").write_text(json.dumps({"passed": True, "gate": {"passed": True, "checks": []}}))
     write_manifest(prod_eval, "evaluation", metrics={"student_bits_per_byte": 0.5, "student_exact_match": 0.0})
     promote(
-        PromoteConfig(model_name="tiny"),
+        model_name="tiny",
         release_root=registry,
         version="v1",
         artifacts={"student": artifacts["student"]},
@@ -258,7 +258,7 @@ def test_a_candidate_worse_than_production_fails_the_gate(tmp_path, artifacts, t
     )
     cfg = CFG.model_copy(update={"latency_runs": 1, "generation": GenerationEvalConfig(enabled=False)})
     cfg = cfg.model_copy(update={"gate": cfg.gate.model_copy(update={"min_student_exact_match": None})})
-    result = evaluate.run(
+    result = evaluate.evaluate_models(
         cfg,
         shards_dir=tiny_shards_dir,
         models={"student": artifacts["student"]},

@@ -5,6 +5,7 @@ import json
 
 import pytest
 import yaml
+from kfp import dsl
 
 from lmforge import storage
 from lmforge.preflight import PreflightError, check_writable, fingerprint_uri, run_checks
@@ -124,7 +125,13 @@ def _cache_keys(spec: dict, params: dict, preflight_outputs: dict) -> dict[str, 
     return {k: v for k, v in keys.items() if k not in dags}
 
 
-PREFLIGHT_OUTPUTS = {"corpus_fingerprint": "c", "qa_fingerprint": "q", "production_fingerprint": "p", "gpu_limit": "1"}
+PREFLIGHT_OUTPUTS = {
+    "corpus_fingerprint": "c",
+    "qa_fingerprint": "q",
+    "production_fingerprint": "p",
+    "gpu_limit": "1",
+    "model_name": "demo",
+}
 
 
 def test_a_new_production_release_changes_the_cache_key_of_evaluate(tmp_path):
@@ -218,10 +225,11 @@ def test_preflight_component_refuses_a_bad_launch_before_any_gpu_step(tmp_path):
     preflight = load_component("preflight")
     from lmforge.errors import ConfigError
 
+    metrics = dsl.Metrics(name="metrics", uri=str(tmp_path / "metrics"), metadata={})
     with pytest.raises(ConfigError, match=r"launch\.num_node: Extra inputs are not permitted"):
         preflight.python_func(
             corpus_uri=str(_corpus(tmp_path)), qa_uri="demo://chatterbot", release_root=str(tmp_path / "reg"),
-            s3_secret_name="", launch='{"num_node": 2}',
+            metrics=metrics, s3_secret_name="", launch='{"num_node": 2}',
         )  # fmt: skip
 
 

@@ -12,12 +12,11 @@ from typer.testing import CliRunner
 from lmforge import storage
 from lmforge.artifacts import PUBLISH_CLAIM, write_manifest
 from lmforge.cli import application
-from lmforge.config import PromoteConfig
 from lmforge.errors import StorageError
 from lmforge.launch.stage_runner import publish_artifact
 from lmforge.release import CLAIM, latest_release, promote
 
-CFG = PromoteConfig(model_name="tiny")
+MODEL = "tiny"
 
 
 def _artifact(root: Path, kind: str, files: dict[str, str]) -> Path:
@@ -51,7 +50,11 @@ def registry(request, tmp_path) -> str:
 def _promote(registry: str, inputs: dict[str, Path], version: str = "v1"):
     artifacts = {k: v for k, v in inputs.items() if k != "evaluation"}
     return promote(
-        CFG, release_root=registry, version=version, artifacts=artifacts, evaluation_dir=inputs["evaluation"]
+        model_name=MODEL,
+        release_root=registry,
+        version=version,
+        artifacts=artifacts,
+        evaluation_dir=inputs["evaluation"],
     )
 
 

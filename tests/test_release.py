@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 
 from lmforge.artifacts import fingerprint, read_manifest, write_manifest
-from lmforge.config import PromoteConfig
 from lmforge.errors import ArtifactIncompleteError, ConfigError, InputDataError, ReleaseExistsError
 from lmforge.release import default_version, promote
 
-CFG = PromoteConfig(model_name="tiny")
+MODEL = "tiny"
 
 
 def _artifact(root: Path, kind: str, files: dict[str, str]) -> Path:
@@ -46,7 +45,7 @@ def inputs(tmp_path) -> dict[str, Path]:
 def _promote(tmp_path, inputs, version="v1", **kwargs):
     artifacts = {k: v for k, v in inputs.items() if k != "evaluation"}
     return promote(
-        CFG,
+        model_name=MODEL,
         release_root=str(tmp_path / "releases"),
         version=version,
         artifacts=artifacts,
@@ -134,7 +133,7 @@ def test_bad_version_is_rejected(tmp_path, inputs, version):
 def test_reserved_or_unsafe_artifact_names_are_rejected(tmp_path, inputs, name):
     with pytest.raises(ConfigError):
         promote(
-            CFG,
+            model_name=MODEL,
             release_root=str(tmp_path / "releases"),
             version="v1",
             artifacts={name: inputs["student"]},

@@ -10,11 +10,10 @@ import pytest
 
 from lmforge import storage
 from lmforge.artifacts import write_manifest
-from lmforge.config import PromoteConfig
 from lmforge.errors import GateBaselineMovedError
 from lmforge.release import CLAIM, latest_release, list_releases, production_summary, promote
 
-CFG = PromoteConfig(model_name="tiny")
+MODEL = "tiny"
 
 
 def _student(root: Path) -> Path:
@@ -37,7 +36,11 @@ def _evaluate(root: Path, registry: str, bits_per_byte: float) -> Path:
 def _promote(registry: str, tmp_path: Path, version: str, evaluation: Path):
     student = _student(tmp_path / "in" / evaluation.name)
     return promote(
-        CFG, release_root=registry, version=version, artifacts={"student": student}, evaluation_dir=evaluation
+        model_name=MODEL,
+        release_root=registry,
+        version=version,
+        artifacts={"student": student},
+        evaluation_dir=evaluation,
     )
 
 
@@ -88,7 +91,7 @@ def test_racing_promotions_against_one_baseline_move_latest_once(registry, tmp_p
         start.wait()
         try:
             outcomes[version] = promote(
-                CFG,
+                model_name=MODEL,
                 release_root=registry,
                 version=version,
                 artifacts={"student": students[version]},

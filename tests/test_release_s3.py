@@ -11,7 +11,6 @@ from test_release import _artifact, _evaluation
 
 from lmforge import storage
 from lmforge.artifacts import read_manifest
-from lmforge.config import PromoteConfig
 from lmforge.errors import ReleaseExistsError
 from lmforge.release import (
     CLAIM,
@@ -24,7 +23,7 @@ from lmforge.release import (
 
 pytestmark = pytest.mark.s3
 
-CFG = PromoteConfig(model_name="tiny")
+MODEL = "tiny"
 
 
 @pytest.fixture
@@ -37,7 +36,7 @@ def inputs(tmp_path) -> dict[str, Path]:
 
 def _promote(root: str, inputs, version: str, **kwargs):
     return promote(
-        CFG,
+        model_name=MODEL,
         release_root=root,
         version=version,
         artifacts={"student": inputs["student"]},

@@ -1,5 +1,5 @@
-"""``python -m lmforge`` runs the CLI."""
+"""``python -m lmforge`` runs the CLI (with the installed plugins' commands)."""
 
-from lmforge.cli import app
+from lmforge.cli import application
 
-app(prog_name="lmforge")
+application()(prog_name="lmforge")

@@ -123,14 +123,15 @@ def images(
     tag: Annotated[bool, typer.Option("--tag", help="Print only the tag (what `make images` builds under).")] = False,
 ) -> None:
     """The runtime images the compiled pipeline pulls: <registry>/lmforge-<runtime>:<version>-<source hash>."""
-    from lmforge_kfp.components.images import RUNTIME_OF_COMPONENT, image_for, image_tag
+    from lmforge.stages import STAGES
+    from lmforge_kfp.components.images import image_for, image_tag
 
     if tag:
         typer.echo(image_tag())
         return
-    for runtime in sorted(set(RUNTIME_OF_COMPONENT.values())):
-        component = next(c for c, r in RUNTIME_OF_COMPONENT.items() if r == runtime)
-        typer.echo(f"{runtime}\t{image_for(component)}")
+    for runtime in sorted({spec.runtime for spec in STAGES.values()}):
+        stage = next(name for name, spec in STAGES.items() if spec.runtime == runtime)
+        typer.echo(f"{runtime}\t{image_for(stage)}")
 
 
 # -- Kubeflow Pipelines server: submit, schedule, runs ---------------------------------------------------------------

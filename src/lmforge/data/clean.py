@@ -364,7 +364,7 @@ def plan_shards(*, shard_count: int) -> StageResult:
 
 
 def clean_shard(
-    cfg: CleanConfig, *, corpus_uri: str, shard: str | Path, shard_index: int = 0, shard_count: int = 1
+    cfg: CleanConfig, *, corpus_uri: str, shard_index: int, shard_count: int, shard: str | Path
 ) -> StageResult:
     """Clean shard ``shard_index`` of ``shard_count`` of the corpus: rules, PII, dedup signatures.
 
@@ -598,7 +598,7 @@ def run(cfg: CleanConfig, *, corpus_uri: str, cleaned: str | Path) -> StageResul
     start = time.perf_counter()
     with scratch_dir(".lmforge-clean-", Path(cleaned).parent) as scratch:
         shard = Path(scratch, "shard-00000")
-        clean_shard(cfg, corpus_uri=corpus_uri, shard=shard)
+        clean_shard(cfg, corpus_uri=corpus_uri, shard_index=0, shard_count=1, shard=shard)
         dedup.run(cfg, shards=[shard], plan=Path(scratch, "dedup"))
         return finalize(
             cfg,

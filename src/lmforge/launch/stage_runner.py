@@ -48,7 +48,7 @@ from lmforge.launch.discovery import check_training_api
 from lmforge.launch.manifests import describe_command, single_pod_command, stage_args
 from lmforge.results import StageResult
 from lmforge.scratch import scratch_dir
-from lmforge.stages import STAGES, StageSpec, get_stage, resolve_stage_config, run_stage
+from lmforge.stages import STAGES, get_stage, resolve_stage_config, run_stage
 
 log = logging.getLogger("lmforge.launch")
 
@@ -132,7 +132,7 @@ def run_training_stage(
             )
         return _in_process(stage, stage_cfg, io)
     if cfg.num_nodes > 1:
-        return _as_job(spec, cfg, io, flat, preset, image, run_id, task or stage, staging_uri, api_client)
+        return _as_job(stage, cfg, io, flat, preset, image, run_id, task or stage, staging_uri, api_client)
     if cfg.gpus_per_node > 1:
         return _in_pod(stage, cfg, io, flat, preset)
     return _in_process(stage, stage_cfg, io)
@@ -212,7 +212,7 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 
 def _as_job(
-    spec: StageSpec,
+    stage: str,
     cfg: LaunchConfig,
     io: Mapping[str, str],
     overrides: dict[str, Any],
@@ -224,7 +224,7 @@ def _as_job(
     api_client: Any,
 ) -> StageResult:
     """Stage inputs to S3, run the job there, copy the outputs back and read its result."""
-    stage = spec.name
+    spec = get_stage(stage)
     if not storage.is_s3(staging_uri) or not staging_uri[len(storage.S3_SCHEME) :].strip("/"):
         raise ConfigError(
             f"staging_uri: launch.num_nodes={cfg.num_nodes} needs an s3://bucket/prefix the job's pods can reach "

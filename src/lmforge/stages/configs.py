@@ -52,7 +52,6 @@ def _model_of_sections(items: tuple[tuple[str, type[StrictModel]], ...]) -> type
     return create_model("PipelineConfig", __base__=StrictModel, **fields)
 
 
-
 def resolve_config(preset: str = "tiny-cpu", overrides: str | dict[str, Any] | None = None) -> StrictModel:
     """Preset merged with overrides (full-pipeline keys such as ``pretrain.train.lr``), validated."""
     data = deep_merge(load_preset(preset), parse_overrides(overrides))
