@@ -132,7 +132,7 @@ def test_resume_after_sigkill_at_three_random_steps_matches_uninterrupted_run_bi
     cfg = _cfg(dir=str(tmp_path / "ckpt"), every_steps=3, every_minutes=0.0, keep_last=2)
     kills = sorted(random.Random(4).sample(range(2, 15), 3))
     for kill_at in kills:
-        proc = _child(cfg, *inputs, tmp_path / "resumed", hang_at=kill_at)
+        proc = _child(cfg, inputs["shards"], inputs["tokenizer"], tmp_path / "resumed", hang_at=kill_at)
         line = proc.stdout.readline()  # blocks until the child reaches the step
         while line and not line.startswith("HANG"):  # libraries (DeepSpeed's accelerator notice) print to stdout too
             line = proc.stdout.readline()
@@ -143,7 +143,7 @@ def test_resume_after_sigkill_at_three_random_steps_matches_uninterrupted_run_bi
         proc.wait(timeout=60)
         assert proc.returncode == -signal.SIGKILL
         assert not (tmp_path / "resumed").exists()
-    final = _child(cfg, *inputs, tmp_path / "resumed")
+    final = _child(cfg, inputs["shards"], inputs["tokenizer"], tmp_path / "resumed")
     _, err = final.communicate(timeout=300)
     assert final.returncode == 0, err[-3000:]
 
