@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: install demo test lint compile images
+.PHONY: install demo test lint compile images lock
 
 install:
 	# torch first: 2.13.0 resolves to the CPU build; an unpinned resolve pulls a multi-GB CUDA build.
@@ -30,3 +30,20 @@ images:
 	# Build (and with PUSH=1 push) the cpu/train/tensorrt images to REGISTRY under the tag the compiled pipeline
 	# pulls (lmforge images --tag); needs a Docker daemon. Then: lmforge compile --registry $(REGISTRY) --root DIR
 	REGISTRY=$(REGISTRY) TAG=$$($(PYTHON) -m lmforge images --tag) docker buildx bake $(if $(PUSH),--push,)
+
+# Hash-pinned locks of the images' Python dependencies, images/<runtime>/requirements.lock, which each Dockerfile
+# installs with --require-hashes --no-deps. Each is resolved for its image's Python and platform from pyproject.toml,
+# the extras named below and images/<runtime>/requirements.in, less what its base image provides
+# (images/<runtime>/excludes.txt); uv reads only metadata, no wheel is downloaded. Pins already in a lock are kept
+# unless UPGRADE=1. Needs uv (pip install uv). TORCH_CPU says where torch's CPU build is found: PyTorch's CPU index,
+# or offline a folder holding the wheel (TORCH_CPU='--find-links DIR').
+TORCH_CPU ?= --torch-backend cpu
+LOCK_cpu := --extra demo --python-version 3.11 --python-platform x86_64-manylinux_2_36 $(TORCH_CPU)
+LOCK_train := --extra deepspeed --extra demo --python-version 3.12 --python-platform x86_64-manylinux_2_39
+LOCK_tensorrt := --python-version 3.12 --python-platform x86_64-manylinux_2_39
+
+lock: lock-cpu lock-train lock-tensorrt
+
+lock-%:
+	$(PYTHON) -m uv pip compile --quiet --no-config --generate-hashes $(if $(UPGRADE),--upgrade,) pyproject.toml \
+	  images/$*/requirements.in --excludes images/$*/excludes.txt $(LOCK_$*) -o images/$*/requirements.lock

@@ -54,6 +54,10 @@ def _promote(tmp_path, inputs, version="v1", **kwargs):
     )
 
 
+def _files(root: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
 def test_promote_copies_artifacts_and_writes_manifest_then_latest(tmp_path, inputs):
     result = _promote(tmp_path, inputs, run_id="run-7")
     target = tmp_path / "releases" / "models" / "tiny" / "v1"
@@ -83,19 +87,59 @@ def test_promote_copies_artifacts_and_writes_manifest_then_latest(tmp_path, inpu
 def test_repromoting_a_version_is_refused_and_leaves_the_release_intact(tmp_path, inputs):
     _promote(tmp_path, inputs)
     target = tmp_path / "releases" / "models" / "tiny" / "v1"
-    before = {p: p.read_bytes() for p in target.rglob("*") if p.is_file()}
+    before = _files(target)
     (inputs["student"] / "w" / "a.bin").write_text("changed")
     write_manifest(inputs["student"], "model")
     with pytest.raises(ReleaseExistsError, match="already exists as a complete release"):
         _promote(tmp_path, inputs)
-    assert {p: p.read_bytes() for p in target.rglob("*") if p.is_file()} == before
+    assert _files(target) == before
 
 
-def test_a_new_version_moves_latest(tmp_path, inputs):
+def test_a_changed_artifact_is_published_as_a_new_version_and_moves_latest(tmp_path, inputs):
     _promote(tmp_path, inputs, version="v1")
-    _promote(tmp_path, inputs, version="v2")
+    (inputs["student"] / "w" / "a.bin").write_text("retrained")
+    write_manifest(inputs["student"], "model")
+    result = _promote(tmp_path, inputs, version="v2")
+    assert result.summary["status"] == "published" and result.summary["version"] == "v2"
     latest = json.loads((tmp_path / "releases" / "models" / "tiny" / "latest.json").read_text())
     assert latest["version"] == "v2"
+    assert (tmp_path / "releases" / "models" / "tiny" / "v2" / "student" / "w" / "a.bin").read_text() == "retrained"
+
+
+def test_promoting_what_production_already_serves_publishes_nothing_and_burns_no_version(tmp_path, inputs):
+    first = _promote(tmp_path, inputs, version="v1")
+    registry = tmp_path / "releases"
+    before = _files(registry)
+    # a scheduled run on unchanged data: the same models, a new evaluation (gated against v1), a new version
+    inputs["evaluation"] = _evaluation(tmp_path / "in" / "evaluation-2")
+    again = _promote(tmp_path, inputs, version="v2")
+    assert again.summary == {
+        "status": "unchanged",
+        "release_uri": first.summary["release_uri"],
+        "version": "v1",
+        "manifest_uri": first.summary["manifest_uri"],
+        "latest_version": "v1",
+    }
+    assert _files(registry) == before  # no v2, no claim, latest.json untouched
+    (inputs["student"] / "w" / "a.bin").write_text("retrained")
+    write_manifest(inputs["student"], "model")
+    assert _promote(tmp_path, inputs, version="v2").summary["status"] == "published"  # v2 is still free
+
+
+def test_the_same_files_made_from_other_inputs_are_published(tmp_path, inputs):
+    shards = {"uri": "s3://b/shards", "kind": "token-shards", "fingerprint": "a" * 64}
+    write_manifest(inputs["student"], "model", inputs={"shards": shards})
+    _promote(tmp_path, inputs, version="v1")
+    release = json.loads((tmp_path / "releases" / "models" / "tiny" / "v1" / "manifest.json").read_text())
+    assert release["artifacts"]["student"]["inputs"] == {"shards": "a" * 64}
+    write_manifest(inputs["student"], "model", inputs={"shards": {**shards, "fingerprint": "b" * 64}})
+    assert _promote(tmp_path, inputs, version="v2").summary["status"] == "published"
+
+
+def test_a_different_set_of_artifacts_is_published(tmp_path, inputs):
+    _promote(tmp_path, inputs, version="v1")
+    del inputs["int8_qdq"]  # e.g. withheld by its accuracy gate this time
+    assert _promote(tmp_path, inputs, version="v2").summary["status"] == "published"
 
 
 def test_an_interrupted_release_is_not_overwritten(tmp_path, inputs):

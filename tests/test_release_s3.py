@@ -34,6 +34,11 @@ def inputs(tmp_path) -> dict[str, Path]:
     }
 
 
+def _student(tmp_path: Path, name: str) -> Path:
+    """Another student (its weights differ): production never serves it yet, so promoting it publishes."""
+    return _artifact(tmp_path / "in" / name, "model", {"config.json": "{}", "w/a.bin": name})
+
+
 def _promote(root: str, inputs, version: str, **kwargs):
     return promote(
         model_name=MODEL,
@@ -81,12 +86,13 @@ def test_promotion_into_s3_writes_the_release_then_latest(s3_env, inputs, tmp_pa
     assert production_summary(root, "tiny")["metrics"]["student_perplexity"] == 42.0
 
 
-def test_repromoting_a_version_in_s3_fails_clearly_and_changes_nothing(s3_env, inputs):
+def test_repromoting_a_version_in_s3_fails_clearly_and_changes_nothing(s3_env, inputs, tmp_path):
     root = f"s3://{s3_env}/registry"
     _promote(root, inputs, "v1")
     before = {n: storage.read_bytes(f"{root}/models/tiny/v1/{n}") for n in storage.list_files(f"{root}/models/tiny/v1")}
+    retrained = {**inputs, "student": _student(tmp_path, "retrained")}
     with pytest.raises(ReleaseExistsError, match=r"v1 already exists as a complete release; .* choose a new version"):
-        _promote(root, inputs, "v1")
+        _promote(root, retrained, "v1")
     after = {n: storage.read_bytes(f"{root}/models/tiny/v1/{n}") for n in storage.list_files(f"{root}/models/tiny/v1")}
     assert after == before
 
@@ -98,9 +104,10 @@ def test_the_s3_server_implements_conditional_create(s3_env):
     assert storage.read_bytes(uri) == b"first"
 
 
-def test_concurrent_promotions_of_one_version_let_exactly_one_win(s3_env, inputs):
+def test_concurrent_promotions_of_one_version_let_exactly_one_win(s3_env, inputs, tmp_path):
     root = f"s3://{s3_env}/registry"
-    results = _concurrently([lambda i=i: _promote(root, inputs, "v1", run_id=f"run-{i}") for i in range(4)])
+    runs = [{**inputs, "student": _student(tmp_path, f"run-{i}")} for i in range(4)]
+    results = _concurrently([lambda i=i: _promote(root, runs[i], "v1", run_id=f"run-{i}") for i in range(4)])
     errors = [r for r in results if isinstance(r, BaseException)]
     assert len(errors) == 3 and all(isinstance(e, ReleaseExistsError) for e in errors), errors
     (winner,) = [r for r in results if not isinstance(r, BaseException)]
@@ -116,7 +123,8 @@ def test_concurrent_promotions_of_different_versions_all_land_and_latest_is_one_
 ):
     root = f"s3://{s3_env}/registry" if where == "s3" else str(tmp_path / "registry")
     versions = [f"v{i}" for i in range(5)]
-    results = _concurrently([lambda v=v: _promote(root, inputs, v) for v in versions])
+    runs = {v: {**inputs, "student": _student(tmp_path, v)} for v in versions}
+    results = _concurrently([lambda v=v: _promote(root, runs[v], v) for v in versions])
     assert not [r for r in results if isinstance(r, BaseException)], results
     releases = list_releases(root, "tiny")
     assert sorted(r["version"] for r in releases) == versions  # every promotion landed, complete
@@ -136,7 +144,7 @@ def test_latest_never_moves_backwards(tmp_path, inputs):
     assert json.loads(storage.read_bytes(f"{model_root}/latest.json"))["version"] == "v2"
 
 
-def test_a_release_without_manifest_is_never_reported_as_latest(s3_env, inputs):
+def test_a_release_without_manifest_is_never_reported_as_latest(s3_env, inputs, tmp_path):
     root = f"s3://{s3_env}/registry"
     model_root = f"{root}/models/tiny"
     assert latest_release(root, "tiny") is None
@@ -150,7 +158,7 @@ def test_a_release_without_manifest_is_never_reported_as_latest(s3_env, inputs):
     assert latest_release(root, "tiny")["version"] == "v1"
     assert production_summary(root, "tiny")["version"] == "v1"
     # the next promotion repairs latest.json even though the dangling entry claims to be newer
-    _promote(root, inputs, "v3")
+    _promote(root, {**inputs, "student": _student(tmp_path, "v3")}, "v3")
     assert json.loads(storage.read_bytes(f"{model_root}/latest.json"))["version"] == "v3"
     with pytest.raises(ReleaseExistsError, match="incomplete release"):
-        _promote(root, inputs, "v2")
+        _promote(root, {**inputs, "student": _student(tmp_path, "v2")}, "v2")

@@ -29,6 +29,13 @@ against the same release only the first to promote becomes latest; the other mus
 against it. (If the second one's baseline moves while it is copying, its release is complete but
 ``latest.json`` is left alone and the promotion fails saying so.)
 
+Unchanged candidates. A scheduled run on unchanged data re-evaluates (its baseline moved) and passes the
+gate with the very models production serves. ``promote`` then publishes nothing: when every artifact it
+would publish has the same kind, content (:func:`~lmforge.artifacts.fingerprint`, the files' sha256) and
+input fingerprints as the production release's, and none is missing or extra, it returns that release
+(summary ``status: unchanged``) without claiming a version. The check is made against production at the
+time of promotion: two concurrent promotions of one new model both publish.
+
 Conditional writes need an S3 server that implements them (AWS S3, MinIO, SeaweedFS ≥ 3.8x; the test
 server checks it).
 """
@@ -345,6 +352,10 @@ def promote(
         run_id: pipeline run that produced the release, recorded in the manifest.
         require_passed: refuse an evaluation whose gate failed (the pipeline also guards this).
 
+    Returns:
+        ``summary["status"]``: ``published`` (``release_uri`` is the new release), or ``unchanged`` when production
+        already serves exactly these artifacts (``release_uri``/``version`` are production's; nothing is written).
+
     Raises:
         ConfigError: bad version or artifact name.
         ArtifactIncompleteError / InputDataError: an input without manifest, or a failed gate.
@@ -380,11 +391,28 @@ def promote(
         raise InputDataError(f"promote: every artifact failed its accuracy gate ({', '.join(withheld)})")
 
     model_root = storage.join(release_root, "models", model_name)
+    production = latest_release(release_root, model_name)
+    if production is not None and _serves(production, {name: manifests[name] for name in sources}):
+        log.info(
+            "%s %s already serves these artifacts (same files and inputs); nothing published",
+            model_name,
+            production["version"],
+        )
+        return StageResult(
+            metrics={},
+            summary={
+                "status": "unchanged",
+                "release_uri": storage.join(model_root, production["version"]),
+                "version": production["version"],
+                "manifest_uri": production["manifest_uri"],
+                "latest_version": production["version"],
+            },
+        )
     target = storage.join(model_root, version)
     release_manifest_uri = storage.join(target, MANIFEST)
     baseline = results.get("production")
     if isinstance(baseline, Mapping):
-        now = _identity(latest_release(release_root, model_name))
+        now = _identity(production)
         if now != baseline_identity(baseline):
             raise GateBaselineMovedError(
                 f"evaluation {evaluation_dir} is stale: {_moved(baseline, now)}. Evaluate again against the "
@@ -434,6 +462,7 @@ def promote(
     return StageResult(
         metrics={},
         summary={
+            "status": "published",
             "release_uri": target,
             "version": version,
             "manifest_uri": release_manifest_uri,
@@ -487,8 +516,7 @@ def _write_release(
         copied = storage.copy_tree(str(source), dest)
         manifest = all_manifests[name]
         lineage[name] = {
-            "kind": manifest.get("kind"),
-            "fingerprint": fingerprint(manifest),
+            **_artifact_lineage(manifest),
             "source_uri": str(source),
             "uri": dest,
             "files": len(copied),
@@ -509,6 +537,36 @@ def _write_release(
             "passed": bool(results.get("passed")),
         },
     }
+
+
+def _artifact_lineage(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """What identifies an artifact in a release: its kind, content fingerprint and its inputs' fingerprints.
+
+    An input recorded without a fingerprint (a plain URI) counts as ``None``.
+    """
+    inputs = manifest.get("inputs") or {}
+    return {
+        "kind": manifest.get("kind"),
+        "fingerprint": fingerprint(manifest),
+        "inputs": {
+            name: record.get("fingerprint") if isinstance(record, Mapping) else None for name, record in inputs.items()
+        },
+    }
+
+
+def _serves(release: Mapping[str, Any], manifests: Mapping[str, Mapping[str, Any]]) -> bool:
+    """True when ``release`` holds exactly the artifacts of ``manifests`` (by name), each with the same lineage.
+
+    A release made before input fingerprints were recorded never matches, so it is replaced once.
+    """
+    candidate = {name: _artifact_lineage(manifest) for name, manifest in manifests.items()}
+    published = release.get("artifacts")
+    if not isinstance(published, Mapping) or set(published) != set(candidate):
+        return False
+    return all(
+        isinstance(published[name], Mapping) and all(published[name].get(k) == v for k, v in lineage.items())
+        for name, lineage in candidate.items()
+    )
 
 
 def _release_claim(target: str, claim_id: str) -> str:
