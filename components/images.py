@@ -29,6 +29,7 @@ TAG_FILE = Path(__file__).resolve().with_name("image_tag.txt")
 IMAGE_SOURCES = (
     "pyproject.toml",
     "images/*/Dockerfile",
+    "images/*/requirements.lock",
     "src/**/*.py",
     "src/lmforge/presets/*.yaml",
     "components/**/*.py",
