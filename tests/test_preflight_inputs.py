@@ -209,3 +209,33 @@ def test_an_s3_corpus_prefix_is_sampled_from_its_first_file(tmp_path, s3_env):
 
 def test_preflight_error_is_an_input_error():
     assert issubclass(PreflightError, InputDataError)
+
+
+def test_a_bad_stage_override_fails_in_preflight_naming_the_field_and_the_nearest_one(tmp_path):
+    corpus = _jsonl(tmp_path / "docs.jsonl", [{"text": SCENE}])
+    with pytest.raises(PreflightError) as info:
+        run_checks(
+            corpus_uri=str(corpus),
+            qa_uri=str(_qa(tmp_path)),
+            release_root=str(tmp_path / "registry"),
+            s3_secret_name="",
+            preset="tiny-cpu",
+            stage_overrides={"pretrain": '{"train.max_stepz": 1}', "distill": {"temperature": -1.0}, "pretrian": {}},
+        )
+    message = str(info.value)
+    assert "stage_configs: unknown config section 'pretrian' (did you mean 'pretrain'?)" in message
+    assert "pretrain.train.max_stepz: Extra inputs are not permitted (got 1) (did you mean 'max_steps'?)" in message
+    assert "distill.temperature: Input should be greater than 0" in message
+
+
+def test_the_clean_overrides_set_the_corpus_reader_of_the_sample(tmp_path):
+    corpus = _jsonl(tmp_path / "docs.jsonl", [{"body": SCENE}])
+    report = run_checks(
+        corpus_uri=str(corpus),
+        qa_uri=str(_qa(tmp_path)),
+        release_root=str(tmp_path / "registry"),
+        s3_secret_name="",
+        preset="tiny-cpu",
+        stage_overrides={"clean": {"text_field": "body"}, "pretrain": {"train.max_steps": 1}},
+    )
+    assert report.checks["stage_configs"] == report.checks["corpus_sample"] == "ok"

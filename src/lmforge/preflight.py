@@ -22,21 +22,22 @@ import os
 import socket
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from lmforge import storage
 from lmforge.artifacts import sha256_file
-from lmforge.config import CleanConfig
+from lmforge.config import CleanConfig, StrictModel
 from lmforge.data.corpus import CorpusReader, first_file_uri
 from lmforge.data.demo import is_demo, materialize
-from lmforge.errors import ConfigError, FieldMissingError, LmforgeError, PreflightError, StorageError
+from lmforge.errors import ConfigError, FieldMissingError, LmforgeError, PreflightError, StorageError, did_you_mean
 from lmforge.launch import check_training_api, parse_launch
 from lmforge.results import StageResult
+from lmforge.stages.configs import resolve_stage_config, sections
 
 if TYPE_CHECKING:
     from lmforge.config import LaunchConfig
@@ -239,6 +240,32 @@ def check_qa_sample(uri: str, sample_records: int = SAMPLE_RECORDS) -> str:
     return "ok"
 
 
+def resolve_stage_configs(
+    preset: str, overrides: Mapping[str, str | dict[str, Any]]
+) -> tuple[dict[str, StrictModel], list[str]]:
+    """Every config section resolved from ``preset`` and its overrides, and the problems of those that do not.
+
+    ``overrides`` maps a section name (``pretrain``) to its overrides (a JSON object string or a mapping), as the
+    pipeline's ``<section>_overrides`` parameters give them.
+    """
+    names = sections()
+    problems = [
+        f"unknown config section {name!r}{did_you_mean(name, names)}; sections: {', '.join(names)}"
+        for name in overrides
+        if name not in names
+    ]
+    configs: dict[str, StrictModel] = {}
+    for section in names:
+        try:
+            resolved = resolve_stage_config(section, preset, overrides.get(section))
+        except ConfigError as exc:
+            problems.append(str(exc))
+        else:
+            if resolved is not None:
+                configs[section] = resolved
+    return configs, problems
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.splitlines())
 
@@ -253,18 +280,28 @@ def run_checks(
     model_name: str = "",
     clean: CleanConfig | None = None,
     sample_records: int = SAMPLE_RECORDS,
+    preset: str = "",
+    stage_overrides: Mapping[str, str | dict[str, Any]] | None = None,
 ) -> PreflightReport:
     """Run every check, then fingerprint the inputs; raise :class:`PreflightError` listing all failures.
 
     With an input or the release root on S3, first check that the S3 endpoint answers; when it does not,
-    the checks of the S3 locations are left out (each would wait for botocore's retries). The corpus and the
-    Q&A data are sampled (``sample_records`` records each) with the stages' readers; ``clean`` gives the
-    corpus reader's settings (default: :class:`CleanConfig`'s). With ``launch`` asking for more than one node,
+    the checks of the S3 locations are left out (each would wait for botocore's retries). With ``preset``,
+    resolve every stage's config from it and ``stage_overrides`` (:func:`resolve_stage_configs`), so a bad value
+    fails here and not when its stage starts. The corpus and the Q&A data are sampled (``sample_records``
+    records each) with the stages' readers; the corpus reader takes its settings from ``clean``, else from the
+    resolved clean config, else :class:`CleanConfig`'s defaults. With ``launch`` asking for more than one node,
     also check that the cluster serves its job kind. With ``model_name``, also fingerprint the production
     release of that name (``fingerprints["production"]``), the baseline ``evaluate`` compares against.
     """
-    clean = clean or CleanConfig()
     report = PreflightReport()
+    if preset:
+        configs, problems = resolve_stage_configs(preset, stage_overrides or {})
+        report.checks["stage_configs"] = "; ".join(problems) or "ok"
+        resolved = configs.get("clean")
+        if clean is None and isinstance(resolved, CleanConfig):
+            clean = resolved
+    clean = clean or CleanConfig()
     s3_checks: set[str] = set()
 
     def attempt(name: str, where: str, check: Callable[[], str]) -> bool:
