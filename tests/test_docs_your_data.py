@@ -10,10 +10,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from lmforge.config import list_presets, resolve_config
+from lmforge.config import list_presets
 from lmforge.data.corpus import SUFFIXES
 from lmforge.data.qa import PROMPT_TEMPLATE, Chat, QAPair, load_examples
 from lmforge.model.build import hf_config
+from lmforge.stages import resolve_config
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "your-data.md"
 TEXT = DOC.read_text(encoding="utf-8")

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lmforge.config import PromoteConfig
 from lmforge.naming import default_model_name
+from lmforge.release import VERSION_PATTERN
 
 CASES = [
     ("demo://shakespeare", "lmforge-demo"),
@@ -44,5 +44,25 @@ def test_a_long_corpus_name_is_cut_to_63_characters_without_a_trailing_separator
 @given(st.text(max_size=120))
 def test_every_derived_name_is_a_valid_release_name(uri):
     name = default_model_name(uri)
-    assert PromoteConfig(model_name=name).model_name == name
+    assert VERSION_PATTERN.fullmatch(name) and name == name.lower()
     assert len(name) <= 63
+
+
+@pytest.mark.parametrize(
+    ("corpus", "given", "expected"),
+    [("tickets.jsonl", "", "tickets"), ("demo://shakespeare", "", "lmforge-demo"), ("tickets.jsonl", "bot", "bot")],
+)
+def test_preflight_names_the_release_after_the_corpus_unless_a_name_is_given(tmp_path, corpus, given, expected):
+    from lmforge import preflight
+
+    if not corpus.startswith("demo://"):
+        corpus = str(tmp_path / corpus)
+        (tmp_path / "tickets.jsonl").write_text('{"text": "a ticket with enough words to be a document"}\n')
+    result = preflight.run(
+        corpus_uri=corpus,
+        qa_uri="demo://chatterbot",
+        release_root=str(tmp_path / "registry"),
+        s3_secret_name="",
+        model_name=given,
+    )
+    assert result.summary["model_name"] == expected

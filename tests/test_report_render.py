@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from lmforge.config import GateConfig, resolve_config
+from lmforge.config import GateConfig
 from lmforge.evaluate.gate import check_gate
 from lmforge.evaluate.report import html_report, markdown_summary
+from lmforge.stages import resolve_config
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 NO_CHROMIUM = "chromium not installed (Debian: apt-get install -y chromium)"

@@ -9,7 +9,7 @@ from pathlib import PurePosixPath
 from lmforge.data.corpus import SUFFIXES
 from lmforge.data.demo import is_demo
 
-DEMO_MODEL_NAME = "lmforge-demo"
+DEMO_MODEL_NAME = "lmforge-demo"  # the demo corpus's release name, and the name when none is given
 FALLBACK_MODEL_NAME = "lmforge-model"
 MAX_MODEL_NAME = 63  # one DNS label, so a serving object can be named after the release
 _GLOB_CHARS = frozenset("*?[")

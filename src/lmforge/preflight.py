@@ -36,6 +36,7 @@ from lmforge.data.corpus import CorpusReader, first_file_uri
 from lmforge.data.demo import is_demo, materialize
 from lmforge.errors import ConfigError, FieldMissingError, LmforgeError, PreflightError, StorageError, did_you_mean
 from lmforge.launch import check_training_api, parse_launch
+from lmforge.naming import default_model_name
 from lmforge.results import StageResult
 from lmforge.stages.configs import resolve_stage_config, sections
 
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lmforge.preflight")
 
-DEMO_MODEL_NAME = "lmforge-demo"  # the release name when none is given
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 SAMPLE_RECORDS = 1000
 S3_CONNECT_TIMEOUT_S = 5.0
@@ -374,7 +374,8 @@ def run(
 
     Its summary holds ``corpus_fingerprint``, ``qa_fingerprint``, ``production_fingerprint`` (cache keys),
     ``gpu_limit`` (``gpu_count`` as the string the KFP backend needs for an accelerator limit) and the
-    resolved ``model_name``.
+    resolved ``model_name`` (the given one, else derived from the corpus by
+    :func:`~lmforge.naming.default_model_name`: ``lmforge-demo`` for the demo corpus).
 
     Raises:
         ConfigError: ``gpu_count`` below 0 or an invalid ``launch`` config.
@@ -382,7 +383,7 @@ def run(
     """
     if gpu_count < 0:
         raise ConfigError(f"gpu_count: must be at least 0, got {gpu_count}")
-    name = model_name or DEMO_MODEL_NAME
+    name = model_name or default_model_name(corpus_uri)
     report = run_checks(
         corpus_uri=corpus_uri,
         qa_uri=qa_uri,
