@@ -154,7 +154,7 @@ def test_report_names_the_run_and_preset_and_holds_the_resolved_config_collapsed
     assert config.startswith(
         "\n<details><summary>Resolved configuration (preset tiny-cpu with the run&#x27;s overrides)"
     )
-    assert "pretrain:\n  model:\n    arch: gpt2" in config and "model_name: lmforge-demo" in config
+    assert "pretrain:\n  model:\n    arch: gpt2" in config and "vocab_size: 2048" in config
 
 
 def test_report_without_run_details_says_so(results):

@@ -89,7 +89,7 @@ def stop_here(*args, **kwargs):
     signal.pause()
 
 dedup.run = stop_here
-clean.run(CleanConfig(), sys.argv[1], sys.argv[2])
+clean.run(CleanConfig(), corpus_uri=sys.argv[1], cleaned=sys.argv[2])
 """
 
 
