@@ -35,6 +35,7 @@ from transformers import PreTrainedTokenizerBase
 from lmforge import storage
 from lmforge.config import MIN_CHUNK_TOKENS, ChunkLang
 from lmforge.data.chunking import SentenceChunker
+from lmforge.data.corpus import field_list
 from lmforge.data.demo import is_demo, materialize
 from lmforge.data.jsonl import DEFAULT_MAX_RECORD_BYTES, BadLine, iter_json_lines
 from lmforge.errors import InputDataError
@@ -154,14 +155,11 @@ def _parse_record(record: dict, where: str) -> Example:
 
 def _schema_hint(record: dict) -> str:
     """What a record has and what an example needs, naming the renames for common Q&A field names."""
-    fields = list(record)
-    shown = ", ".join(repr(str(f)[:40]) for f in fields[:20]) + (
-        f" and {len(fields) - 20} more" if len(fields) > 20 else ""
-    )
-    renames = [f"{f} → {target}" for f in fields if (target := _SYNONYMS.get(str(f).lower()))]
+    fields = [str(f) for f in record]
+    renames = [f"{f} → {target}" for f in fields if (target := _SYNONYMS.get(f.lower()))]
     rename = f" (rename {', '.join(renames)})" if renames else ""
     return (
-        f'the record has {shown or "no fields"}; each line needs {{"prompt": ..., "response": ...}}{rename} '
+        f'the record has {field_list(fields, len(fields))}; each line needs {{"prompt": ..., "response": ...}}{rename} '
         'or {"messages": [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}]}'
     )
 
