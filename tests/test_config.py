@@ -78,3 +78,20 @@ def test_the_pipeline_config_has_one_section_per_stage_config_and_stages_without
         resolve_stage_config("promote", overrides={"model_name": "x"})
     with pytest.raises(ConfigError, match=r"unknown stage 'pretrian' \(did you mean 'pretrain'\?\)"):
         resolve_stage_config("pretrian")
+
+
+def test_an_unknown_field_names_the_nearest_valid_one_at_its_level():
+    with pytest.raises(ConfigError) as info:
+        resolve_config("tiny-cpu", {"clean.text_fild": "x", "evaluate.gate.max_latency": 3, "pretrain.trian.lr": 1})
+    message = str(info.value)
+    assert "clean.text_fild: Extra inputs are not permitted (got 'x') (did you mean 'text_field'?)" in message
+    assert (
+        "evaluate.gate.max_latency: Extra inputs are not permitted (got 3) (did you mean 'max_latency_ms'?)" in message
+    )
+    assert "pretrain.trian: Extra inputs are not permitted (got {'lr': 1}) (did you mean 'train'?)" in message
+
+
+def test_an_unknown_field_with_no_near_name_gets_no_suggestion():
+    with pytest.raises(ConfigError) as info:
+        resolve_stage_config("pretrain", "tiny-cpu", {"train.zzzz": 1})
+    assert str(info.value).endswith("pretrain.train.zzzz: Extra inputs are not permitted (got 1)")

@@ -94,7 +94,7 @@ def test_report_and_gate_and_release(local_run):
         assert np.isfinite(results["models"][model]["perplexity"]), model
     assert results["passed"] is True
     assert run.promoted
-    release = out / "registry" / "models" / "lmforge-demo" / "v-test"
+    release = out / "registry" / "models" / "scenes" / "v-test"
     manifest = read_manifest(release)
     assert manifest["version"] == "v-test"
     status = json.loads((run.output("build-tensorrt", "engine") / "status.json").read_text())
@@ -156,6 +156,6 @@ def test_a_candidate_worse_than_production_is_not_promoted(local_run, small_corp
     failed = [c["name"] for c in results["gate"]["checks"] if not c["passed"]]
     assert any("production" in name or "regression" in name or "bits_per_byte" in name for name in failed), failed
     assert not run.promoted
-    assert not (out / "registry" / "models" / "lmforge-demo" / "v-worse").exists()
-    latest = json.loads((out / "registry" / "models" / "lmforge-demo" / "latest.json").read_text())
+    assert not (out / "registry" / "models" / "scenes" / "v-worse").exists()
+    latest = json.loads((out / "registry" / "models" / "scenes" / "latest.json").read_text())
     assert latest["version"] == "v-test"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+import json
 import os
 import re
 import shutil
@@ -9,13 +11,30 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from lmforge.config import GateConfig
 from lmforge.evaluate.gate import check_gate
 from lmforge.evaluate.report import html_report, markdown_summary
+from lmforge.stages import resolve_config
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-SECTIONS = ("Summary", "Gate", "Model comparison", "Generation", "Loss curves", "Data", "TensorRT", "Method")
+NO_CHROMIUM = "chromium not installed (Debian: apt-get install -y chromium)"
+SECTIONS = (
+    "Summary",
+    "Gate",
+    "Model comparison",
+    "Generation",
+    "Loss curves",
+    "Data",
+    "TensorRT",
+    "Configuration",
+    "Method",
+)
+RUN_ID = "lmforge-pipeline-20261201-145508-7f3c2a91"
+LONG_URI = (
+    "s3://lmforge-corpora-production-eu-west-1/customer_support/2026/11/28/normalized/tickets-deduplicated.jsonl.zst"
+)
 
 
 def _model(ppl, bpb, size, p50, p99, tps, **extra):
@@ -76,6 +95,11 @@ def results() -> dict:
                     "answers": {"teacher": "I like to chat.", "student": ""},
                 },
                 {
+                    "prompt": f"Question: where is {LONG_URI}?\nAnswer:",
+                    "references": ["In the bucket: " + LONG_URI.replace("/", "_")],
+                    "answers": {"teacher": LONG_URI, "student": "the bucket the bucket the bucket"},
+                },
+                {
                     "prompt": "Question: <script>alert(1)</script> 你好?\nAnswer:",
                     "references": ["你好！"],
                     "answers": {"teacher": "你好", "student": "Hello & welcome"},
@@ -84,7 +108,7 @@ def results() -> dict:
         },
         "data": {
             "clean": {
-                "input": "demo://shakespeare",
+                "input": LONG_URI,
                 "metrics": {"docs_in": 769, "docs_out": 737, "bytes_in": 4780000, "bytes_out": 4680000},
                 "removed": {"language": 1, "gopher_quality": 5, "c4": 8, "fineweb": 18, "exact_dedup": 0},
             },
@@ -102,23 +126,46 @@ HISTORIES = {
 }
 
 
-def test_report_is_self_contained_and_escapes_text(results):
-    page = html_report(results, HISTORIES)
+@pytest.fixture(scope="module")
+def page(results) -> str:
+    config = resolve_config("tiny-cpu").model_dump(mode="json")
+    return html_report(results, HISTORIES, run_id=RUN_ID, preset="tiny-cpu", config=config)
+
+
+def test_report_is_self_contained_and_escapes_text(page):
+    text = page.replace("<wbr>", "")  # line-break opportunities in paths and signatures
     assert "<script" not in page.replace("&lt;script&gt;", "")  # the prompt's tag is text, not markup
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
     assert not re.search(r"""(src|href)\s*=\s*["'](https?:)?//""", page)  # nothing loaded from elsewhere
     assert "@import" not in page and "<link" not in page and "url(http" not in page
     for heading in SECTIONS:
         assert f"<h2>{heading}</h2>" in page
     assert page.count("data:image/png;base64,") >= 7  # 2 loss curves + 6 comparison charts
-    assert "nrefs:var|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0" in page
-    assert "v20261128-101500" in page and "skipped: no GPU" in page and "loglikelihood_rolling" in page
+    assert "nrefs:var|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0" in text
+    assert "v20261128-101500" in text and "skipped: no GPU" in text and "loglikelihood_rolling" in text
     assert "(empty)" in page  # an empty answer is shown as such
 
 
+def test_report_names_the_run_and_preset_and_holds_the_resolved_config_collapsed(page):
+    assert f"<dd><code>{RUN_ID.replace('-', '-<wbr>')}</code></dd>" in page
+    assert "<dt>preset</dt><dd><code>tiny-<wbr>cpu</code></dd>" in page
+    assert "run lmforge-<wbr>pipeline" in page and "preset tiny-<wbr>cpu · gate passed" in page
+    config = page.split("<h2>Configuration</h2>")[1].split("<h2>")[0]
+    assert config.startswith(
+        "\n<details><summary>Resolved configuration (preset tiny-cpu with the run&#x27;s overrides)"
+    )
+    assert "pretrain:\n  model:\n    arch: gpt2" in config and "vocab_size: 2048" in config
+
+
+def test_report_without_run_details_says_so(results):
+    page = html_report(results)
+    assert "<dt>run id</dt><dd><code>not given</code></dd>" in page
+    assert "The resolved configuration was not given to the report." in page
+
+
 def test_markdown_summary_has_table_gate_and_samples(results):
-    md = markdown_summary(results)
-    assert md.startswith("# lmforge evaluation: PASSED")
+    md = markdown_summary(results, run_id=RUN_ID, preset="tiny-cpu")
+    assert md.startswith(f"# lmforge evaluation: PASSED\n\nRun `{RUN_ID}`, preset `tiny-cpu`.\n")
     assert "| model | status | perplexity | bits/byte | EM |" in md
     assert "`bits_per_byte_vs_production`" in md and "BLEU signature: `nrefs:var" in md
     assert "## Generation samples" in md and "student: (empty)" in md
@@ -139,11 +186,11 @@ def _chromium(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     return subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=120, env=env)
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (Debian: apt-get install -y chromium)")
-def test_report_renders_in_headless_chromium(results, tmp_path):
-    page = tmp_path / "report.html"
-    page.write_text(html_report(results, HISTORIES), encoding="utf-8")
-    url = page.as_uri()
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
+def test_report_renders_in_headless_chromium(page, tmp_path):
+    path = tmp_path / "report.html"
+    path.write_text(page, encoding="utf-8")
+    url = path.as_uri()
 
     dom = _chromium(["--dump-dom", url], tmp_path)
     assert dom.returncode == 0, dom.stderr[-2000:]
@@ -159,5 +206,79 @@ def test_report_renders_in_headless_chromium(results, tmp_path):
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     assert (width, height) == (1200, 3000)
     assert len(data) > 50_000  # a rendered page with plots, not a blank one
-    if os.environ.get("LMFORGE_REPORT_SCREENSHOT"):
+
+
+# Runs at load (after the plots are decoded): the page height as shown, then, with every <details> open, every
+# element that reaches past the viewport's right edge, unless it lies inside a box that scrolls by itself, and
+# how many of those boxes do scroll.
+FIT_PROBE = """
+addEventListener("load", () => {
+  const root = document.documentElement;
+  const fit = {viewport: root.clientWidth, height: root.scrollHeight, overflowing: []};
+  document.querySelectorAll("details").forEach((d) => { d.open = true; });
+  for (const el of document.body.querySelectorAll("*")) {
+    const box = el.parentElement.closest(".scroll");
+    const r = el.getBoundingClientRect();
+    if (!box && r.width > 0 && (r.right > fit.viewport + 0.5 || r.left < -0.5)) {
+      const name = `${el.tagName.toLowerCase()}.${el.className}`;
+      fit.overflowing.push(`${name}: ${Math.round(r.left)}..${Math.round(r.right)}`);
+    }
+  }
+  fit.scrollWidth = root.scrollWidth;
+  fit.scrolling = [...document.querySelectorAll(".scroll")].filter((b) => b.scrollWidth > b.clientWidth).length;
+  const out = document.createElement("pre");
+  out.id = "fit";
+  out.textContent = JSON.stringify(fit);
+  document.body.append(out);
+});
+"""
+
+
+def _fit(page: str, width: int, tmp_path: Path) -> dict:
+    probe = tmp_path / f"fit-{width}.html"
+    probe.write_text(page.replace("</body>", f"<script>{FIT_PROBE}</script></body>"), encoding="utf-8")
+    args = [
+        f"--window-size={width},1200",
+        "--hide-scrollbars",
+        "--virtual-time-budget=10000",
+        "--dump-dom",
+        probe.as_uri(),
+    ]
+    dom = _chromium(args, tmp_path)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    found = re.search(r'<pre id="fit">(.*?)</pre>', dom.stdout, re.S)
+    assert found, dom.stdout[-2000:]
+    return json.loads(html.unescape(found.group(1)))
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
+@pytest.mark.parametrize("width", [1000, 1600])
+def test_report_fits_the_window_width_with_nothing_cut_off(page, results, tmp_path, width):
+    unbroken = {
+        "prompt": "Question: ?",
+        "references": ["-"],
+        "answers": {"student": "x" * 400},
+    }  # wider than any window
+    wide = {
+        **results,
+        "generation": {**results["generation"], "samples": [*results["generation"]["samples"], unbroken]},
+    }
+    for shown in (html_report(wide, HISTORIES), page):
+        fit = _fit(shown, width, tmp_path)
+        assert fit["viewport"] == width
+        assert fit["overflowing"] == []
+        assert fit["scrollWidth"] <= width  # the page itself never scrolls sideways; a wide table scrolls in its box
+        assert fit["scrolling"] >= (1 if shown is not page else 0)
+
+    path = tmp_path / "report.html"
+    path.write_text(page, encoding="utf-8")
+    shot = tmp_path / f"report-{width}.png"
+    args = [f"--screenshot={shot}", f"--window-size={width},{fit['height']}", "--hide-scrollbars", path.as_uri()]
+    run = _chromium(args, tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    image = Image.open(shot).convert("RGB")
+    assert image.size == (width, fit["height"])  # the whole page, top to bottom
+    right_edge = {image.getpixel((width - 1, y)) for y in range(image.height)}
+    assert right_edge == {(255, 255, 255)}  # page margin all the way down: nothing drawn up to the edge
+    if width == 1000 and os.environ.get("LMFORGE_REPORT_SCREENSHOT"):
         shutil.copyfile(shot, os.environ["LMFORGE_REPORT_SCREENSHOT"])

@@ -22,6 +22,20 @@ class InputDataError(LmforgeError):
     """An input corpus, file or artifact is missing, empty or malformed."""
 
 
+class FieldMissingError(InputDataError):
+    """Records lack the field their text is read from; ``fields`` are the ones they have.
+
+    ``text_fields`` are those of ``fields`` that hold text, the longest value first (where known), so a caller
+    can suggest which one was meant.
+    """
+
+    def __init__(self, message: str, *, field: str, fields: tuple[str, ...], text_fields: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.field = field
+        self.fields = fields
+        self.text_fields = text_fields
+
+
 class StorageError(LmforgeError):
     """Reading or writing a local path or ``s3://`` object failed."""
 

@@ -1,37 +1,54 @@
 """Fail-fast checks before any GPU step, and content fingerprints of the external inputs.
 
-The ``preflight`` component runs first: it checks that the corpus and Q&A data are reachable, that
-the release root is writable and its store enforces conditional writes, (inside a cluster) that the
-S3 credentials Secret exists and, given a launch config for multi-node training, that the cluster
-serves its job kind; then it fingerprints the input data. The fingerprints are passed to ``clean``
-and ``finetune_lora`` as parameters, so a KFP cache key changes whenever the data behind an unchanged URI changes.
+The ``preflight`` component runs first: it checks that the S3 endpoint answers (when an input is on S3), that
+the corpus and Q&A data are reachable and that a sample of each reads with the stages' own readers (the corpus
+field is there and there is at least one document; the Q&A lines are prompt/response or chat examples), that
+the release root is writable and its store enforces conditional writes, (inside a cluster) that the S3
+credentials Secret exists and, given a launch config for multi-node training, that the cluster serves its job
+kind; then it fingerprints the input data. The fingerprints are passed to ``clean`` and ``finetune_lora`` as
+parameters, so a KFP cache key changes whenever the data behind an unchanged URI changes.
+
+Every failure is one line naming the cause, with a hint where one helps (``clean.text_field`` and the field the
+records do have, the Q&A fields expected, ``AWS_ENDPOINT_URL``). :class:`PreflightError` is an
+:class:`~lmforge.errors.InputDataError`: running the same inputs again fails the same way.
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import logging
 import os
+import socket
 import tempfile
 import uuid
+from collections.abc import Callable, Mapping
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from lmforge import storage
 from lmforge.artifacts import sha256_file
+from lmforge.config import CleanConfig, StrictModel
+from lmforge.data.corpus import CorpusReader, first_file_uri
 from lmforge.data.demo import is_demo, materialize
-from lmforge.errors import ConfigError, LmforgeError, PreflightError, StorageError
+from lmforge.errors import ConfigError, FieldMissingError, LmforgeError, PreflightError, StorageError, did_you_mean
 from lmforge.launch import check_training_api, parse_launch
+from lmforge.naming import default_model_name
 from lmforge.results import StageResult
+from lmforge.stages.configs import resolve_stage_config, sections
 
 if TYPE_CHECKING:
     from lmforge.config import LaunchConfig
 
 log = logging.getLogger("lmforge.preflight")
 
-DEMO_MODEL_NAME = "lmforge-demo"  # the release name when none is given
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+SAMPLE_RECORDS = 1000
+S3_CONNECT_TIMEOUT_S = 5.0
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 
 
 @dataclass
@@ -143,6 +160,116 @@ def check_secret(name: str) -> str:
     return "ok"
 
 
+def s3_endpoint_hint() -> str:
+    """A hint naming ``AWS_ENDPOINT_URL`` when the S3 client talks to AWS S3 because no endpoint is set; else ``""``."""
+    try:
+        endpoint = storage.s3_endpoint()
+    except StorageError:  # an invalid endpoint: its own check says so
+        return ""
+    host = urlsplit(endpoint).hostname or ""
+    if host != "amazonaws.com" and not host.endswith(".amazonaws.com"):
+        return ""
+    return (
+        f"no S3 endpoint is configured, so {endpoint} (AWS S3) was used; for MinIO, SeaweedFS or another S3 "
+        "server set AWS_ENDPOINT_URL (e.g. http://minio.kubeflow:9000)"
+    )
+
+
+def check_s3_endpoint() -> str:
+    """``ok`` when a TCP connection to the S3 endpoint opens within :data:`S3_CONNECT_TIMEOUT_S`; a reason otherwise.
+
+    Without this, an unreachable endpoint costs botocore's retries (about 40 s per call) before the first
+    error. Behind a proxy (``HTTPS_PROXY`` and the like) the proxy makes the connection: nothing is checked.
+    """
+    if any(os.environ.get(name) for name in PROXY_VARIABLES):
+        return "ok"
+    endpoint = storage.s3_endpoint()
+    parts = urlsplit(endpoint)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=S3_CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        return f"cannot connect to the S3 endpoint {endpoint}: {exc.strerror or exc}"
+    return "ok"
+
+
+def text_field_hint(exc: FieldMissingError) -> str:
+    """``clean.text_field`` and the field the records most likely hold their text in."""
+    guess = difflib.get_close_matches(exc.field, exc.fields, n=1, cutoff=0.6) or list(exc.text_fields[:1])
+    if guess:
+        return f"clean.text_field is {exc.field!r}: did you mean clean.text_field={guess[0]!r}?"
+    return f"clean.text_field is {exc.field!r}: set it to the field that holds the text"
+
+
+def check_corpus_sample(uri: str, clean: CleanConfig, sample_records: int = SAMPLE_RECORDS) -> str:
+    """``ok`` when the first ``sample_records`` documents read as ``clean`` reads them; a reason otherwise.
+
+    The reader is the ``clean`` stage's, with its ``text_field``, ``max_bad_records`` and ``max_record_bytes``;
+    of an ``s3://`` prefix only the first file is read. A corpus read to its end without one non-blank
+    document fails.
+    """
+    reader = CorpusReader(
+        first_file_uri(uri),
+        text_field=clean.text_field,
+        max_bad_records=clean.max_bad_records,
+        max_record_bytes=clean.max_record_bytes,
+    )
+    seen = non_blank = 0
+    try:
+        with closing(iter(reader)) as documents:
+            for document in documents:
+                seen += 1
+                non_blank += bool(document.text.strip())
+                if seen >= sample_records:
+                    return "ok"
+    except FieldMissingError as exc:
+        return f"{exc}; {text_field_hint(exc)}"
+    if not seen:
+        return f"{uri}: no documents (the corpus holds no records)"
+    if not non_blank:
+        return f"{uri}: all {seen} documents are blank"
+    return "ok"
+
+
+def check_qa_sample(uri: str, sample_records: int = SAMPLE_RECORDS) -> str:
+    """``ok`` when the first ``sample_records`` lines are valid examples for ``finetune_lora``; a reason otherwise."""
+    from lmforge.data.qa import load_examples  # imports transformers: only when a Q&A sample is read
+
+    load_examples(uri, limit=sample_records)
+    return "ok"
+
+
+def resolve_stage_configs(
+    preset: str, overrides: Mapping[str, str | dict[str, Any]]
+) -> tuple[dict[str, StrictModel], list[str]]:
+    """Every config section resolved from ``preset`` and its overrides, and the problems of those that do not.
+
+    ``overrides`` maps a section name (``pretrain``) to its overrides (a JSON object string or a mapping), as the
+    pipeline's ``<section>_overrides`` parameters give them.
+    """
+    names = sections()
+    problems = [
+        f"unknown config section {name!r}{did_you_mean(name, names)}; sections: {', '.join(names)}"
+        for name in overrides
+        if name not in names
+    ]
+    configs: dict[str, StrictModel] = {}
+    for section in names:
+        try:
+            resolved = resolve_stage_config(section, preset, overrides.get(section))
+        except ConfigError as exc:
+            problems.append(str(exc))
+        else:
+            if resolved is not None:
+                configs[section] = resolved
+    return configs, problems
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.splitlines())
+
+
 def run_checks(
     *,
     corpus_uri: str,
@@ -151,45 +278,85 @@ def run_checks(
     s3_secret_name: str,
     launch: LaunchConfig | None = None,
     model_name: str = "",
+    clean: CleanConfig | None = None,
+    sample_records: int = SAMPLE_RECORDS,
+    preset: str = "",
+    stage_overrides: Mapping[str, str | dict[str, Any]] | None = None,
 ) -> PreflightReport:
     """Run every check, then fingerprint the inputs; raise :class:`PreflightError` listing all failures.
 
-    With ``launch`` asking for more than one node, also check that the cluster serves its job kind. With
-    ``model_name``, also fingerprint the production release of that name (``fingerprints["production"]``),
-    the baseline ``evaluate`` compares against.
+    With an input or the release root on S3, first check that the S3 endpoint answers; when it does not,
+    the checks of the S3 locations are left out (each would wait for botocore's retries). With ``preset``,
+    resolve every stage's config from it and ``stage_overrides`` (:func:`resolve_stage_configs`), so a bad value
+    fails here and not when its stage starts. The corpus and the Q&A data are sampled (``sample_records``
+    records each) with the stages' readers; the corpus reader takes its settings from ``clean``, else from the
+    resolved clean config, else :class:`CleanConfig`'s defaults. With ``launch`` asking for more than one node,
+    also check that the cluster serves its job kind. With ``model_name``, also fingerprint the production
+    release of that name (``fingerprints["production"]``), the baseline ``evaluate`` compares against.
     """
     report = PreflightReport()
+    if preset:
+        configs, problems = resolve_stage_configs(preset, stage_overrides or {})
+        report.checks["stage_configs"] = "; ".join(problems) or "ok"
+        resolved = configs.get("clean")
+        if clean is None and isinstance(resolved, CleanConfig):
+            clean = resolved
+    clean = clean or CleanConfig()
+    s3_checks: set[str] = set()
+
+    def attempt(name: str, where: str, check: Callable[[], str]) -> bool:
+        if storage.is_s3(where):
+            s3_checks.add(name)
+        try:
+            result = check()
+        except (LmforgeError, OSError) as exc:
+            detail = str(exc)
+            result = detail if where in detail else f"{where}: {detail}"
+        report.checks[name] = _one_line(result)
+        return result == "ok"
+
     report.checks["s3_secret"] = check_secret(s3_secret_name) if s3_secret_name else "ok"
     if launch is not None and launch.num_nodes > 1:
         report.checks["training_job_api"] = check_training_api(launch)
-    for name, uri in (("corpus", corpus_uri), ("qa", qa_uri)):
-        try:
-            report.fingerprints[name] = fingerprint_uri(uri)
-            report.checks[f"{name}_readable"] = "ok"
-        except (LmforgeError, OSError) as exc:
-            report.checks[f"{name}_readable"] = f"{uri}: {exc}"
-    try:
-        check_writable(release_root)
-        report.checks["release_root_writable"] = "ok"
-    except (LmforgeError, OSError) as exc:
-        report.checks["release_root_writable"] = f"{release_root}: {exc}"
-    else:
-        try:
-            report.checks["release_root_conditional_writes"] = check_conditional_writes(release_root)
-        except (LmforgeError, OSError) as exc:
-            report.checks["release_root_conditional_writes"] = f"{release_root}: {exc}"
-    if model_name:
-        from lmforge.release import production_fingerprint
+    s3_reachable = True
+    if any(storage.is_s3(uri) for uri in (corpus_uri, qa_uri, release_root)):
+        s3_reachable = attempt("s3_endpoint", "s3://", check_s3_endpoint)
 
-        try:
-            report.fingerprints["production"] = production_fingerprint(release_root, model_name)
-            report.checks["production_release_readable"] = "ok"
-        except (LmforgeError, OSError) as exc:
-            report.checks["production_release_readable"] = f"{release_root} ({model_name}): {exc}"
+    def reachable(uri: str) -> bool:
+        return s3_reachable or not storage.is_s3(uri)
+
+    samples = {
+        "corpus": lambda: check_corpus_sample(corpus_uri, clean, sample_records),
+        "qa": lambda: check_qa_sample(qa_uri, sample_records),
+    }
+    for name, uri in (("corpus", corpus_uri), ("qa", qa_uri)):
+        if not reachable(uri):
+            continue
+
+        def fingerprint(uri: str = uri, name: str = name) -> str:
+            report.fingerprints[name] = fingerprint_uri(uri)
+            return "ok"
+
+        if attempt(f"{name}_readable", uri, fingerprint):
+            attempt(f"{name}_sample", uri, samples[name])
+    if reachable(release_root):
+        if attempt("release_root_writable", release_root, lambda: check_writable(release_root) or "ok"):
+            attempt("release_root_conditional_writes", release_root, lambda: check_conditional_writes(release_root))
+        if model_name:
+            from lmforge.release import production_fingerprint
+
+            def production() -> str:
+                report.fingerprints["production"] = production_fingerprint(release_root, model_name)
+                return "ok"
+
+            attempt("production_release_readable", f"{release_root} ({model_name})", production)
     for name, result in report.checks.items():
         log.info("preflight %s: %s", name, result)
     if report.failed:
-        raise PreflightError("preflight failed: " + "; ".join(f"{k}: {v}" for k, v in report.failed.items()))
+        message = "preflight failed: " + "; ".join(f"{k}: {v}" for k, v in report.failed.items())
+        if s3_checks & set(report.failed) and (hint := s3_endpoint_hint()):
+            message += f"; hint: {hint}"
+        raise PreflightError(message)
     return report
 
 
@@ -207,7 +374,8 @@ def run(
 
     Its summary holds ``corpus_fingerprint``, ``qa_fingerprint``, ``production_fingerprint`` (cache keys),
     ``gpu_limit`` (``gpu_count`` as the string the KFP backend needs for an accelerator limit) and the
-    resolved ``model_name``.
+    resolved ``model_name`` (the given one, else derived from the corpus by
+    :func:`~lmforge.naming.default_model_name`: ``lmforge-demo`` for the demo corpus).
 
     Raises:
         ConfigError: ``gpu_count`` below 0 or an invalid ``launch`` config.
@@ -215,7 +383,7 @@ def run(
     """
     if gpu_count < 0:
         raise ConfigError(f"gpu_count: must be at least 0, got {gpu_count}")
-    name = model_name or DEMO_MODEL_NAME
+    name = model_name or default_model_name(corpus_uri)
     report = run_checks(
         corpus_uri=corpus_uri,
         qa_uri=qa_uri,

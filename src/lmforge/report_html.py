@@ -5,18 +5,50 @@ from __future__ import annotations
 import base64
 import html
 import io
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+# Fits any window width: the page never scrolls sideways. A wide table scrolls inside its own box (.scroll),
+# plots scale down, charts fall to one column when two do not fit, and paths wrap at their separators (<wbr>)
+# or, lacking any, anywhere.
 _CSS = """
+*,*::before,*::after{box-sizing:border-box}
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2rem auto;
-max-width:1100px;color:#1d2330;line-height:1.45;padding:0 1rem}
+max-width:1100px;color:#1d2330;line-height:1.45;padding:0 1rem;overflow-wrap:break-word}
 h1{font-size:1.6rem;border-bottom:2px solid #3b5bdb;padding-bottom:.3rem}h2{font-size:1.25rem;margin-top:2rem}
-table{border-collapse:collapse;margin:.6rem 0;font-size:.92rem}th,td{border:1px solid #ccd;
-padding:.3rem .6rem;text-align:right}th{background:#eef1fb}td:first-child,th:first-child{text-align:left}
+.scroll{max-width:100%;overflow-x:auto;margin:.6rem 0}
+table{border-collapse:collapse;font-size:.92rem}th,td{border:1px solid #ccd;
+padding:.3rem .6rem;text-align:right;vertical-align:top}th{background:#eef1fb}
+td:first-child,th:first-child{text-align:left}td.text{text-align:left}
 .pass{color:#0b7a2a;font-weight:600}.fail{color:#b3261e;font-weight:600}.skip{color:#8a6d00;font-weight:600}
 img{max-width:100%;height:auto}.note{color:#556;font-size:.9rem}
+code,pre{overflow-wrap:anywhere}pre{white-space:pre-wrap;background:#f6f7fb;padding:.6rem;font-size:.85rem}
+.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,28rem),1fr));gap:1rem}
+.charts>div{min-width:0}dl.meta{display:grid;grid-template-columns:max-content minmax(0,1fr);gap:.2rem 1rem}
+dl.meta dt{font-weight:600}dl.meta dd{margin:0}details>summary{cursor:pointer}
 """
+_SEPARATORS = re.compile(r"([/\\_.\-|=&?,:])")
+
+
+def breakable(text: str) -> str:
+    """``text`` HTML-escaped, with a line-break opportunity (``<wbr>``) after each path or URI separator."""
+    return "".join(html.escape(part) + ("<wbr>" if i % 2 else "") for i, part in enumerate(_SEPARATORS.split(text)))
+
+
+def scroll_box(content: str) -> str:
+    """``content`` (a table) in a box that scrolls sideways on its own when it is wider than the page."""
+    return f'<div class="scroll">{content}</div>'
+
+
+def details(summary: str, content: str) -> str:
+    """A collapsed ``<details>`` block: ``summary`` (text) shown, ``content`` (HTML) on click."""
+    return f"<details><summary>{html.escape(summary)}</summary>{content}</details>"
+
+
+def charts(images: Sequence[str]) -> str:
+    """Plots side by side, two per row where they fit, one per row otherwise."""
+    return '<div class="charts">' + "".join(f"<div>{image}</div>" for image in images) + "</div>"
 
 
 def figure_png(fig: Any) -> str:
@@ -65,25 +97,29 @@ def bar_plot(values: Mapping[str, float], *, title: str, ylabel: str) -> str:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """An HTML table; floats are shown with 4 significant digits, ``None`` as an em dash."""
+    """An HTML table in its own scroll box: floats with 4 significant digits, ``None`` as an em dash, text left."""
 
     def cell(value: Any) -> str:
         if value is None:
-            return "—"
+            return "<td>—</td>"
         if isinstance(value, float):
-            return f"{value:.4g}"
-        return html.escape(str(value))
+            return f"<td>{value:.4g}</td>"
+        if isinstance(value, int):
+            return f"<td>{value}</td>"
+        return f'<td class="text">{breakable(str(value))}</td>'
 
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    body = "".join("<tr>" + "".join(cell(v) for v in row) + "</tr>" for row in rows)
+    return scroll_box(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
 
 
 def page(title: str, sections: Sequence[tuple[str, str]], *, subtitle: str = "") -> str:
     """A complete HTML document: a title, an optional subtitle and ``(heading, html)`` sections."""
     parts = [f"<h2>{html.escape(h)}</h2>\n{body}" for h, body in sections]
-    sub = f'<p class="note">{html.escape(subtitle)}</p>' if subtitle else ""
-    return (
-        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-        f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>{sub}\n" + "\n".join(parts) + "</body></html>"
+    sub = f'<p class="note">{breakable(subtitle)}</p>' if subtitle else ""
+    head = (
+        '<meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style>"
     )
+    body = f"<h1>{html.escape(title)}</h1>{sub}\n" + "\n".join(parts)
+    return f'<!DOCTYPE html><html lang="en"><head>{head}</head><body>{body}</body></html>'

@@ -138,7 +138,15 @@ def s3_client():  # -> botocore client; untyped to keep boto3 stubs optional
         read_timeout=120,
         s3={"addressing_style": "path"},
     )
-    return boto3.client("s3", config=config)
+    try:
+        return boto3.client("s3", config=config)
+    except ValueError as exc:  # botocore: "Invalid endpoint: minio:9000"
+        raise StorageError(f"S3 client: {exc}; AWS_ENDPOINT_URL must be a URL such as http://minio:9000") from exc
+
+
+def s3_endpoint() -> str:
+    """The endpoint URL the S3 client talks to: ``AWS_ENDPOINT_URL``'s, the AWS config's, or AWS S3's own."""
+    return s3_client().meta.endpoint_url
 
 
 def _s3_call(what: str, uri: str, fn, *args, **kwargs):
@@ -169,7 +177,7 @@ def is_file(uri: str) -> bool:
     """True when ``uri`` is an existing file or a single S3 object (not a prefix)."""
     if not is_s3(uri):
         return Path(uri).is_file()
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, key = split_s3(uri)
     if not key or key.endswith("/"):
@@ -179,6 +187,8 @@ def is_file(uri: str) -> bool:
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
             return False
+        raise StorageError(f"head {uri}: {exc}") from exc
+    except BotoCoreError as exc:  # no credentials, endpoint unreachable
         raise StorageError(f"head {uri}: {exc}") from exc
     return True
 

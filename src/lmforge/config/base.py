@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from lmforge.errors import ConfigError
+from lmforge.errors import ConfigError, did_you_mean
 
 Precision = Literal["fp32", "bf16", "fp16"]
 
@@ -53,14 +53,40 @@ def parse_overrides(overrides: str | dict[str, Any] | None) -> dict[str, Any]:
     return nested
 
 
-def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
-    """One line per problem: ``field.path: message (got value)``."""
+def format_validation_error(exc: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
+    """One line per problem: ``field.path: message (got value)``; an unknown field names the nearest valid one.
+
+    Args:
+        exc: pydantic's error.
+        prefix: dotted path of the validated model inside the whole config (``pretrain``).
+        model: the validated model, for the suggestion (``did you mean 'max_steps'?``) on an unknown field.
+    """
     lines = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
         got = "" if err["type"] == "missing" else f" (got {err.get('input')!r:.60})"
-        lines.append(f"{loc or '<root>'}: {err['msg']}{got}")
+        hint = ""
+        if err["type"] == "extra_forbidden" and model is not None:
+            hint = _nearest_field(model, err["loc"])
+        lines.append(f"{loc or '<root>'}: {err['msg']}{got}{hint}")
     return "; ".join(lines)
+
+
+def _nearest_field(model: type[BaseModel], loc: tuple[int | str, ...]) -> str:
+    """`` (did you mean 'name'?)`` for the unknown last key of ``loc``, from the fields of the model holding it."""
+    owner: Any = model
+    for part in loc[:-1]:
+        field = owner.model_fields.get(part) if isinstance(part, str) else None
+        owner = (
+            next((t for t in (field.annotation, *get_args(field.annotation)) if _is_model(t)), None) if field else None
+        )
+        if owner is None:
+            return ""
+    return did_you_mean(str(loc[-1]), owner.model_fields)
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
 def validate_config(model: type[T], data: dict[str, Any], prefix: str = "") -> T:
@@ -68,4 +94,4 @@ def validate_config(model: type[T], data: dict[str, Any], prefix: str = "") -> T
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"invalid config: {format_validation_error(exc, prefix)}") from exc
+        raise ConfigError(f"invalid config: {format_validation_error(exc, prefix, model)}") from exc

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from lmforge.config.base import Precision, StrictModel
+
+log = logging.getLogger("lmforge.config")
 
 ChunkLang = Literal["en", "zh", "auto"]
 MIN_CHUNK_TOKENS = 8  # enough for any one character, so a chunk never has to split one
@@ -165,7 +168,9 @@ class TrainConfig(StrictModel):
     seq_len: int = Field(128, gt=1, description="Tokens per training sequence (≤ the model's block size).")
     lr: float = Field(3e-3, gt=0.0, description="Peak learning rate.")
     min_lr: float = Field(3e-4, ge=0.0, description="Learning rate at the end of cosine decay.")
-    warmup_steps: int = Field(20, ge=0, description="Linear warmup steps.")
+    warmup_steps: int = Field(
+        20, ge=0, description="Linear warmup steps; more than max_steps is clipped to max_steps (with a note)."
+    )
     weight_decay: float = Field(0.1, ge=0.0, description="AdamW weight decay (not applied to norms/biases).")
     beta1: float = Field(0.9, gt=0.0, lt=1.0, description="AdamW beta1.")
     beta2: float = Field(0.95, gt=0.0, lt=1.0, description="AdamW beta2.")
@@ -214,12 +219,23 @@ class TrainConfig(StrictModel):
         default_factory=DistributedConfig, description="Single process, DDP or DeepSpeed."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _clip_warmup(cls, data: Any) -> Any:
+        """A warmup longer than the run ends with it, so that lowering ``max_steps`` alone gives a valid config."""
+        if not isinstance(data, dict):
+            return data
+        max_steps = data.get("max_steps", cls.model_fields["max_steps"].default)
+        warmup = data.get("warmup_steps", cls.model_fields["warmup_steps"].default)
+        if _is_int(max_steps) and _is_int(warmup) and 0 < max_steps < warmup:
+            log.warning("warmup_steps %d exceeds max_steps %d: clipped to %d", warmup, max_steps, max_steps)
+            data = {**data, "warmup_steps": max_steps}
+        return data
+
     @model_validator(mode="after")
     def _check_schedule(self) -> TrainConfig:
         if self.min_lr > self.lr:
             raise ValueError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
-        if self.warmup_steps > self.max_steps:
-            raise ValueError(f"warmup_steps ({self.warmup_steps}) must not exceed max_steps ({self.max_steps})")
         return self
 
     @model_validator(mode="after")
@@ -235,6 +251,10 @@ class TrainConfig(StrictModel):
         if self.distributed.backend == "deepspeed" and deepspeed.zero.offload_param != "none" and self.compile:
             raise ValueError("compile: not supported together with distributed.deepspeed.zero.offload_param")
         return self
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class PretrainConfig(StrictModel):

@@ -31,9 +31,10 @@ from __future__ import annotations
 import glob
 import gzip
 import hashlib
+import itertools
 import logging
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from typing import Any
 from lmforge import storage
 from lmforge.data import jsonl
 from lmforge.data.demo import is_demo, materialize
-from lmforge.errors import InputDataError
+from lmforge.errors import FieldMissingError, InputDataError
 from lmforge.scratch import scratch_dir
 
 log = logging.getLogger("lmforge.corpus")
@@ -52,6 +53,8 @@ BAD_SAMPLES_KEPT = 1000
 _GLOB_CHARS = frozenset("*?[")
 _PARQUET_BATCH = 1024
 RECORD_BITS = 40  # records per file < 2**40; files < 2**23
+FIELDS_KEPT = 20  # field names kept and shown for a record without its text field
+FIELD_NAME_SHOWN = 40
 
 
 def document_key(file_index: int, record: int) -> int:
@@ -71,10 +74,23 @@ class Document:
 
 @dataclass(frozen=True)
 class BadRecord:
-    """A record that could not be read as a document."""
+    """A record that could not be read as a document.
+
+    ``fields`` are the (first :data:`FIELDS_KEPT`) keys of a JSON object whose text field is missing, and
+    ``text_fields`` those of them holding a string, longest value first.
+    """
 
     source: str
     problem: str
+    fields: tuple[str, ...] | None = None
+    text_fields: tuple[str, ...] = ()
+
+
+def field_list(fields: Sequence[str], total: int) -> str:
+    """Field names for a one-line message: quoted (a newline in a name stays escaped), at most :data:`FIELDS_KEPT`."""
+    shown = ", ".join(repr(f[:FIELD_NAME_SHOWN]) for f in fields[:FIELDS_KEPT])
+    more = f" and {total - FIELDS_KEPT} more" if total > FIELDS_KEPT else ""
+    return (shown + more) or "no fields"
 
 
 def stable_id(source: str) -> str:
@@ -171,18 +187,21 @@ class CorpusReader:
             raise InputDataError(f"corpus {self.uri}: no {', '.join(SUFFIXES)} files found")
         return supported
 
-    def _bad(self, source: str, problem: str) -> None:
+    def _bad(self, bad: BadRecord) -> None:
         self.bad_records += 1
-        bad = BadRecord(source, problem)
         if len(self.bad_samples) < BAD_SAMPLES_KEPT:
             self.bad_samples.append(bad)
         if self.on_bad is not None:
             self.on_bad(bad)
         if self.bad_records > self.max_bad_records:
-            raise InputDataError(
-                f"{source}: {problem} (bad record {self.bad_records} exceeds max_bad_records={self.max_bad_records})"
+            message = (
+                f"{bad.source}: {bad.problem} (bad record {self.bad_records} exceeds "
+                f"max_bad_records={self.max_bad_records})"
             )
-        log.warning("%s: %s (skipped; bad record %d)", source, problem, self.bad_records)
+            if bad.fields is not None:
+                raise FieldMissingError(message, field=self.text_field, fields=bad.fields, text_fields=bad.text_fields)
+            raise InputDataError(message)
+        log.warning("%s: %s (skipped; bad record %d)", bad.source, bad.problem, self.bad_records)
 
     def _read_file(self, path: Path, name: str, file_index: int, stripe: tuple[int, int]) -> Iterator[Document]:
         suffix = format_of(path)
@@ -207,18 +226,28 @@ class CorpusReader:
             for lineno, record in lines:
                 source = f"{name}:{lineno}"
                 if isinstance(record, jsonl.BadLine):
-                    self._bad(source, record.problem)
+                    self._bad(BadRecord(source, record.problem))
                 elif (doc := self._document(record, source, document_key(file_index, lineno))) is not None:
                     yield doc
 
     def _read_parquet(self, path: Path, name: str, file_index: int, stripe: tuple[int, int]) -> Iterator[Document]:
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         row = 0
         try:  # pyarrow's errors are OSError (I/O) or ValueError (ArrowInvalid: not Parquet, corrupt pages)
             parquet = pq.ParquetFile(path)
-            if self.text_field not in parquet.schema_arrow.names:
-                raise InputDataError(f"{name}: no column {self.text_field!r} (columns: {parquet.schema_arrow.names})")
+            schema = parquet.schema_arrow
+            if self.text_field not in schema.names:
+                text_columns = tuple(
+                    f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+                )
+                raise FieldMissingError(
+                    f"{name}: no column {self.text_field!r} (columns: {field_list(schema.names, len(schema.names))})",
+                    field=self.text_field,
+                    fields=tuple(schema.names[:FIELDS_KEPT]),
+                    text_fields=text_columns[:FIELDS_KEPT],
+                )
             columns = [c for c in (self.text_field, "id") if c in parquet.schema_arrow.names]
             for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH, columns=columns):
                 for record in batch.to_pylist():
@@ -229,32 +258,35 @@ class CorpusReader:
                         yield doc
         except (OSError, ValueError) as exc:
             if stripe[0] == 0:  # one bad record for the file, counted once
-                self._bad(f"{name}:{row + 1}", f"not a readable Parquet file, rest of file skipped ({exc})")
+                self._bad(BadRecord(f"{name}:{row + 1}", f"not a readable Parquet file, rest of file skipped ({exc})"))
 
     def _read_text(self, path: Path, name: str, file_index: int) -> Iterator[Document]:
         with open(path, "rb") as fh:
             data = fh.read(self.max_record_bytes + 1)
         if len(data) > self.max_record_bytes:
-            self._bad(name, f"text file larger than {self.max_record_bytes} bytes")
+            self._bad(BadRecord(name, f"text file larger than {self.max_record_bytes} bytes"))
             return
         try:
             text = data.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
-            self._bad(name, f"invalid UTF-8 at byte {exc.start}")
+            self._bad(BadRecord(name, f"invalid UTF-8 at byte {exc.start}"))
             return
         yield Document(id=stable_id(name), text=text, source=name, key=document_key(file_index, 0))
 
     def _document(self, record: Any, source: str, key: int) -> Document | None:
         """The document in one parsed record, or ``None`` after counting it as bad."""
         if not isinstance(record, dict):
-            self._bad(source, f"expected a JSON object, got {type(record).__name__}")
+            self._bad(BadRecord(source, f"expected a JSON object, got {type(record).__name__}"))
             return None
-        text = record.get(self.text_field)
-        if text is None:
-            self._bad(source, f"field {self.text_field!r} missing")
+        if self.text_field not in record:
+            fields = tuple(str(k)[:FIELD_NAME_SHOWN] for k in itertools.islice(record, FIELDS_KEPT))
+            strings = sorted((k for k, v in record.items() if isinstance(v, str)), key=lambda k: -len(record[k]))
+            problem = f"field {self.text_field!r} missing (the record has: {field_list(fields, len(record))})"
+            self._bad(BadRecord(source, problem, fields, tuple(k[:FIELD_NAME_SHOWN] for k in strings[:FIELDS_KEPT])))
             return None
+        text = record[self.text_field]
         if not isinstance(text, str):
-            self._bad(source, f"field {self.text_field!r} is not a string (got {type(text).__name__})")
+            self._bad(BadRecord(source, f"field {self.text_field!r} is not a string (got {type(text).__name__})"))
             return None
         raw_id = record.get("id")
         has_id = isinstance(raw_id, str | int) and not isinstance(raw_id, bool) and str(raw_id) != ""
@@ -287,11 +319,28 @@ def _open_lines(path: Path, suffix: str) -> Any:
     return open(path, "rb")
 
 
+def _hidden(relative: str) -> bool:
+    return any(part.startswith(".") for part in relative.split("/"))
+
+
 def _files_below(root: Path) -> list[Path]:
     """Every non-hidden file under ``root``, sorted by relative path."""
     files = (p for p in root.rglob("*") if p.is_file())
-    visible = (p for p in files if not any(part.startswith(".") for part in p.relative_to(root).parts))
-    return sorted(visible, key=lambda p: p.relative_to(root).as_posix())
+    return sorted(
+        (p for p in files if not _hidden(p.relative_to(root).as_posix())), key=lambda p: p.relative_to(root).as_posix()
+    )
+
+
+def first_file_uri(uri: str) -> str:
+    """For an ``s3://`` prefix, the first corpus file a :class:`CorpusReader` reads there; other URIs unchanged.
+
+    A reader over a prefix downloads the whole prefix before its first document; a sample read from this
+    URI downloads one object. A prefix without supported files is returned as is (the reader names the problem).
+    """
+    if not storage.is_s3(uri) or storage.is_file(uri):
+        return uri
+    names = [n for n in storage.list_files(uri) if format_of(n) and not _hidden(n)]
+    return storage.join(uri, names[0]) if names else uri
 
 
 def iter_documents(

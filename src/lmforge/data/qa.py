@@ -23,6 +23,7 @@ An example too long for the training sequence may be split along the sentences o
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import tempfile
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ from transformers import PreTrainedTokenizerBase
 from lmforge import storage
 from lmforge.config import MIN_CHUNK_TOKENS, ChunkLang
 from lmforge.data.chunking import SentenceChunker
+from lmforge.data.corpus import field_list
 from lmforge.data.demo import is_demo, materialize
 from lmforge.data.jsonl import DEFAULT_MAX_RECORD_BYTES, BadLine, iter_json_lines
 from lmforge.errors import InputDataError
@@ -41,6 +43,10 @@ from lmforge.errors import InputDataError
 PROMPT_TEMPLATE = "Question: {prompt}\nAnswer:"
 ROLES = ("system", "user", "assistant")
 IGNORE_INDEX = -100  # the label of a position not scored (PyTorch's cross-entropy default)
+_SYNONYMS = {
+    **dict.fromkeys(("question", "query", "instruction", "input", "q"), "prompt"),
+    **dict.fromkeys(("answer", "output", "completion", "target", "a"), "response"),
+}  # field names other Q&A formats use, for the hint of a record without prompt/response
 
 Encoded = tuple[list[int], list[int]]
 
@@ -92,8 +98,10 @@ class Chat:
 Example = QAPair | Chat
 
 
-def load_examples(uri: str, *, max_line_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> list[Example]:
-    """Read all examples from a JSONL file (local, ``s3://`` or ``demo://``).
+def load_examples(
+    uri: str, *, max_line_bytes: int = DEFAULT_MAX_RECORD_BYTES, limit: int | None = None
+) -> list[Example]:
+    """Read the examples of a JSONL file (local, ``s3://`` or ``demo://``): all of them, or the first ``limit``.
 
     The first bad line (longer than ``max_line_bytes``, not UTF-8, not JSON, or not an example) raises
     :class:`InputDataError` naming ``file:line``. A UTF-8 byte order mark at the start is accepted.
@@ -102,7 +110,7 @@ def load_examples(uri: str, *, max_line_bytes: int = DEFAULT_MAX_RECORD_BYTES) -
         path = materialize(uri, workdir) if is_demo(uri) else storage.localize(uri, workdir)
         if path.is_dir():
             raise InputDataError(f"Q&A data {uri}: expected a JSONL file, got a directory")
-        examples = list(_parse_jsonl(path, uri, max_line_bytes))
+        examples = list(itertools.islice(_parse_jsonl(path, uri, max_line_bytes), limit))
     if not examples:
         raise InputDataError(f"Q&A data {uri}: no examples (the file is empty)")
     return examples
@@ -136,12 +144,24 @@ def _parse_record(record: dict, where: str) -> Example:
         if not any(role == "assistant" and content for role, content in parsed):
             raise InputDataError(f"{where}: 'messages' has no non-empty assistant message to learn from")
         return Chat(tuple(parsed))
+    missing = [field for field in ("prompt", "response") if field not in record]
+    if missing:
+        raise InputDataError(f"{where}: no {'/'.join(map(repr, missing))} field; {_schema_hint(record)}")
     for field in ("prompt", "response"):
-        if not isinstance(record.get(field), str) or not record[field].strip():
-            raise InputDataError(
-                f"{where}: field {field!r} missing or not a non-empty string (expected prompt/response or messages)"
-            )
+        if not isinstance(record[field], str) or not record[field].strip():
+            raise InputDataError(f"{where}: field {field!r} is not a non-empty string")
     return QAPair(record["prompt"].strip(), record["response"].strip())
+
+
+def _schema_hint(record: dict) -> str:
+    """What a record has and what an example needs, naming the renames for common Q&A field names."""
+    fields = [str(f) for f in record]
+    renames = [f"{f} → {target}" for f in fields if (target := _SYNONYMS.get(f.lower()))]
+    rename = f" (rename {', '.join(renames)})" if renames else ""
+    return (
+        f'the record has {field_list(fields, len(fields))}; each line needs {{"prompt": ..., "response": ...}}{rename} '
+        'or {"messages": [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}]}'
+    )
 
 
 def is_heldout(key: str, fraction: float) -> bool:

@@ -15,8 +15,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from lmforge.model.build import HISTORY_FILE
-from lmforge.report_html import bar_plot, figure_png, line_plot, page, table
+from lmforge.report_html import bar_plot, breakable, charts, details, figure_png, line_plot, page, scroll_box, table
 
 log = logging.getLogger("lmforge.evaluate")
 
@@ -152,13 +154,12 @@ def _gate_html(gate: Mapping[str, Any]) -> str:
         threshold = check.get("threshold")
         limit = "—" if not _finite(threshold) else f"{threshold:.4g}"
         rows.append(
-            f"<tr><td>{html.escape(str(check.get('name')))}</td><td>{shown}</td><td>{limit}</td>"
+            f"<tr><td>{breakable(str(check.get('name')))}</td><td>{shown}</td><td>{limit}</td>"
             f'<td class="{ok}">{ok.upper()}</td>'
-            f'<td style="text-align:left">{html.escape(str(check.get("reason", "")))}</td></tr>'
+            f'<td class="text">{breakable(str(check.get("reason", "")))}</td></tr>'
         )
     head = "".join(f"<th>{h}</th>" for h in ("check", "value", "threshold", "result", "reason"))
-    return (
-        f'<p>Gate: <span class="{klass}">{verdict}</span></p>'
+    return f'<p>Gate: <span class="{klass}">{verdict}</span></p>' + scroll_box(
         f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
     )
 
@@ -198,30 +199,30 @@ def grouped_bar_plot(groups: Mapping[str, Mapping[str, float]], *, title: str, y
 
 def _comparison_html(rows: Sequence[Mapping[str, Any]]) -> str:
     body = table([h for _, h in TABLE_COLUMNS], [[row[k] for k, _ in TABLE_COLUMNS] for row in rows])
-    charts = []
+    plots = []
     quality = {
         series: {r["label"]: r[key] for r in rows if _finite(r[key])}
         for key, series in (("perplexity", "perplexity"), ("bits_per_byte", "bits/byte"))
     }
     if quality["perplexity"]:
-        charts.append(
+        plots.append(
             bar_plot(quality["perplexity"], title="Quality: held-out perplexity (lower is better)", ylabel="perplexity")
         )
     if quality["bits/byte"]:
-        charts.append(
+        plots.append(
             bar_plot(quality["bits/byte"], title="Quality: bits per byte (lower is better)", ylabel="bits/byte")
         )
     answers = (("exact_match", "EM"), ("f1", "F1"), ("rouge_l", "ROUGE-L"))
-    charts.append(_grouped_chart(rows, answers, title="Quality: held-out Q&A (higher is better)", ylabel="score"))
+    plots.append(_grouped_chart(rows, answers, title="Quality: held-out Q&A (higher is better)", ylabel="score"))
     sized = {r["label"]: r["size_mb"] for r in rows if _finite(r["size_mb"])}
     if sized:
-        charts.append(bar_plot(sized, title="Size: weight files", ylabel="MB"))
+        plots.append(bar_plot(sized, title="Size: weight files", ylabel="MB"))
     latency = (("p50_ms", "p50"), ("p99_ms", "p99"))
-    charts.append(_grouped_chart(rows, latency, title="Speed: forward latency, batch 1 (lower is better)", ylabel="ms"))
+    plots.append(_grouped_chart(rows, latency, title="Speed: forward latency, batch 1 (lower is better)", ylabel="ms"))
     throughput = {r["label"]: r["tokens_per_s"] for r in rows if _finite(r["tokens_per_s"])}
     if throughput:
-        charts.append(bar_plot(throughput, title="Speed: tokens/s at batch 8 (higher is better)", ylabel="tokens/s"))
-    return body + _grid([chart for chart in charts if chart])
+        plots.append(bar_plot(throughput, title="Speed: tokens/s at batch 8 (higher is better)", ylabel="tokens/s"))
+    return body + charts([chart for chart in plots if chart])
 
 
 def _grouped_chart(
@@ -233,12 +234,6 @@ def _grouped_chart(
     return grouped_bar_plot(series, title=title, ylabel=ylabel) if series else None
 
 
-def _grid(charts: Sequence[str]) -> str:
-    """Charts two per row (inline style: the page stays self-contained)."""
-    cells = "".join(f'<div class="chart">{c}</div>' for c in charts)
-    return f'<div style="display:grid;grid-template-columns:repeat(2,minmax(0,1fr));gap:1rem">{cells}</div>'
-
-
 def _generation_html(results: Mapping[str, Any]) -> str:
     gen = results.get("generation") or {}
     if gen.get("status") != "evaluated":
@@ -248,7 +243,7 @@ def _generation_html(results: Mapping[str, Any]) -> str:
     scored = {name: e["generation"] for name, e in models.items() if isinstance(e.get("generation"), dict)}
     source = html.escape(str(gen.get("heldout_fraction_source")))
     body = (
-        f"<p>{gen.get('prompts')} held-out prompts from <code>{html.escape(str(gen.get('qa_uri')))}</code> "
+        f"<p>{gen.get('prompts')} held-out prompts from <code>{breakable(str(gen.get('qa_uri')))}</code> "
         f"(heldout_fraction {gen.get('heldout_fraction')}, from {source}); "
         f"greedy decoding, at most {gen.get('max_new_tokens')} new tokens.</p>"
     )
@@ -267,7 +262,7 @@ def _generation_html(results: Mapping[str, Any]) -> str:
             for n, g in scored.items()
         ],
     )
-    body += f'<p class="note">sacrebleu signature: <code>{html.escape(str(gen.get("bleu_signature")))}</code></p>'
+    body += f'<p class="note">sacrebleu signature: <code>{breakable(str(gen.get("bleu_signature")))}</code></p>'
     sample_rows = gen.get("samples") or []
     if sample_rows:
         names = list(dict.fromkeys(m for row in sample_rows for m in row.get("answers", {})))
@@ -287,7 +282,7 @@ def _data_html(data: Mapping[str, Any]) -> str:
     if clean:
         metrics = clean.get("metrics") or {}
         keys = ("docs_in", "docs_out", "bytes_in", "bytes_out", "duplicate_rate")
-        parts.append(f"<p>Cleaned corpus from <code>{html.escape(str(clean.get('input')))}</code>.</p>")
+        parts.append(f"<p>Cleaned corpus from <code>{breakable(str(clean.get('input')))}</code>.</p>")
         parts.append(table(["figure", "value"], [[k, metrics.get(k)] for k in keys if k in metrics]))
         removed = {k: v for k, v in (clean.get("removed") or {}).items() if v}
         if removed:
@@ -322,7 +317,7 @@ def _curves_html(histories: Mapping[str, Mapping[str, Any]]) -> str:
             parts.append(line_plot(series, title=f"{MODEL_LABELS.get(name, name)}: loss", xlabel="step", ylabel="loss"))
     if not parts:
         return '<p class="note">No training history found next to the evaluated models.</p>'
-    return _grid(parts)
+    return charts(parts)
 
 
 def _method_html(results: Mapping[str, Any]) -> str:
@@ -345,26 +340,59 @@ def _method_html(results: Mapping[str, Any]) -> str:
     )
 
 
-def html_report(results: Mapping[str, Any], histories: Mapping[str, Mapping[str, Any]] | None = None) -> str:
-    """The self-contained evaluation page: summary, gate, comparison, loss curves, TensorRT, method."""
-    gate = results.get("gate") or {}
+def _run_html(run_id: str | None, preset: str | None) -> str:
+    rows = [("run id", run_id or "not given"), ("preset", preset or "not given")]
+    return '<dl class="meta">' + "".join(f"<dt>{k}</dt><dd><code>{breakable(v)}</code></dd>" for k, v in rows) + "</dl>"
+
+
+def _config_html(config: Mapping[str, Any] | None, preset: str | None) -> str:
+    if config is None:
+        return '<p class="note">The resolved configuration was not given to the report.</p>'
+    text = yaml.safe_dump(dict(config), sort_keys=False, allow_unicode=True, width=100)
+    base = f"preset {preset} with the run's overrides" if preset else "every stage"
+    return details(f"Resolved configuration ({base}), as YAML", f"<pre><code>{html.escape(text)}</code></pre>")
+
+
+def html_report(
+    results: Mapping[str, Any],
+    histories: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    run_id: str | None = None,
+    preset: str | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> str:
+    """The self-contained evaluation page: summary, gate, comparison, loss curves, data, TensorRT, config, method.
+
+    Args:
+        results: the evaluation's ``results.json`` content (with ``gate`` and ``passed``).
+        histories: training histories by model name, for the loss curves.
+        run_id: the pipeline run this evaluation belongs to, shown in the summary.
+        preset: the config preset of the run, shown in the summary.
+        config: the run's resolved configuration (``PipelineConfig.model_dump(mode="json")``), shown collapsed.
+    """
     verdict = "passed" if results.get("passed") else "failed"
     served = results.get("served_model") or "none"
-    summary = (
+    summary = _run_html(run_id, preset) + (
         f'<p>Gate <span class="{"pass" if results.get("passed") else "fail"}">{verdict}</span>; '
         f"served model: {html.escape(str(served))}; compared with {html.escape(_production_text(results))}.</p>"
     )
     sections = [
         ("Summary", summary),
-        ("Gate", _gate_html(gate)),
+        ("Gate", _gate_html(results.get("gate") or {})),
         ("Model comparison", _comparison_html(comparison_rows(results))),
         ("Generation", _generation_html(results)),
         ("Loss curves", _curves_html(histories or {})),
         ("Data", _data_html(results.get("data") or {})),
         ("TensorRT", _tensorrt_html(results.get("tensorrt") or {})),
+        ("Configuration", _config_html(config, preset)),
         ("Method", _method_html(results)),
     ]
-    return page("lmforge evaluation", sections, subtitle=f"gate {verdict}")
+    subtitle = " · ".join(
+        part
+        for part in (f"run {run_id}" if run_id else "", f"preset {preset}" if preset else "", f"gate {verdict}")
+        if part
+    )
+    return page("lmforge evaluation", sections, subtitle=subtitle)
 
 
 def _md(value: Any) -> str:
@@ -376,12 +404,16 @@ def _md(value: Any) -> str:
     return " ".join(str(value).split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def markdown_summary(results: Mapping[str, Any]) -> str:
-    """A short Markdown version of the report (for a KFP ``Markdown`` output)."""
+def markdown_summary(results: Mapping[str, Any], *, run_id: str | None = None, preset: str | None = None) -> str:
+    """A short Markdown version of the report (for a KFP ``Markdown`` output), naming the run and preset if given."""
     gate = results.get("gate") or {}
+    run = ", ".join(
+        part for part in (f"run `{run_id}`" if run_id else "", f"preset `{preset}`" if preset else "") if part
+    )
     lines = [
         f"# lmforge evaluation: {'PASSED' if results.get('passed') else 'FAILED'}",
         "",
+        *([run[0].upper() + run[1:] + ".", ""] if run else []),
         f"Served model: `{results.get('served_model') or 'none'}`; compared with {_production_text(results)}; "
         f"TensorRT: {tensorrt_status_text(results.get('tensorrt') or {})}.",
         "",
