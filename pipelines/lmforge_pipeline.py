@@ -219,6 +219,16 @@ def lmforge_pipeline(
         launch=launch,
         gpu_count=gpu_count,
         model_name=model_name,
+        preset=preset,
+        clean_overrides=clean_overrides,
+        tokenize_overrides=tokenize_overrides,
+        pretrain_overrides=pretrain_overrides,
+        finetune_lora_overrides=finetune_lora_overrides,
+        distill_overrides=distill_overrides,
+        export_onnx_overrides=export_onnx_overrides,
+        quantize_int8_overrides=quantize_int8_overrides,
+        build_tensorrt_overrides=build_tensorrt_overrides,
+        evaluate_overrides=evaluate_overrides,
     )
     checked.set_display_name("0 preflight checks").set_caching_options(False)
     gpu = (gpu_accelerator_type, checked.outputs["gpu_limit"], gpu_node_selector, gpu_tolerations)
@@ -322,7 +332,7 @@ def lmforge_pipeline(
         model_name=checked.outputs["model_name"],
         production_fingerprint=checked.outputs["production_fingerprint"],
     )
-    evaluated.set_display_name("9 evaluate + gate")
+    _with_run_id(evaluated).set_display_name("9 evaluate + gate")
 
     # kfp.local resolves a condition on a task's single return value ("Output") but not on a named
     # output, so evaluate returns the gate decision as its only parameter output.

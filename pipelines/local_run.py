@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import time
 import uuid
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,7 @@ from kfp import local
 from kfp.components import load_component_from_file
 
 from lmforge.errors import LmforgeError
+from lmforge.launch.stage_runner import RUN_ID_ENV
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -47,6 +51,20 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{uuid.uuid4().hex[:8]}"
 
 
+@contextlib.contextmanager
+def _run_id_in_env(run_id: str) -> Iterator[None]:
+    """``$LMFORGE_RUN_ID`` for the tasks (kfp.local passes no pod label): the run id the reports name."""
+    previous = os.environ.get(RUN_ID_ENV)
+    os.environ[RUN_ID_ENV] = run_id
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(RUN_ID_ENV, None)
+        else:
+            os.environ[RUN_ID_ENV] = previous
+
+
 def run_pipeline_locally(
     params: dict[str, Any], pipeline_root: Path, pipeline_yaml: Path = COMPILED_PIPELINE
 ) -> LocalRun:
@@ -55,11 +73,12 @@ def run_pipeline_locally(
     Each call gets its own directory ``<pipeline_root>/<run id>/`` (:func:`new_run_id`), so two runs
     started on one ``--output`` never share, or mistake each other's, outputs.
     """
-    pipeline_root = Path(pipeline_root).resolve() / new_run_id()
+    run_id = new_run_id()
+    pipeline_root = Path(pipeline_root).resolve() / run_id
     pipeline_root.mkdir(parents=True)  # never exist_ok: a run directory belongs to one run
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root), raise_on_error=True)
     start = time.perf_counter()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _run_id_in_env(run_id):
         # Resource, placement and image settings are for the cluster; kfp.local says so once per task.
         warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
         warnings.filterwarnings("ignore", message=".*custom or non-Python base image.*")

@@ -20,6 +20,16 @@ def preflight(
     launch: str = "{}",
     gpu_count: int = 1,
     model_name: str = "",
+    preset: str = "tiny-cpu",
+    clean_overrides: str = "{}",
+    tokenize_overrides: str = "{}",
+    pretrain_overrides: str = "{}",
+    finetune_lora_overrides: str = "{}",
+    distill_overrides: str = "{}",
+    export_onnx_overrides: str = "{}",
+    quantize_int8_overrides: str = "{}",
+    build_tensorrt_overrides: str = "{}",
+    evaluate_overrides: str = "{}",
 ) -> NamedTuple(
     "Outputs",
     [

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Annotated, Any
@@ -116,7 +117,7 @@ def stage(
     what NAME takes.
     """
     from lmforge.component_io import setup_logging
-    from lmforge.launch.stage_runner import run_stage_uris
+    from lmforge.launch.stage_runner import RUN_ID_ENV, run_stage_uris
 
     try:
         spec = get_stage(name)
@@ -129,7 +130,8 @@ def stage(
             setup_logging(logging.DEBUG if verbose else logging.INFO)
         paths = {k: str(v) for k, v in parse_assignments(io, "--io").items()}
         cfg = resolve_stage_config(name, preset, parse_overrides(parse_assignments(set_, "--set")))
-        result = run_stage_uris(name, cfg, paths, result_uri=result_uri or None)
+        context = {"preset": preset, "run_id": os.environ.get(RUN_ID_ENV, "")}
+        result = run_stage_uris(name, cfg, paths, result_uri=result_uri or None, context=context)
     except LmforgeError as exc:
         fail(exc)
     typer.echo(json.dumps({"metrics": result.metrics, "summary": result.summary}, indent=2, default=str))

@@ -369,8 +369,13 @@ def run(
     launch: str = "{}",
     gpu_count: int = 1,
     model_name: str = "",
+    preset: str = "tiny-cpu",
+    **section_overrides: str,
 ) -> StageResult:
     """The ``preflight`` stage: :func:`run_checks`, with the values the later steps take from it.
+
+    ``section_overrides`` are the pipeline's ``<section>_overrides`` parameters: with ``preset`` they resolve
+    every stage's config here, so a bad override fails before the first stage starts.
 
     Its summary holds ``corpus_fingerprint``, ``qa_fingerprint``, ``production_fingerprint`` (cache keys),
     ``gpu_limit`` (``gpu_count`` as the string the KFP backend needs for an accelerator limit) and the
@@ -391,6 +396,8 @@ def run(
         s3_secret_name=s3_secret_name,
         launch=parse_launch(launch),
         model_name=name,
+        preset=preset,
+        stage_overrides={key.removesuffix("_overrides"): value for key, value in section_overrides.items()},
     )
     fp = report.fingerprints
     summary = {

@@ -10,10 +10,13 @@ then writes the stage's ``Metrics``/``HTML``/``Markdown`` outputs and returns it
 from __future__ import annotations
 
 import collections
+import os
 from collections.abc import Mapping
 from typing import Any
 
 from lmforge.component_io import publish, setup_logging
+from lmforge.exit_codes import exit_on_input_error
+from lmforge.launch.stage_runner import RUN_ID_ENV
 from lmforge.stages import get_stage, resolve_stage_config, run_stage
 from lmforge.stages.spec import StageSpec
 
@@ -25,11 +28,18 @@ LAUNCH_ARGS = ("launch", "staging_uri", "gpu_count", "job_image")  # of every di
 def run_component(stage: str, args: Mapping[str, Any]) -> Any:
     """Run registry stage ``stage`` with a component's arguments (its ``locals()``) and return its outputs.
 
+    An input or config error ends the step with one ``error:`` line and exit code 2 (:mod:`lmforge.exit_codes`).
+
     Returns:
         Nothing, the one output parameter, or a named tuple of them (``StageSpec.returns``), read from the
         stage result's summary.
     """
     setup_logging()
+    with exit_on_input_error():
+        return _run(stage, args)
+
+
+def _run(stage: str, args: Mapping[str, Any]) -> Any:
     spec = get_stage(stage)
     for key in spec.cache_keys:  # the fingerprint is in the cache key already; record it for people too
         for port in spec.outputs:
@@ -39,7 +49,8 @@ def run_component(stage: str, args: Mapping[str, Any]) -> Any:
         result = _run_distributed(spec, args, io)
     else:
         cfg = resolve_stage_config(stage, args["preset"], args["overrides"]) if spec.config else None
-        result = run_stage(stage, cfg, io)
+        context = {"preset": args.get("preset", ""), "run_id": os.environ.get(RUN_ID_ENV, "")}
+        result = run_stage(stage, cfg, io, context=context)
     publish(
         result,
         metrics=args[METRICS],

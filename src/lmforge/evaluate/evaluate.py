@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from lmforge.artifacts import MANIFEST, input_record, read_json_file, staged_output, write_manifest
+from lmforge.artifacts import MANIFEST, input_record, read_json_file, read_manifest, staged_output, write_manifest
 from lmforge.config import EvaluateConfig, LoraConfig
 from lmforge.data.shards import INDEX, TokenShards
 from lmforge.errors import ConfigError, InputDataError
@@ -335,8 +335,12 @@ def run(
     qa_uri: str | None = None,
     release_root: str | None = None,
     model_name: str | None = None,
+    run_id: str = "",
+    preset: str = "",
 ) -> StageResult:
     """The ``evaluate`` stage: :func:`evaluate_models` on the pipeline's models, by their artifact names.
+
+    ``run_id`` and ``preset`` (the run's, from the stage's context) are named in the report.
 
     Raises:
         ConfigError: ``release_root`` without ``model_name`` (the production release would be unknown).
@@ -356,6 +360,8 @@ def run(
         release_root=release_root or None,
         model_name=model_name,
         cleaned_dir=cleaned,
+        run_id=run_id,
+        preset=preset,
     )
 
 
@@ -371,6 +377,8 @@ def evaluate_models(
     release_root: str | None = None,
     model_name: str | None = None,
     cleaned_dir: str | Path | None = None,
+    run_id: str = "",
+    preset: str = "",
 ) -> StageResult:
     """Evaluate every given model and write ``report.html``, ``report.md``, ``results.json``.
 
@@ -385,6 +393,7 @@ def evaluate_models(
         release_root: the model registry; its ``latest.json`` release is what the gate compares with.
         model_name: release name in the registry whose production release is the gate's baseline.
         cleaned_dir: the ``clean`` stage's output, for the data summary in the report (``stats.json``).
+        run_id, preset: named in the report (with the config every model's manifest records).
     """
     overlap = set(models) & set(onnx_models)
     if overlap:
@@ -469,7 +478,11 @@ def evaluate_models(
         log.info("  %s %s: %s", "PASS" if check.passed else "FAIL", check.name, check.reason)
 
     histories = {name: h for name, path in paths.items() if (h := read_history(path)) is not None}
-    report = html_report(results, histories)
+    # The config each model was made with, as its manifest records it, and this stage's own.
+    configs = {name: read_manifest(path).get("config") for name, path in paths.items()}
+    configs["evaluate"] = cfg.model_dump(mode="json")
+    report = html_report(results, histories, run_id=run_id or None, preset=preset or None, config=configs)
+    summary_md = markdown_summary(results, run_id=run_id or None, preset=preset or None)
     metrics: dict[str, float] = {}
     for name, entry in evaluated.items():
         for key in MODEL_METRICS:
@@ -486,7 +499,7 @@ def evaluate_models(
         inputs["production"] = {k: results["production"][k] for k in ("version", "manifest_uri", "fingerprint")}
     with staged_output(output_dir) as scratch:
         (scratch / REPORT_HTML).write_text(report, encoding="utf-8")
-        (scratch / REPORT_MD).write_text(markdown_summary(results), encoding="utf-8")
+        (scratch / REPORT_MD).write_text(summary_md, encoding="utf-8")
         (scratch / RESULTS_FILE).write_text(json.dumps(results, indent=2), encoding="utf-8")
         write_manifest(
             scratch,
@@ -501,5 +514,5 @@ def evaluate_models(
         metrics=metrics,
         html=report,
         summary={"passed": decision.passed, "checks": results["gate"]["checks"], "table": table_rows},
-        markdown=markdown_summary(results),
+        markdown=summary_md,
     )

@@ -299,6 +299,7 @@ def run_stage_uris(
     *,
     result_uri: str | None = None,
     workdir: str | Path | None = None,
+    context: Mapping[str, str] | None = None,
 ) -> StageResult:
     """Run one stage whose artifact inputs and outputs may be ``s3://`` prefixes (what ``lmforge stage`` runs).
 
@@ -306,6 +307,7 @@ def run_stage_uris(
     (default ``$LMFORGE_STAGE_WORKDIR`` or the temp dir), shared by the ranks there; ``s3://`` outputs are
     written to a local scratch directory and uploaded by rank 0, manifest last, their manifest naming the
     S3 inputs rather than the local copies. Rank 0 (``RANK`` unset or 0) writes the result to ``result_uri``.
+    ``context`` (the run's ``preset`` and ``run_id``) reaches the stages that take it.
     """
     spec = get_stage(stage)
     outputs, inputs = _artifact_names(spec.outputs), _artifact_names(spec.inputs)
@@ -326,7 +328,7 @@ def run_stage_uris(
                 uris = value.split(",") if spec.port(name).many and isinstance(value, str) else value
                 copies = [_local_copy(uri, root, localized) for uri in ([uris] if isinstance(uris, str) else uris)]
                 local[name] = copies if spec.port(name).many else copies[0]
-        result = run_stage(stage, stage_cfg, local)
+        result = run_stage(stage, stage_cfg, local, context=context)
         if main:
             for name, uri in uploads.items():
                 _name_s3_inputs(Path(local[name]), localized)

@@ -34,51 +34,7 @@ RELEASE_ROOT = param("release_root", "str", "Release registry root: a local path
 MODEL_NAME = param("model_name", "str", "Release name: releases live under <release_root>/models/<model_name>/.")
 SHARDS = artifact("shards", "Dataset", "Token shards from tokenize (train/val .bin files + index.json).")
 
-_STAGES: tuple[StageSpec, ...] = (
-    StageSpec(
-        name="preflight",
-        summary="Check that inputs are readable, the registry writable and the S3 Secret present; fingerprint the "
-        "data and the production release.",
-        entry="lmforge.preflight:run",
-        config=None,
-        inputs=(
-            CORPUS_URI,
-            QA_URI,
-            RELEASE_ROOT,
-            param(
-                "s3_secret_name",
-                "str",
-                "Secret holding the S3 credentials (checked only inside a cluster; skipped with IRSA).",
-                default="lmforge-s3",
-            ),
-            param(
-                "launch",
-                "str",
-                "The training steps' LaunchConfig JSON: validated here, and with num_nodes > 1 the cluster must "
-                "serve its job kind (TrainJob or PyTorchJob).",
-                default="{}",
-            ),
-            param("gpu_count", "int", "GPUs per GPU-stage pod (at least 0).", default=1),
-            param(
-                "model_name",
-                "str",
-                "Release name; empty: derived from the corpus (lmforge-demo for the demo corpus).",
-                default="",
-            ),
-        ),
-        returns=(
-            param("corpus_fingerprint", "str", "sha256 of the corpus content (downstream cache keys)."),
-            param("qa_fingerprint", "str", "sha256 of the Q&A data (downstream cache keys)."),
-            param("production_fingerprint", "str", "Fingerprint of the production release the gate compares with."),
-            param(
-                "gpu_limit",
-                "str",
-                "gpu_count as a string: the KFP backend's driver reads an accelerator limit only from a string "
-                "parameter (an integer one is dropped), so the GPU steps take their limit from here.",
-            ),
-            param("model_name", "str", "The release name every later step uses."),
-        ),
-    ),
+_DAG_STAGES: tuple[StageSpec, ...] = (
     StageSpec(
         name="plan_shards",
         summary="List the shard indices 0 .. shard_count-1 for the cleaning fan-out (dsl.ParallelFor).",
@@ -290,6 +246,7 @@ _STAGES: tuple[StageSpec, ...] = (
         ),
         html="report",
         markdown="summary",
+        context=("preset", "run_id"),
     ),
     StageSpec(
         name="promote",
@@ -311,6 +268,74 @@ _STAGES: tuple[StageSpec, ...] = (
         returns=(param("release_uri", "str", "The release URI."),),
     ),
 )
+
+
+def _preflight(sections: tuple[str, ...]) -> StageSpec:
+    """``preflight``: it validates every config section, so its ports follow the other stages' sections."""
+    return StageSpec(
+        name="preflight",
+        summary="Check that inputs are readable, the registry writable and the S3 Secret present; fingerprint the "
+        "data and the production release.",
+        entry="lmforge.preflight:run",
+        config=None,
+        inputs=(
+            CORPUS_URI,
+            QA_URI,
+            RELEASE_ROOT,
+            param(
+                "s3_secret_name",
+                "str",
+                "Secret holding the S3 credentials (checked only inside a cluster; skipped with IRSA).",
+                default="lmforge-s3",
+            ),
+            param(
+                "launch",
+                "str",
+                "The training steps' LaunchConfig JSON: validated here, and with num_nodes > 1 the cluster must "
+                "serve its job kind (TrainJob or PyTorchJob).",
+                default="{}",
+            ),
+            param("gpu_count", "int", "GPUs per GPU-stage pod (at least 0).", default=1),
+            param(
+                "model_name",
+                "str",
+                "Release name; empty: derived from the corpus (lmforge-demo for the demo corpus).",
+                default="",
+            ),
+            param(
+                "preset",
+                "str",
+                "Preset every stage's config starts from; each section is validated here.",
+                default="tiny-cpu",
+            ),
+            *(
+                param(
+                    f"{section}_overrides",
+                    "str",
+                    f"The {section} stage's overrides (the pipeline's {section}_overrides): validated here, before "
+                    "any stage starts.",
+                    default="{}",
+                )
+                for section in sections
+            ),
+        ),
+        returns=(
+            param("corpus_fingerprint", "str", "sha256 of the corpus content (downstream cache keys)."),
+            param("qa_fingerprint", "str", "sha256 of the Q&A data (downstream cache keys)."),
+            param("production_fingerprint", "str", "Fingerprint of the production release the gate compares with."),
+            param(
+                "gpu_limit",
+                "str",
+                "gpu_count as a string: the KFP backend's driver reads an accelerator limit only from a string "
+                "parameter (an integer one is dropped), so the GPU steps take their limit from here.",
+            ),
+            param("model_name", "str", "The release name every later step uses."),
+        ),
+    )
+
+
+_SECTIONS = tuple(dict.fromkeys(spec.section for spec in _DAG_STAGES if spec.section))
+_STAGES: tuple[StageSpec, ...] = (_preflight(_SECTIONS), *_DAG_STAGES)
 
 STAGES: dict[str, StageSpec] = {spec.name: spec for spec in _STAGES}
 

@@ -12,18 +12,19 @@ from lmforge.stages.registry import get_stage
 from lmforge.stages.spec import Port, StageSpec
 
 
-def run_stage(name: str, cfg: Any, io: Mapping[str, Any]) -> StageResult:
+def run_stage(name: str, cfg: Any, io: Mapping[str, Any], *, context: Mapping[str, str] | None = None) -> StageResult:
     """Run stage ``name`` with ``io`` holding its inputs and outputs by name (what ``lmforge stage`` runs).
 
     Values may be strings as typed on a command line: an integer parameter ``"3"`` becomes ``3``, a list
-    of artifacts ``"a,b"`` becomes ``["a", "b"]``. Empty values count as not given.
+    of artifacts ``"a,b"`` becomes ``["a", "b"]``. Empty values count as not given. ``context`` holds the
+    run's ``preset`` and ``run_id``; a stage gets those its ``StageSpec.context`` names.
 
     Raises:
         ConfigError: an unknown name (the nearest valid one is named), a missing required input or output
             (named with its description), or a value of the wrong type; nothing has run.
     """
     spec = get_stage(name)
-    kwargs = bind(spec, io)
+    kwargs = bind(spec, io) | {key: value for key, value in (context or {}).items() if key in spec.context}
     function = spec.function()
     return function(cfg, **kwargs) if spec.config is not None else function(**kwargs)
 

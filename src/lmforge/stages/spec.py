@@ -80,6 +80,8 @@ class StageSpec:
         runtime: the image it runs in (:data:`RUNTIMES`).
         distributed: the entry point joins torchrun's process group (``lmforge.train.distributed``), so the
             launcher may run it under torchrun or as a multi-node job.
+        context: facts about the run (not artifacts, not part of the cache key) the entry point also takes by
+            keyword: ``preset`` (the run's preset) and ``run_id`` (``$LMFORGE_RUN_ID``), for its report.
     """
 
     name: str
@@ -95,6 +97,7 @@ class StageSpec:
     markdown: str | None = None
     runtime: str = "cpu"
     distributed: bool = False
+    context: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
