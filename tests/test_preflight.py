@@ -219,18 +219,19 @@ def test_run_checks_skips_the_training_api_for_one_node(tmp_path):
     assert "training_job_api" not in report.checks
 
 
-def test_preflight_component_refuses_a_bad_launch_before_any_gpu_step(tmp_path):
+def test_preflight_component_refuses_a_bad_launch_before_any_gpu_step(tmp_path, capsys):
     from lmforge_kfp.components import load_component
 
     preflight = load_component("preflight")
-    from lmforge.errors import ConfigError
-
     metrics = dsl.Metrics(name="metrics", uri=str(tmp_path / "metrics"), metadata={})
-    with pytest.raises(ConfigError, match=r"launch\.num_node: Extra inputs are not permitted"):
+    with pytest.raises(SystemExit) as exited:
         preflight.python_func(
             corpus_uri=str(_corpus(tmp_path)), qa_uri="demo://chatterbot", release_root=str(tmp_path / "reg"),
             metrics=metrics, s3_secret_name="", launch='{"num_node": 2}',
         )  # fmt: skip
+    assert exited.value.code == 2  # an input error: one line, no traceback
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # the component's log: error line last
+    assert "error: " in last and "launch.num_node: Extra inputs are not permitted" in last
 
 
 def test_the_pipeline_passes_its_launch_parameter_to_preflight():

@@ -122,7 +122,9 @@ def test_a_rerun_on_unchanged_data_returns_production_instead_of_publishing_a_co
         evaluation_dir=_evaluate(tmp_path / "eval-1", registry, 1.00),
     )
     rerun = _evaluate(tmp_path / "eval-2", registry, 1.00)  # the next scheduled run, gated against v1
-    again = promote(model_name=MODEL, release_root=registry, version="v2", artifacts={"student": student}, evaluation_dir=rerun)
+    again = promote(
+        model_name=MODEL, release_root=registry, version="v2", artifacts={"student": student}, evaluation_dir=rerun
+    )
     assert again.summary["status"] == "unchanged" and again.summary["release_uri"] == first.summary["release_uri"]
     assert [r["version"] for r in list_releases(registry, "tiny")] == ["v1"]
     assert not storage.exists(storage.join(registry, "models", "tiny", "v2"))

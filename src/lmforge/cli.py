@@ -143,7 +143,8 @@ def _print_stage_help(spec: Any) -> None:
     out.print(spec.summary, highlight=False)
     for title, ports in (("inputs", spec.inputs), ("outputs", spec.outputs)):
         table = Table(title=title, title_justify="left", show_lines=False)
-        for column in ("name", "kind", "required", "description"):
+        table.add_column("name", no_wrap=True)
+        for column in ("kind", "required", "description"):
             table.add_column(column, overflow="fold")
         for port in ports:
             default = "" if port.required else f"no (default {port.default!r})" if not port.is_artifact else "no"
@@ -158,7 +159,8 @@ def _print_stage_help(spec: Any) -> None:
 
 def _print_fields(out: Console, target: str) -> None:
     table = Table(show_lines=False)
-    for column in ("field", "type", "default", "description"):
+    table.add_column("field", no_wrap=True)
+    for column in ("type", "default", "description"):
         table.add_column(column, overflow="fold")
     for row in explain(target):
         table.add_row(row.path, row.type, row.default, row.description)
