@@ -129,7 +129,7 @@ def test_corrupted_newest_checkpoint_on_s3_resumes_from_the_previous_one_and_nam
     assert storage.is_file(storage.join(moved["moved_to"], "model.safetensors"))
     assert result.summary["quarantined_checkpoints"] == [bad]
     assert result.metrics["quarantined_checkpoints"] == 1.0
-    assert bad in result.html and bad in caplog.text
+    assert bad in result.html.replace("<wbr>", "") and bad in caplog.text  # the report may break paths at separators
     assert complete_steps(uri) == [2, 4, 6]  # step 4 written again by the resumed run
 
 

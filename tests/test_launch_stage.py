@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -172,16 +173,18 @@ def test_pretrain_component_runs_in_process_by_default_and_publishes(tmp_path, t
     ("launch", "message"),
     [('{"nodes": 2}', r"launch\.nodes: Extra inputs"), ('{"num_nodes": 2}', r"staging_uri: launch\.num_nodes=2")],
 )
-def test_pretrain_component_refuses_a_bad_launch_before_training(tmp_path, launch, message):
+def test_pretrain_component_refuses_a_bad_launch_before_training(tmp_path, capsys, launch, message):
     from lmforge_kfp.components import load_component
 
     pretrain = load_component("pretrain")
 
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(SystemExit) as exited:
         pretrain.python_func(
             shards=_Artifact(tmp_path / "s"), tokenizer=_Artifact(tmp_path / "t"), model=_Artifact(tmp_path / "m"),
             metrics=_Artifact(tmp_path / "x"), curves=_Artifact(tmp_path / "c"), launch=launch,
         )  # fmt: skip
+    assert exited.value.code == 2  # a config error: one error line, exit 2, no traceback
+    assert re.search(message, capsys.readouterr().err.strip().splitlines()[-1])
     assert not (tmp_path / "m").exists()
 
 
