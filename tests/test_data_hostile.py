@@ -93,7 +93,7 @@ import json, sys
 from lmforge.config import CleanConfig
 from lmforge.data import clean
 cfg = CleanConfig.model_validate(json.loads(sys.argv[1]))
-result = clean.run(cfg, sys.argv[2], sys.argv[3])
+result = clean.run(cfg, corpus_uri=sys.argv[2], cleaned=sys.argv[3])
 print(json.dumps(result.metrics))
 """
 
