@@ -15,22 +15,11 @@ from lmforge.config import (
     LanguageIdConfig,
     PiiConfig,
 )
-from lmforge.data.filters import (
-    _NGRAM_MULTIPLIERS,
-    PUNCTUATION,
-    C4Lines,
-    FineWebLines,
-    GopherQuality,
-    GopherRepetition,
-    TextView,
-    _top_ngram_chars,
-    alphabetic_words,
-    duplicate_ngram_chars,
-    ngram_hashes,
-    stable_hashes,
-    top_ngram_chars,
-)
 from lmforge.data.pii import PiiRedactor, luhn_valid
+from lmforge.data.rules import C4Lines, FineWebLines, GopherQuality, GopherRepetition, LanguageFilter, TextView
+from lmforge.data.rules.gopher_quality import _LETTERLESS_WORD, _is_numeral, alphabetic_words
+from lmforge.data.rules.gopher_repetition import _top_ngram_chars, duplicate_ngram_chars, top_ngram_chars
+from lmforge.data.rules.text_view import _NGRAM_MULTIPLIERS, PUNCTUATION, ngram_hashes, stable_hashes
 
 PROSE = (
     "The committee met on Tuesday to review the budget and the plans that have been proposed. "
@@ -109,8 +98,6 @@ def _edge_changes(c: str) -> bool:
 
 def test_alphabetic_word_count_matches_isalpha_everywhere():
     # The regex count relies on [\W\d_]-or-not being isalpha except for numerals; check every code point.
-    from lmforge.data.filters import _LETTERLESS_WORD, _is_numeral
-
     for i in range(sys.maxunicode + 1):
         c = chr(i)
         if not c.isspace():
@@ -210,8 +197,6 @@ def test_pii_types_are_switchable():
 
 
 def test_language_filter_keeps_english_and_chinese_and_drops_french():
-    from lmforge.data.langid import LanguageFilter
-
     rule = LanguageFilter(LanguageIdConfig())
     en, zh = TextView(PROSE), TextView("今天天气很好，我们一起去公园散步吧。这是一个简单的中文句子，用来测试语言识别。")
     assert rule(en) is None and en.lang == "en"
@@ -222,7 +207,6 @@ def test_language_filter_keeps_english_and_chinese_and_drops_french():
 
 
 def test_unknown_language_code_is_a_config_error():
-    from lmforge.data.langid import LanguageFilter
     from lmforge.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"clean.language.allowed: unknown ISO 639-1 code\(s\) \['xx'\]"):
