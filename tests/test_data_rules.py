@@ -66,6 +66,20 @@ def test_gopher_quality_is_switchable_per_threshold_and_language():
     assert zh_only(TextView("短文", lang="zh")) is None
 
 
+def test_gopher_repetition_names_duplicated_paragraphs_and_line_characters():
+    paragraphs = "p one\n\np one\n\nq"  # 15 chars; "p one" (5 chars) repeats: 1 of 3 paragraphs, 5 of 15 chars
+    assert GopherRepetition(GopherRepetitionConfig())(paragraphs) == "dup_para_frac 0.33 > 0.3"
+    by_chars = GopherRepetitionConfig(dup_para_frac=None)
+    assert GopherRepetition(by_chars)(paragraphs) == "dup_para_char_frac 0.33 > 0.2"
+    lines = "a long repeated line\na long repeated line\nx\ny\nz"  # 47 chars, 20 of them in the repeat
+    assert GopherRepetition(GopherRepetitionConfig(dup_line_frac=None))(lines) == "dup_line_char_frac 0.43 > 0.2"
+    # with the four off, the n-gram tests decide: "p one" is 8 of the 15 chars as a repeated 2-gram
+    off = GopherRepetitionConfig(
+        dup_para_frac=None, dup_para_char_frac=None, dup_line_frac=None, dup_line_char_frac=None
+    )
+    assert GopherRepetition(off)(paragraphs) == "top_2_gram 0.53 of chars > 0.2"
+
+
 def test_gopher_repetition_duplicated_lines_and_ngrams():
     rule = GopherRepetition(GopherRepetitionConfig())
     assert rule(TextView(PROSE)) is None

@@ -97,6 +97,18 @@ def duplicate_ngram_chars(hashes: np.ndarray, lengths: np.ndarray, n: int, upper
     return _duplicate_ngram_chars(ngram_hashes(hashes, n), offsets, n, upper_bound)
 
 
+def _repeated(items: list[str], kind: str, frac: float | None, char_frac: float | None, size: int) -> str | None:
+    """The reason when too many ``items`` (paragraphs or lines) repeat an earlier one, by count or by characters."""
+    if not items or (frac is None and char_frac is None):
+        return None
+    dups, chars = duplicate_share(items)
+    if frac is not None and dups / len(items) > frac:
+        return f"dup_{kind}_frac {dups / len(items):.2f} > {frac}"
+    if char_frac is not None and chars / size > char_frac:
+        return f"dup_{kind}_char_frac {chars / size:.2f} > {char_frac}"
+    return None
+
+
 class GopherRepetition(Rule):
     """Gopher repetition: duplicated lines and paragraphs, top n-grams, duplicated n-grams."""
 
@@ -109,20 +121,11 @@ class GopherRepetition(Rule):
     def check(self, view: TextView) -> str | None:
         cfg = self.cfg
         size = max(len(view.text), 1)
-        paragraphs = view.paragraphs
-        if paragraphs and (cfg.dup_para_frac is not None or cfg.dup_para_char_frac is not None):
-            dups, chars = duplicate_share(paragraphs)
-            if cfg.dup_para_frac is not None and dups / len(paragraphs) > cfg.dup_para_frac:
-                return f"dup_para_frac {dups / len(paragraphs):.2f} > {cfg.dup_para_frac}"
-            if cfg.dup_para_char_frac is not None and chars / size > cfg.dup_para_char_frac:
-                return f"dup_para_char_frac {chars / size:.2f} > {cfg.dup_para_char_frac}"
-        lines = view.nonempty_lines
-        if lines and (cfg.dup_line_frac is not None or cfg.dup_line_char_frac is not None):
-            dups, chars = duplicate_share(lines)
-            if cfg.dup_line_frac is not None and dups / len(lines) > cfg.dup_line_frac:
-                return f"dup_line_frac {dups / len(lines):.2f} > {cfg.dup_line_frac}"
-            if cfg.dup_line_char_frac is not None and chars / size > cfg.dup_line_char_frac:
-                return f"dup_line_char_frac {chars / size:.2f} > {cfg.dup_line_char_frac}"
+        reason = _repeated(view.paragraphs, "para", cfg.dup_para_frac, cfg.dup_para_char_frac, size)
+        if reason is None:  # the lines are only split when the paragraphs pass
+            reason = _repeated(view.nonempty_lines, "line", cfg.dup_line_frac, cfg.dup_line_char_frac, size)
+        if reason is not None:
+            return reason
         words, offsets = len(view.word_hashes), view.bare_word_offsets
         for rule in cfg.top_n_grams:
             if words < rule.n:
