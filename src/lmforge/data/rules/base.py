@@ -1,8 +1,9 @@
 """The rule contract every cleaning rule follows, and the constants and statistics several rules share.
 
-A rule's :meth:`Rule.check` returns ``None`` to keep a document or a reason string whose first word
-names the test that failed; :meth:`Rule.__call__` counts the rejection in ``removed`` and under that
-first word in ``reasons`` (datatrove's ``dropped_{reason}`` stats), which the ``clean`` stage reports.
+A rule's :meth:`Rule.check` returns ``None`` to keep a document or a reason string (the rules with several
+tests start it with the failed test's name, e.g. ``dup_line_frac 0.50 > 0.3``); :meth:`Rule.__call__` counts
+the rejection in ``removed`` and under the reason's first word in ``reasons`` (datatrove's ``dropped_{reason}``
+stats), which the ``clean`` stage reports.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class Rule:
         return self.languages is None or view.lang == UNDETERMINED_LANG or view.lang in self.languages
 
     def check(self, view: TextView) -> str | None:
-        """The reason to drop the document (its first word names the failed test), or ``None`` to keep it."""
+        """The reason to drop the document, or ``None`` to keep it."""
         raise NotImplementedError
 
     def __call__(self, view: TextView | str) -> str | None:
