@@ -30,11 +30,11 @@ datatrove runs every stage with ``workers=1``. Peak RSS is the child's ``ru_maxr
 largest single process of its tree) and the largest sampled sum of ``VmRSS`` over the child and its
 descendants (datatrove starts a ``multiprocess`` manager process even with one worker).
 
-    python bench/data_bench.py throughput --mb 50 --peer datatrove
-    python bench/data_bench.py recall --peer datatrove
-    python bench/data_bench.py memory --mb 1024 --no-langid
-    python bench/data_bench.py workers --mb 10 --repeat 3
-    python bench/data_bench.py dedup --docs 1000000 --groups 4 --parts 1
+    python -m bench.data_bench throughput --mb 50 --peer datatrove
+    python -m bench.data_bench recall --peer datatrove
+    python -m bench.data_bench memory --mb 1024 --no-langid
+    python -m bench.data_bench workers --mb 10 --repeat 3
+    python -m bench.data_bench dedup --docs 1000000 --groups 4 --parts 1
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import shutil
 import subprocess
@@ -53,7 +52,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).parent / "results"
+from bench.common import load_average, machine_facts, package_versions, result_path, text_table, write_results
+
 WORDS = ("anon", "prithee", "sirrah", "forsooth", "marry", "zounds", "alack", "methinks")
 BOILERPLATE = "\n\nThis text is provided by the Demo Library. All rights reserved; reproduction permitted for study."
 
@@ -386,8 +386,8 @@ def measure(kind: str, spec: dict[str, Any], sample_s: float = 0.25) -> dict[str
     """Run one child (``ours`` or ``datatrove``); return its result, wall time and peak RSS."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump(spec, fh)
-    result_path = fh.name + ".out"
-    cmd = [sys.executable, __file__, "_child", kind, fh.name, result_path]
+    result_file = fh.name + ".out"
+    cmd = [sys.executable, "-m", __spec__.name, "_child", kind, fh.name, result_file]
     stderr = open(Path(spec["out"]).with_suffix(".log"), "w")  # noqa: SIM115 - closed below
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=stderr, stderr=stderr)
@@ -409,9 +409,9 @@ def measure(kind: str, spec: dict[str, Any], sample_s: float = 0.25) -> dict[str
     if proc.returncode != 0:
         log = Path(stderr.name).read_text()[-4000:]
         raise RuntimeError(f"{kind} run failed with exit code {proc.returncode}:\n{log}")
-    result = json.loads(Path(result_path).read_text())
+    result = json.loads(Path(result_file).read_text())
     os.unlink(fh.name)
-    os.unlink(result_path)
+    os.unlink(result_file)
     result["process_s"] = elapsed
     result["peak_rss_mb"] = usage.ru_maxrss / 1024
     result["peak_tree_rss_mb"] = max((kb for _, kb in samples), default=0) / 1024
@@ -421,37 +421,6 @@ def measure(kind: str, spec: dict[str, Any], sample_s: float = 0.25) -> dict[str
 
 # ---------------------------------------------------------------------------------------------------------
 # Sections
-
-
-def machine() -> dict[str, Any]:
-    load = os.getloadavg()
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "date": time.strftime("%Y-%m-%d"),
-        "load_avg_at_start": [round(x, 2) for x in load],
-    }
-
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in ("datatrove", "lingua-language-detector", "numpy", "xxhash", "spacy"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = "not installed"
-    return out
-
-
-def _print_table(header: list[str], rows: list[list[Any]]) -> None:
-    cells = [[f"{c:.3g}" if isinstance(c, float) else str(c) for c in row] for row in [header, *rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    for row in cells:
-        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
 
 
 def throughput(args: argparse.Namespace) -> dict[str, Any]:
@@ -501,21 +470,23 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
         print(f"\ncorpus: {size / 1e6:.1f} MB JSONL, {docs} docs, {args.edit_rate:.0%} word edits per copy")
         print("wall includes interpreter start and imports; datatrove has no offline language ID, so the")
         print("like-for-like comparison is the two rows without language ID\n")
-        _print_table(
-            ["run", "docs out", "wall s", "docs/s", "MB/s", "peak RSS MB", "tree RSS MB", "x datatrove"],
-            [
+        print(
+            text_table(
+                ["run", "docs out", "wall s", "docs/s", "MB/s", "peak RSS MB", "tree RSS MB", "x datatrove"],
                 [
-                    r["run"],
-                    r["docs_out"],
-                    r["wall_s"],
-                    r["docs_per_s"],
-                    r["mb_per_s"],
-                    r["peak_rss_mb"],
-                    r["peak_tree_rss_mb"],
-                    r["speedup_vs_datatrove"] if base else "-",
-                ]
-                for r in rows
-            ],
+                    [
+                        r["run"],
+                        r["docs_out"],
+                        r["wall_s"],
+                        r["docs_per_s"],
+                        r["mb_per_s"],
+                        r["peak_rss_mb"],
+                        r["peak_tree_rss_mb"],
+                        r["speedup_vs_datatrove"] if base else "-",
+                    ]
+                    for r in rows
+                ],
+            )
         )
         return {"corpus_mb": size / 1e6, "docs_in": docs, "runs": rows}
     finally:
@@ -622,12 +593,14 @@ def recall(args: argparse.Namespace) -> dict[str, Any]:
                     )
                     print(f"{label:>7} {name:<28} {impl:<10} recall {rec:.2f} precision {prec:.3f}", file=sys.stderr)
         print(f"\n{len(base)} distinct scenes + {args.copies} near copies per edit rate (seeded)\n")
-        _print_table(
-            ["edit rate", "profile", "impl", "recall", "precision", "wrongly removed"],
-            [
-                [r["edit_rate"], r["profile"], r["impl"], r["recall"], r["precision"], r["wrongly_removed"]]
-                for r in rows
-            ],
+        print(
+            text_table(
+                ["edit rate", "profile", "impl", "recall", "precision", "wrongly removed"],
+                [
+                    [r["edit_rate"], r["profile"], r["impl"], r["recall"], r["precision"], r["wrongly_removed"]]
+                    for r in rows
+                ],
+            )
         )
         note = "datatrove has no min_similarity check: it merges every LSH candidate of the profile"
         return {
@@ -652,7 +625,7 @@ def workers(args: argparse.Namespace) -> dict[str, Any]:
         docs, size = build_corpus(corpus, args.mb, args.edit_rate, args.seed)
         rounds = []
         for rep in range(args.repeat):
-            row: dict[str, Any] = {"round": rep + 1, "load_start": os.getloadavg()[0]}
+            row: dict[str, Any] = {"round": rep + 1, "load_start": load_average()[0]}
             for count in (1, n):
                 out = scratch / f"out-{rep}-{count}"
                 overrides = {"language": {"enabled": False}, "workers": count}
@@ -664,7 +637,7 @@ def workers(args: argparse.Namespace) -> dict[str, Any]:
                 row[f"peak_tree_rss_mb_{count}"] = run["peak_tree_rss_mb"]
                 row[f"docs_out_{count}"] = int(run["metrics"]["docs_out"])
             row["speedup"] = row[f"docs_per_s_{n}"] / row["docs_per_s_1"]
-            row["load_end"] = os.getloadavg()[0]
+            row["load_end"] = load_average()[0]
             rounds.append(row)
             one, many = row["docs_per_s_1"], row[f"docs_per_s_{n}"]
             print(
@@ -705,7 +678,7 @@ def memory(args: argparse.Namespace) -> dict[str, Any]:
             # every 2 s; thinned to at most 60 points for the record
             "rss_samples_mb": samples[:: max(1, len(samples) // 60)],
         }
-        _print_table(["metric", "value"], [[k, v] for k, v in row.items() if k != "rss_samples_mb"])
+        print(text_table(["metric", "value"], [[k, v] for k, v in row.items() if k != "rss_samples_mb"]))
         return row
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -713,14 +686,14 @@ def memory(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_child":
-        kind, spec_path, result_path = sys.argv[2:5]
+        kind, spec_path, result_file = sys.argv[2:5]
         spec = json.loads(Path(spec_path).read_text())
         children = {"ours": child_ours, "shard": child_shard, "dedup": child_dedup_step, "datatrove": child_datatrove}
         children["synth"] = lambda spec: {
             "shards": synthetic_signature_shards(Path(spec["root"]), spec["docs"], spec["shards"], spec["seed"])
         }
         result = children[kind](spec)
-        Path(result_path).write_text(json.dumps(result))
+        Path(result_file).write_text(json.dumps(result))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -747,15 +720,14 @@ def main() -> None:
         args.mb = 1024.0 if args.section == "memory" else 50.0
     section = {"throughput": throughput, "recall": recall, "memory": memory, "workers": workers,
                "dedup": dedup_memory}[args.section]  # fmt: skip
-    started = machine()
+    started = machine_facts()
     body = section(args)
-    default = {"throughput": "data_bench.json", "recall": "data_recall.json", "memory": "data_memory.json"}
-    default |= {"workers": "data_workers.json", "dedup": "data_dedup_memory.json"}
-    path = args.json or RESULTS / default[args.section]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"machine": started, "versions": _versions(), "args": vars(args) | {"json": str(path)}, **body}
-    path.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"\nwrote {path}")
+    name = {"throughput": "data_bench", "recall": "data_recall", "memory": "data_memory", "workers": "data_workers",
+            "dedup": "data_dedup_memory"}[args.section]  # fmt: skip
+    path = args.json or result_path(name)
+    versions = package_versions("datatrove", "lingua-language-detector", "numpy", "xxhash", "spacy")
+    record = {"versions": versions, "args": vars(args) | {"json": str(path)}, **body}
+    print(f"\nwrote {write_results(name, record, path=path, machine=started)}")
 
 
 if __name__ == "__main__":

@@ -1,27 +1,28 @@
 """Speed table of the demo student across runtimes: PyTorch, ONNX Runtime FP32 and INT8 (dynamic).
 
-    python bench/eval_bench.py                       # a random student of the tiny-cpu shape
-    python bench/eval_bench.py --student DIR --onnx DIR [--int8 DIR]   # real artifacts of a run
+    python -m bench.eval_bench                       # a random student of the tiny-cpu shape
+    python -m bench.eval_bench --student DIR --onnx DIR [--int8 DIR]   # real artifacts of a run
 
 Every runtime is measured in its own subprocess (so its peak RSS is its own) with the harness the
 ``evaluate`` stage uses (:mod:`lmforge.evaluate.latency`): full forward passes of ``--context`` tokens
 (= prefill) at batch 1 and 8, and KV-cache generation (prefill of ``--prompt`` tokens, then
 ``--new-tokens`` decode steps) at batch 1 and 8 where the runtime has a cache (an ONNX directory needs
-``decoder_with_past.onnx``). Warm-up runs come first. Prints a Markdown table.
+``decoder_with_past.onnx``). Warm-up runs come first. Prints a Markdown table; ``--json PATH`` also writes
+the figures there with the machine facts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
-import resource
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from bench.common import machine_facts, markdown_table, peak_rss_mb, write_results
 
 BATCHES = (1, 8)
 
@@ -60,7 +61,7 @@ def _measure(kind: str, path: str, args: argparse.Namespace) -> dict:
             ids = tokens[: b * args.prompt].reshape(b, args.prompt)
             speed = measure_decode(runtime, ids, new_tokens=args.new_tokens, runs=max(2, args.runs // 4))
             out["decode"][b] = speed.to_dict()
-    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["peak_rss_mb"] = peak_rss_mb()
     return out
 
 
@@ -100,27 +101,40 @@ def _fmt(value: float | None, digits: int = 2) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
+HEADER = (
+    "runtime",
+    "fwd p50 / p90 / p99 ms (b1)",
+    "fwd p99 ms (b8)",
+    "fwd tokens/s (b1 / b8)",
+    "prefill p99 ms (b1)",
+    "decode p50 / p90 / p99 ms/token (b1)",
+    "decode p99 ms (b8)",
+    "decode tokens/s (b1 / b8)",
+    "peak RSS MB",
+)
+
+
 def table(results: dict[str, dict]) -> str:
     """The Markdown speed table."""
-    head = (
-        "| runtime | fwd p50 / p90 / p99 ms (b1) | fwd p99 ms (b8) | fwd tokens/s (b1 / b8) "
-        "| prefill p99 ms (b1) | decode p50 / p90 / p99 ms/token (b1) | decode p99 ms (b8) "
-        "| decode tokens/s (b1 / b8) | peak RSS MB |\n" + "|---" * 9 + "|"
-    )
     rows = []
     for name, r in results.items():
         f1, f8 = r["forward"]["1"], r["forward"]["8"]
         d1, d8 = r["decode"].get("1"), r["decode"].get("8")
         rows.append(
-            f"| {name} | {_fmt(f1['p50_ms'])} / {_fmt(f1['p90_ms'])} / {_fmt(f1['p99_ms'])} | {_fmt(f8['p99_ms'])} "
-            f"| {f1['tokens_per_s']:.0f} / {f8['tokens_per_s']:.0f} "
-            f"| {_fmt(d1 and d1['prefill_p99_ms'])} "
-            f"| {_fmt(d1 and d1['decode_p50_ms'])} / {_fmt(d1 and d1['decode_p90_ms'])} / "
-            f"{_fmt(d1 and d1['decode_p99_ms'])} | {_fmt(d8 and d8['decode_p99_ms'])} "
-            f"| {_fmt(d1 and d1['decode_tokens_per_s'], 0)} / {_fmt(d8 and d8['decode_tokens_per_s'], 0)} "
-            f"| {r['peak_rss_mb']:.0f} |"
+            [
+                name,
+                f"{_fmt(f1['p50_ms'])} / {_fmt(f1['p90_ms'])} / {_fmt(f1['p99_ms'])}",
+                _fmt(f8["p99_ms"]),
+                f"{f1['tokens_per_s']:.0f} / {f8['tokens_per_s']:.0f}",
+                _fmt(d1 and d1["prefill_p99_ms"]),
+                f"{_fmt(d1 and d1['decode_p50_ms'])} / {_fmt(d1 and d1['decode_p90_ms'])} / "
+                f"{_fmt(d1 and d1['decode_p99_ms'])}",
+                _fmt(d8 and d8["decode_p99_ms"]),
+                f"{_fmt(d1 and d1['decode_tokens_per_s'], 0)} / {_fmt(d8 and d8['decode_tokens_per_s'], 0)}",
+                f"{r['peak_rss_mb']:.0f}",
+            ]
         )
-    return "\n".join([head, *rows])
+    return markdown_table(HEADER, rows)
 
 
 def main() -> None:
@@ -133,6 +147,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens generated per timed generation")
     parser.add_argument("--runs", type=int, default=20, help="timed forward passes per shape")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads for every runtime (same for all)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here (JSON)")
     parser.add_argument("--one", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -140,6 +155,7 @@ def main() -> None:
         print(json.dumps(_measure(args.one[0], args.one[1], args)))
         return
 
+    machine = machine_facts()  # before the runs: the load they ran under
     with tempfile.TemporaryDirectory(prefix="eval-bench-") as tmp:
         if args.student:
             runtimes = {"pytorch": args.student}
@@ -159,17 +175,21 @@ def main() -> None:
                 str(args.threads),
             ]
             child = subprocess.run(
-                [sys.executable, __file__, "--one", kind, path, *passthrough],
+                [sys.executable, "-m", __spec__.name, "--one", kind, path, *passthrough],
                 capture_output=True,
                 text=True,
                 check=True,
             )
             results[name] = json.loads(child.stdout.strip().splitlines()[-1])
     print(
-        f"Python {platform.python_version()}, {platform.machine()}, context {args.context}, prompt {args.prompt}, "
+        f"Python {machine['python']}, {machine['machine']}, context {args.context}, prompt {args.prompt}, "
         f"{args.new_tokens} new tokens, {args.runs} runs"
     )
     print(table(results))
+    if args.json:
+        setup = {k: getattr(args, k) for k in ("context", "prompt", "new_tokens", "runs", "threads")}
+        record = {"setup": setup, "runtimes": runtimes, "results": results}
+        write_results("eval_bench", record, path=args.json, machine=machine)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ graph, ``quantize_int8`` with its accuracy gate) and measures per model:
 
 PyTorch eager fp32 / bf16 on the same weights give the reference rows. Prints a table and writes JSON.
 
-    python bench/export_bench.py --out bench/results/export_bench.json
+    python -m bench.export_bench          # writes bench/results/export_bench.json (--out elsewhere)
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import itertools
 import json
 import logging
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench.common import machine_facts, text_table, write_results
 from lmforge.artifacts import write_manifest
 from lmforge.config import ExportConfig, ModelConfig, QuantizeConfig, load_preset
 from lmforge.data.demo import shakespeare_documents
@@ -155,12 +155,13 @@ def main() -> None:
     parser.add_argument("--calibration", type=int, default=32, help="calibration sequences for Q/DQ")
     parser.add_argument("--docs", type=int, default=400, help="demo documents for tokenizer, calibration, held-out")
     parser.add_argument("--workdir", type=Path, default=None, help="keep artifacts here (default: a temp dir)")
-    parser.add_argument("--out", type=Path, default=Path("bench/results/export_bench.json"), help="JSON output")
+    parser.add_argument("--out", type=Path, default=None, help="JSON output (default: bench/results/export_bench.json)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     torch.set_num_threads(args.threads)
 
     model_cfg = ModelConfig(**load_preset(args.preset)["pretrain"]["model"])
+    machine = machine_facts()  # before the runs: the load they ran under
     with tempfile.TemporaryDirectory(prefix="export-bench-") as tmp:
         root = args.workdir or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
@@ -194,13 +195,6 @@ def main() -> None:
         "qdq_size_vs_fp32": rows["ort_qdq_int8"]["size_mb"] / fp32["size_mb"],
     }
     result = {
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(),
-            "load_average": os.getloadavg(),
-        },
         "model": {"preset": args.preset, **model_cfg.model_dump(), "vocab": args.vocab, "init": "random"},
         "seq": args.seq,
         "threads": args.threads,
@@ -211,18 +205,22 @@ def main() -> None:
         "rows": rows,
         "ratios": ratios,
     }
-    header = f"{'model':<18}{'size MB':>9}{'b1 ms':>9}{'b8 ms':>9}{'decode ms/tok':>15}{'perplexity':>12}{'delta':>8}"
-    print(header)
-    for name, row in rows.items():
-        ppl = f"{row['perplexity']:.1f}" if "perplexity" in row else "-"
-        delta = f"{row['perplexity_delta']:+.2%}" if "perplexity_delta" in row else "-"
-        print(
-            f"{name:<18}{row['size_mb']:>9.1f}{row['b1_ms']:>9.1f}{row['b8_ms']:>9.1f}"
-            f"{row['decode_ms_per_token']:>15.2f}{ppl:>12}{delta:>8}"
-        )
+    cells = [
+        [
+            name,
+            f"{row['size_mb']:.1f}",
+            f"{row['b1_ms']:.1f}",
+            f"{row['b8_ms']:.1f}",
+            f"{row['decode_ms_per_token']:.2f}",
+            f"{row['perplexity']:.1f}" if "perplexity" in row else "-",
+            f"{row['perplexity_delta']:+.2%}" if "perplexity_delta" in row else "-",
+        ]
+        for name, row in rows.items()
+    ]
+    header = ["model", "size MB", "b1 ms", "b8 ms", "decode ms/tok", "perplexity", "delta"]
+    print(text_table(header, cells, widths=[18, 9, 9, 9, 15, 12, 8], sep=""))
     print(json.dumps(ratios, indent=2))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2), encoding="utf-8")
+    write_results("export_bench", result, path=args.out, machine=machine)
 
 
 if __name__ == "__main__":

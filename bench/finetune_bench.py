@@ -3,9 +3,9 @@ quality figures on the demo data (LoRA held-out answer loss, KD vs CE-only stude
 
 Each measurement runs in a fresh subprocess so that peak RSS (``ru_maxrss``) belongs to that run alone.
 
-    python bench/finetune_bench.py                            # all sections
-    python bench/finetune_bench.py --sections lora,kd         # a subset
-    python bench/finetune_bench.py --sections lora_demo,kd_vs_ce --seeds 1337,1,2
+    python -m bench.finetune_bench                            # all sections
+    python -m bench.finetune_bench --sections lora,kd         # a subset
+    python -m bench.finetune_bench --sections lora_demo,kd_vs_ce --seeds 1337,1,2
 
 Results are merged into ``--json`` (default ``bench/results/finetune_bench.json``) section by section, so
 sections run separately accumulate there.
@@ -33,8 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -42,12 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-
-
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
+from bench.common import machine_facts, peak_rss_mb, result_path, text_table, write_results
 
 # --------------------------------------------------------------------------- children (run in a subprocess)
 
@@ -63,7 +56,7 @@ def child_lora(args: dict[str, Any]) -> dict[str, Any]:
     from lmforge.train.losses import causal_lm_loss
 
     torch.set_num_threads(args["threads"])
-    baseline = _peak_rss_mb()
+    baseline = peak_rss_mb()
     shape = ModelConfig(arch="gpt2", n_layer=args["layers"], n_head=args["heads"], n_embd=args["width"], block_size=256)
     model = build_model(shape, args["vocab"], eos_id=0, pad_id=0, seed=0)
     if args["mode"] == "lora":
@@ -83,7 +76,7 @@ def child_lora(args: dict[str, Any]) -> dict[str, Any]:
         "parameters": total,
         "trainable": trainable,
         "tokens_per_sec": tokens_per_sec(history),
-        "peak_rss_mb": _peak_rss_mb(),
+        "peak_rss_mb": peak_rss_mb(),
         "rss_after_imports_mb": baseline,
     }
 
@@ -128,7 +121,7 @@ def child_kd(args: dict[str, Any]) -> dict[str, Any]:
         "mode": args["mode"],
         "tokens_per_sec": tokens / elapsed,
         "loss_and_backward_share": loss_seconds / elapsed,
-        "peak_rss_mb": _peak_rss_mb(),
+        "peak_rss_mb": peak_rss_mb(),
     }
 
 
@@ -223,7 +216,8 @@ CHILDREN = {
 
 
 def _spawn(kind: str, args: dict[str, Any]) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, __file__, "--child", kind, json.dumps(args)], capture_output=True, text=True)
+    cmd = [sys.executable, "-m", __spec__.name, "--child", kind, json.dumps(args)]
+    out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"bench child {kind!r} failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -281,16 +275,11 @@ def main() -> None:
     parser.add_argument("--seeds", default="1337,1,2", help="Training seeds of lora_demo and kd_vs_ce.")
     parser.add_argument("--kd-inits", default="random,teacher_layers", help="Student initializations for kd_vs_ce.")
     parser.add_argument("--scenes", type=int, default=0, help="Demo scenes for the base (0: all).")
-    parser.add_argument("--json", type=Path, default=HERE / "results" / "finetune_bench.json")
+    parser.add_argument("--json", type=Path, default=result_path("finetune_bench"))
     args = parser.parse_args()
     sections = args.sections.split(",")
     seeds = [int(seed) for seed in args.seeds.split(",")]
-    machine = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {args.threads} threads",
-        "load_average": os.getloadavg(),
-        "python": platform.python_version(),
-    }
+    machine = machine_facts() | {"threads": args.threads}
     report: dict[str, Any] = {}
 
     if "lora" in sections:
@@ -298,13 +287,14 @@ def main() -> None:
         common["heads"] = max(1, args.width // 64)
         runs = {mode: _spawn("lora", common | {"mode": mode}) for mode in ("full", "lora")}
         runs["lora_over_full_peak_rss"] = runs["lora"]["peak_rss_mb"] / runs["full"]["peak_rss_mb"]
-        report["lora_vs_full"] = runs | {"setup": common} | machine
+        report["lora_vs_full"] = runs | {"setup": common, "machine": machine}
         print(f"\nLoRA vs full fine-tuning: gpt2 {args.layers}x{args.width}, vocab {args.vocab}, batch {args.batch}x"
               f"{args.seq}, fp32, {args.steps} steps")  # fmt: skip
-        print(f"{'mode':6} {'trainable':>12} {'peak RSS MB':>12} {'tokens/s':>10}")
+        cells = []
         for mode in ("full", "lora"):
             r = runs[mode]
-            print(f"{mode:6} {r['trainable']:>12,} {r['peak_rss_mb']:>12.0f} {r['tokens_per_sec']:>10.1f}")
+            cells.append([mode, f"{r['trainable']:,}", f"{r['peak_rss_mb']:.0f}", f"{r['tokens_per_sec']:.1f}"])
+        print(text_table(["mode", "trainable", "peak RSS MB", "tokens/s"], cells, widths=[6, 12, 12, 10], sep=" "))
         print(f"LoRA peak / full peak = {runs['lora_over_full_peak_rss']:.2f}")
 
     if "kd" in sections:
@@ -314,15 +304,16 @@ def main() -> None:
         }  # fmt: skip
         runs = {mode: _spawn("kd", common | {"mode": mode}) for mode in ("naive", "chunked")}
         runs["chunked_speedup"] = runs["chunked"]["tokens_per_sec"] / runs["naive"]["tokens_per_sec"]
-        report["kd_loss"] = runs | {"setup": common} | machine
+        report["kd_loss"] = runs | {"setup": common, "machine": machine}
         print(f"\nDistillation step, 4-layer teacher -> 2-layer student, width {args.kd_width}, vocab {args.vocab}, "
               f"batch {args.kd_batch}x{args.kd_seq}")  # fmt: skip
-        print(f"{'loss':8} {'tokens/s':>10} {'loss share':>11} {'peak RSS MB':>12}")
+        cells = []
         for mode in ("naive", "chunked"):
             r = runs[mode]
-            print(
-                f"{mode:8} {r['tokens_per_sec']:>10.1f} {r['loss_and_backward_share']:>11.0%} {r['peak_rss_mb']:>12.0f}"
+            cells.append(
+                [mode, f"{r['tokens_per_sec']:.1f}", f"{r['loss_and_backward_share']:.0%}", f"{r['peak_rss_mb']:.0f}"]
             )
+        print(text_table(["loss", "tokens/s", "loss share", "peak RSS MB"], cells, widths=[8, 10, 11, 12], sep=" "))
         print(f"chunked / naive tokens/s = {runs['chunked_speedup']:.2f}")
 
     if "lora_demo" in sections or "kd_vs_ce" in sections:
@@ -340,7 +331,7 @@ def main() -> None:
                   f"({pretrained['seconds']:.0f} s)")  # fmt: skip
             if "lora_demo" in sections:
                 result = _spawn("lora_demo", common | {"base": str(base), "qa": "demo://chatterbot"})
-                report["lora_demo"] = {"base": pretrained, **result, **machine}
+                report["lora_demo"] = {"base": pretrained, **result, "machine": machine}
                 print(f"LoRA on demo://chatterbot ({args.preset} finetune_lora): held-out answer loss")
                 for seed, r in result["seeds"].items():
                     print(f"  seed {seed:>5}: {r['base_heldout_loss']:.4f} -> {r['tuned_heldout_loss']:.4f} "
@@ -351,7 +342,7 @@ def main() -> None:
                     "kd_vs_ce",
                     common | {"teacher": str(base), "shards": str(shards), "inits": inits, "steps": args.student_steps},
                 )
-                report["kd_vs_ce"] = {"teacher": pretrained, **result, **machine}
+                report["kd_vs_ce"] = {"teacher": pretrained, **result, "machine": machine}
                 print(f"KD (alpha {result['alpha']}, T {result['temperature']}) vs CE-only students of that teacher "
                       "(val perplexity on the held-out scenes)")  # fmt: skip
                 for init, by_init in result["inits"].items():
@@ -361,10 +352,7 @@ def main() -> None:
                               f"CE {r['ce']['student_val_perplexity']:.1f}: KD "
                               f"{r['kd_vs_ce_perplexity_reduction']:.1%} lower")  # fmt: skip
 
-    previous = json.loads(args.json.read_text(encoding="utf-8")) if args.json.is_file() else {}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(previous | report, indent=2), encoding="utf-8")
-    print(f"\nwrote {args.json}")
+    print(f"\nwrote {write_results('finetune_bench', report, path=args.json, machine=machine, merge=True)}")
 
 
 if __name__ == "__main__":

@@ -8,14 +8,14 @@ MFU needs a peak: on a GPU the bf16 data-sheet figure (:mod:`lmforge.train.mfu`)
 matmul rate measured here (``--peak-flops`` overrides it), so CPU MFU reads "fraction of this
 machine's GEMM speed".
 
-    python bench/pretrain_bench.py [--steps 12] [--json out.json]
+    python -m bench.pretrain_bench [--steps 12] [--json out.json]
 
 ``--reference`` instead compares lmforge's loop with a plain eager PyTorch GPT-2 loop written here (SDPA
 causal attention, tanh-GELU, AdamW(0.9, 0.95), clip 1.0) at 4 layers x 4 heads x 256 wide, context 256,
 batch 8, vocabulary 8192, fp32 on the CPU: every run in a fresh process, reference and lmforge
 alternating, the ratio lmforge/reference per round; ``--variants`` names the speed-up combinations.
 
-    python bench/pretrain_bench.py --reference --rounds 3 --steps 12 --variants lmforge,before
+    python -m bench.pretrain_bench --reference --rounds 3 --steps 12 --variants lmforge,before
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import functools
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench.common import cpu_flags, load_average, machine_facts, text_table, write_results
 from lmforge.config import ModelConfig, TrainConfig
 from lmforge.model.build import build_model, set_gpt2_activation
 from lmforge.stages import resolve_config
@@ -300,14 +300,10 @@ def _measure(name: str, steps: int, scratch: Path, threads: int | None) -> dict[
     out = scratch / f"{name}.json"
     env = {**os.environ, "TQDM_DISABLE": "1"} | ({"OMP_NUM_THREADS": str(threads)} if threads else {})
     subprocess.run(
-        [sys.executable, __file__, "--ref-worker", name, "--steps", str(steps), "--worker-out", str(out)],
+        [sys.executable, "-m", __spec__.name, "--ref-worker", name, "--steps", str(steps), "--worker-out", str(out)],
         check=True, env=env, capture_output=True,
     )  # fmt: skip
     return json.loads(out.read_text())
-
-
-def _load() -> float:
-    return os.getloadavg()[0]
 
 
 def reference_comparison(steps: int, rounds: int, variants: list[str], threads: int | None) -> dict[str, Any]:
@@ -318,7 +314,7 @@ def reference_comparison(steps: int, rounds: int, variants: list[str], threads: 
     per_round: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as scratch:
         for round_index in range(rounds):
-            row: dict[str, Any] = {"round": round_index + 1, "load_start": _load()}
+            row: dict[str, Any] = {"round": round_index + 1, "load_start": load_average()[0]}
             for name in variants:
                 reference = _measure("reference", steps, Path(scratch), threads)
                 ours = _measure(name, steps, Path(scratch), threads)
@@ -327,10 +323,10 @@ def reference_comparison(steps: int, rounds: int, variants: list[str], threads: 
                              "ratio": ours["tokens_per_sec"] / reference["tokens_per_sec"]}  # fmt: skip
                 print(
                     f"round {round_index + 1} {name:<16} {ours['tokens_per_sec']:8.0f} tokens/s vs reference "
-                    f"{reference['tokens_per_sec']:8.0f}: {row[name]['ratio']:.3f}x (load {_load():.2f})",
+                    f"{reference['tokens_per_sec']:8.0f}: {row[name]['ratio']:.3f}x (load {load_average()[0]:.2f})",
                     flush=True,
                 )
-            row["load_end"] = _load()
+            row["load_end"] = load_average()[0]
             per_round.append(row)
     summary = {
         name: {
@@ -366,18 +362,15 @@ def main() -> None:
     if args.worker_out:
         ddp_worker(args)
         return
+    machine = _machine()  # before the runs: the load they ran under
     if args.reference:
         report = reference_comparison(args.steps, args.rounds, args.variants.split(","), args.threads)
-        report |= {
-            "machine": _machine(),
-            "date": time.strftime("%Y-%m-%d"),
-            "torch_threads": args.threads or torch.get_num_threads(),
-        }
+        report["torch_threads"] = args.threads or torch.get_num_threads()
         for name, row in report["summary"].items():
             ratios = ", ".join(f"{r:.3f}" for r in row["ratios"])
             print(f"{name:<16} median {row['median_ratio']:.3f}x of the reference (rounds: {ratios})")
         if args.json:
-            args.json.write_text(json.dumps(report, indent=1))
+            write_results("pretrain_reference", report, path=args.json, machine=machine)
         return
 
     threads = torch.get_num_threads()
@@ -394,9 +387,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch, "ddp.json")
         env = {**os.environ, "OMP_NUM_THREADS": str(max(1, threads // 2)), "TQDM_DISABLE": "1"}
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone"]
         subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", __file__,
-             "--steps", str(args.steps), "--peak-flops", str(cpu_peak / 2), "--worker-out", str(out)],
+            [*torchrun, "-m", __spec__.name, "--steps", str(args.steps), "--peak-flops", str(cpu_peak / 2),
+             "--worker-out", str(out)],
             check=True, env=env, capture_output=True,
         )  # fmt: skip
         rows.append({"model": "tiny-cpu", "device": "cpu", "ranks": 2, "precision": "fp32", "grad_ckpt": False,
@@ -410,35 +404,31 @@ def main() -> None:
             rows.append({"model": "gpt2-124m", "device": torch.cuda.get_device_name(), "ranks": 1,
                          "precision": "bf16", "grad_ckpt": False, "compile": compile_, **result})  # fmt: skip
 
-    header = f"{'model':<10} {'device':<14} {'ranks':>5} {'prec':>5} {'gc':>5} {'tokens/s':>10} {'MFU':>7} {'loss':>7}"
-    print(header)
-    print("-" * len(header))
-    for row in rows:
-        print(
-            f"{row['model']:<10} {str(row['device'])[:14]:<14} {row['ranks']:>5} {row['precision']:>5} "
-            f"{'on' if row['grad_ckpt'] else 'off':>5} {row['tokens_per_sec']:>10.0f} "
-            f"{100 * row['mfu']:>6.1f}% {row['final_loss']:>7.3f}"
-        )
-    report = {
-        "machine": _machine() | {"torch_threads": threads, "cpu_fp32_matmul_flops": cpu_peak},
-        "date": time.strftime("%Y-%m-%d"),
-        "steps": args.steps,
-        "rows": rows,
-    }
-    print(json.dumps(report, indent=1))
+    cells = [
+        [
+            row["model"],
+            str(row["device"])[:14],
+            row["ranks"],
+            row["precision"],
+            "on" if row["grad_ckpt"] else "off",
+            f"{row['tokens_per_sec']:.0f}",
+            f"{100 * row['mfu']:.1f}%",
+            f"{row['final_loss']:.3f}",
+        ]
+        for row in rows
+    ]
+    header = ["model", "device", "ranks", "prec", "gc", "tokens/s", "MFU", "loss"]
+    print(text_table(header, cells, widths=[10, 14, 5, 5, 5, 10, 7, 7], align="<<>>>>>>", sep=" ", rule=True))
+    machine |= {"torch_threads": threads, "cpu_fp32_matmul_flops": cpu_peak}
+    report = {"steps": args.steps, "rows": rows}
+    print(json.dumps({"machine": machine, **report}, indent=1))
     if args.json:
-        args.json.write_text(json.dumps(report, indent=1))
+        write_results("pretrain_bench", report, path=args.json, machine=machine)
 
 
 def _machine() -> dict[str, Any]:
-    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor(),
-        "cpus": os.cpu_count(),
-        "native_bf16": "avx512_bf16" in flags or "amx_bf16" in flags,
-        "torch": torch.__version__,
-    }
+    """The machine facts plus whether the CPU has native bf16 (AVX-512 BF16 or AMX)."""
+    return machine_facts() | {"native_bf16": bool({"avx512_bf16", "amx_bf16"} & cpu_flags())}
 
 
 if __name__ == "__main__":

@@ -12,8 +12,9 @@ import pytest
 from lmforge.artifacts import read_manifest
 from lmforge.config import CleanConfig
 from lmforge.data import clean
-from lmforge.data.clean import ExactDedup, MinChars, MinWords, Normalize, read_cleaned
+from lmforge.data.clean import Normalize, read_cleaned
 from lmforge.data.corpus import iter_documents, stable_id
+from lmforge.data.rules import MinChars, MinWords
 from lmforge.errors import ArtifactIncompleteError, InputDataError
 from lmforge.results import StageResult
 
@@ -68,21 +69,6 @@ def test_min_chars_and_min_words_count_what_they_reject():
     assert (min_chars.removed, min_words.removed) == (1, 1)
 
 
-def test_exact_dedup_ignores_case_and_whitespace_and_keeps_the_first():
-    dedup = ExactDedup()
-    assert dedup("Hello  World\nagain") is None
-    assert dedup("hello world again") is not None
-    assert dedup("HELLO\tWORLD  AGAIN") is not None
-    assert dedup("hello world, again") is None
-    assert dedup.removed == 2
-
-
-def test_exact_dedup_disabled_keeps_duplicates():
-    dedup = ExactDedup(enabled=False)
-    assert dedup("same") is None and dedup("same") is None
-    assert dedup.removed == 0
-
-
 # --- the stage on hand-made corpora ---------------------------------------------------------------
 
 
@@ -110,6 +96,23 @@ def test_stage_counts_each_rule_and_keeps_the_first_duplicate(tmp_path):
     rows = list(read_cleaned(out))
     assert [r["text"] for r in rows] == ["The quick brown fox jumps.", "Another sentence, long enough."]
     assert [r["source"] for r in rows] == [f"{corpus}:1", f"{corpus}:7"]
+
+
+def test_exact_dedup_ignores_case_and_whitespace_but_not_punctuation_and_keeps_the_first(tmp_path):
+    corpus = write_jsonl(
+        tmp_path / "c.jsonl",
+        docs("Hello  World\nagain", "hello world again", "HELLO\tWORLD  AGAIN", "hello world, again"),
+    )
+    result, out = run_clean(tmp_path, corpus, **LOOSE)
+    assert result.metrics["removed_exact_dedup"] == 2
+    assert [r["text"] for r in read_cleaned(out)] == ["Hello World\nagain", "hello world, again"]
+
+
+def test_exact_dedup_disabled_keeps_duplicates(tmp_path):
+    corpus = write_jsonl(tmp_path / "c.jsonl", docs("same text", "same text"))
+    result, out = run_clean(tmp_path, corpus, exact_dedup=False, **LOOSE)
+    assert result.metrics["removed_exact_dedup"] == 0
+    assert [r["text"] for r in read_cleaned(out)] == ["same text", "same text"]
 
 
 def test_output_directory_has_shards_quarantine_stats_report_and_manifest(tmp_path):

@@ -15,22 +15,11 @@ from lmforge.config import (
     LanguageIdConfig,
     PiiConfig,
 )
-from lmforge.data.filters import (
-    _NGRAM_MULTIPLIERS,
-    PUNCTUATION,
-    C4Lines,
-    FineWebLines,
-    GopherQuality,
-    GopherRepetition,
-    TextView,
-    _top_ngram_chars,
-    alphabetic_words,
-    duplicate_ngram_chars,
-    ngram_hashes,
-    stable_hashes,
-    top_ngram_chars,
-)
 from lmforge.data.pii import PiiRedactor, luhn_valid
+from lmforge.data.rules import C4Lines, FineWebLines, GopherQuality, GopherRepetition, LanguageFilter, TextView
+from lmforge.data.rules.gopher_quality import _LETTERLESS_WORD, _is_numeral, alphabetic_words
+from lmforge.data.rules.gopher_repetition import _top_ngram_chars, duplicate_ngram_chars, top_ngram_chars
+from lmforge.data.rules.text_view import _NGRAM_MULTIPLIERS, PUNCTUATION, ngram_hashes, stable_hashes
 
 PROSE = (
     "The committee met on Tuesday to review the budget and the plans that have been proposed. "
@@ -77,6 +66,20 @@ def test_gopher_quality_is_switchable_per_threshold_and_language():
     assert zh_only(TextView("短文", lang="zh")) is None
 
 
+def test_gopher_repetition_names_duplicated_paragraphs_and_line_characters():
+    paragraphs = "p one\n\np one\n\nq"  # 15 chars; "p one" (5 chars) repeats: 1 of 3 paragraphs, 5 of 15 chars
+    assert GopherRepetition(GopherRepetitionConfig())(paragraphs) == "dup_para_frac 0.33 > 0.3"
+    by_chars = GopherRepetitionConfig(dup_para_frac=None)
+    assert GopherRepetition(by_chars)(paragraphs) == "dup_para_char_frac 0.33 > 0.2"
+    lines = "a long repeated line\na long repeated line\nx\ny\nz"  # 47 chars, 20 of them in the repeat
+    assert GopherRepetition(GopherRepetitionConfig(dup_line_frac=None))(lines) == "dup_line_char_frac 0.43 > 0.2"
+    # with the four off, the n-gram tests decide: "p one" is 8 of the 15 chars as a repeated 2-gram
+    off = GopherRepetitionConfig(
+        dup_para_frac=None, dup_para_char_frac=None, dup_line_frac=None, dup_line_char_frac=None
+    )
+    assert GopherRepetition(off)(paragraphs) == "top_2_gram 0.53 of chars > 0.2"
+
+
 def test_gopher_repetition_duplicated_lines_and_ngrams():
     rule = GopherRepetition(GopherRepetitionConfig())
     assert rule(TextView(PROSE)) is None
@@ -109,8 +112,6 @@ def _edge_changes(c: str) -> bool:
 
 def test_alphabetic_word_count_matches_isalpha_everywhere():
     # The regex count relies on [\W\d_]-or-not being isalpha except for numerals; check every code point.
-    from lmforge.data.filters import _LETTERLESS_WORD, _is_numeral
-
     for i in range(sys.maxunicode + 1):
         c = chr(i)
         if not c.isspace():
@@ -210,8 +211,6 @@ def test_pii_types_are_switchable():
 
 
 def test_language_filter_keeps_english_and_chinese_and_drops_french():
-    from lmforge.data.langid import LanguageFilter
-
     rule = LanguageFilter(LanguageIdConfig())
     en, zh = TextView(PROSE), TextView("今天天气很好，我们一起去公园散步吧。这是一个简单的中文句子，用来测试语言识别。")
     assert rule(en) is None and en.lang == "en"
@@ -222,7 +221,6 @@ def test_language_filter_keeps_english_and_chinese_and_drops_french():
 
 
 def test_unknown_language_code_is_a_config_error():
-    from lmforge.data.langid import LanguageFilter
     from lmforge.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"clean.language.allowed: unknown ISO 639-1 code\(s\) \['xx'\]"):

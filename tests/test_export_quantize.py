@@ -21,7 +21,7 @@ from lmforge.data.tokenizer import tokenizer_fingerprint
 from lmforge.errors import InputDataError
 from lmforge.evaluate.perplexity import onnx_logits_fn, perplexity
 from lmforge.export import onnx_export, quantize
-from lmforge.export.accuracy_gate import gate_decision, select_serving_model
+from lmforge.export.accuracy_gate import gate_decision, gate_result
 from lmforge.export.quantize import (
     TokenWindowReader,
     calibration_windows,
@@ -235,11 +235,11 @@ def test_default_int8_models_pass_the_accuracy_gate_within_the_goals(quantized):
         gate = json.loads((model_dir / "manifest.json").read_text())["accuracy_gate"]
         assert gate["accepted"] is True and gate["reason"].startswith("accepted: held-out perplexity")
         assert gate["max_perplexity_delta"] == 0.02 and gate["tokens"] == 2048
-    assert select_serving_model([dynamic_dir, qdq_dir], "fp32")[0] == dynamic_dir
+        assert gate_result(model_dir) == gate  # what tensorrt, evaluate and promote read back
     assert "INT8 quantization" in result.html and "accepted" in result.html
 
 
-def test_gate_rejects_all_ops_minmax_and_serving_falls_back_to_fp32(tmp_path, onnx_dir, tiny_shards_dir):
+def test_gate_rejects_all_ops_minmax_and_records_why(tmp_path, onnx_dir, tiny_shards_dir):
     """Every op quantized with MinMax and no unsafe-node exclusion: the attention mask's fill value gets an int8
     scale, the causal mask collapses and perplexity rises by tens of percent."""
     bad = QuantizeConfig(
@@ -262,8 +262,7 @@ def test_gate_rejects_all_ops_minmax_and_serving_falls_back_to_fp32(tmp_path, on
     )
     assert result.summary["accuracy_gate"]["qdq"] == gate
     assert "REJECTED" in result.html
-    served, why = select_serving_model([tmp_path / "qdq"], onnx_dir)
-    assert served == onnx_dir and "qdq: rejected" in why and "serving the FP32 model" in why
+    assert gate_result(tmp_path / "qdq") == gate
 
 
 @pytest.mark.parametrize("method", ["minmax", "entropy", "percentile"])
@@ -312,7 +311,7 @@ def test_gate_decision_is_relative_and_says_why():
     assert not gate_decision(100.0, float("nan"), 0.02)["accepted"]
 
 
-def test_select_serving_model_takes_the_first_accepted_and_refuses_an_ungated_int8(tmp_path):
+def test_gate_result_accepts_fp32_reads_the_int8_record_and_refuses_an_ungated_int8(tmp_path):
     def model_dir(name, **extra):
         root = tmp_path / name
         root.mkdir()
@@ -323,10 +322,10 @@ def test_select_serving_model_takes_the_first_accepted_and_refuses_an_ungated_in
     rejected = model_dir("int8_dynamic", quantization="dynamic-int8", accuracy_gate={"accepted": False, "reason": "r1"})
     accepted = model_dir("int8_qdq", quantization="qdq-int8", accuracy_gate={"accepted": True, "reason": "ok"})
     ungated = model_dir("old", quantization="qdq-int8")
-    assert select_serving_model([rejected, accepted], fp32) == (accepted, "int8_qdq: ok")
-    served, why = select_serving_model([rejected, ungated], fp32)
-    assert served == fp32
-    assert why == f"int8_dynamic: r1; old: {ungated}: manifest has no accuracy-gate result; serving the FP32 model fp32"
+    assert gate_result(fp32) == {"accepted": True, "reason": "FP32 model: not quantized, nothing to gate"}
+    assert gate_result(rejected) == {"accepted": False, "reason": "r1"}
+    assert gate_result(accepted) == {"accepted": True, "reason": "ok"}
+    assert gate_result(ungated) == {"accepted": False, "reason": f"{ungated}: manifest has no accuracy-gate result"}
 
 
 def test_unsafe_tensors_are_non_finite_or_beyond_the_limit_and_their_nodes_found(tmp_path):

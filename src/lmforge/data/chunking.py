@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Literal
 from transformers import PreTrainedTokenizerBase
 
 from lmforge.config import MIN_CHUNK_TOKENS, ChunkLang
-from lmforge.data.filters import UNDETERMINED_LANG
+from lmforge.data.rules import UNDETERMINED_LANG
 
 if TYPE_CHECKING:
     from spacy.language import Language

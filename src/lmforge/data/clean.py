@@ -43,35 +43,30 @@ from lmforge.cpus import available_cpus
 from lmforge.data import dedup
 from lmforge.data.corpus import CorpusReader, Document
 from lmforge.data.dedup import EXACT_RULE, NEAR_RULE, exact_digest, save_signatures
-from lmforge.data.filters import (
-    UNDETERMINED_LANG,
+from lmforge.data.minhash import MinHasher
+from lmforge.data.pii import PiiRedactor
+from lmforge.data.rules import (
     C4Lines,
     FineWebLines,
     GopherQuality,
     GopherRepetition,
+    LanguageFilter,
     MinChars,
     MinWords,
     NonEmpty,
     Rule,
     TextView,
 )
-from lmforge.data.minhash import MinHasher
-from lmforge.data.pii import PiiRedactor
 from lmforge.errors import ConfigError, InputDataError
 from lmforge.results import StageResult
 from lmforge.scratch import scratch_dir
 
 __all__ = [
-    "UNDETERMINED_LANG",
-    "ExactDedup",
-    "Filter",
-    "MinChars",
-    "MinWords",
-    "NonEmpty",
     "Normalize",
     "build_rules",
     "clean_shard",
     "finalize",
+    "plan_shards",
     "read_cleaned",
     "run",
 ]
@@ -124,45 +119,11 @@ class Normalize:
         return out
 
 
-Filter = Rule  # the name used before the rules moved to lmforge.data.filters
-
-
-def dedup_key(text: str) -> bytes:
-    """Digest of casefolded text with every whitespace run collapsed to one space."""
-    return exact_digest(text)
-
-
-class ExactDedup(Rule):
-    """Drop a document whose :func:`dedup_key` was already seen in this process (the first copy is kept).
-
-    A streaming, single-process form of the exact rule; the stage itself dedups globally over the
-    signatures of all shards (:mod:`lmforge.data.dedup`), which gives the same result.
-    """
-
-    name = "exact_dedup"
-
-    def __init__(self, enabled: bool = True) -> None:
-        super().__init__()
-        self.enabled = enabled
-        self._seen: set[bytes] = set()
-
-    def check(self, view: TextView) -> str | None:
-        if not self.enabled:
-            return None
-        key = dedup_key(view.text)
-        if key in self._seen:
-            return "exact duplicate of an earlier document"
-        self._seen.add(key)
-        return None
-
-
 def build_rules(cfg: CleanConfig) -> list[Rule]:
     """The per-document rules of ``cfg`` in the order they run (FineWeb's order: language ID, Gopher
     repetition, Gopher quality, C4, FineWeb). Dedup runs after all of them, over the survivors."""
     rules: list[Rule] = [NonEmpty(), MinChars(cfg.min_chars), MinWords(cfg.min_words)]
     if cfg.language.enabled:
-        from lmforge.data.langid import LanguageFilter
-
         rules.append(LanguageFilter(cfg.language))
     if cfg.gopher_repetition.enabled:
         rules.append(GopherRepetition(cfg.gopher_repetition))

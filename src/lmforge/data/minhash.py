@@ -1,7 +1,7 @@
 """MinHash signatures over word n-gram shingles and their LSH band keys.
 
 A document's shingles are the hashes of its runs of ``ngram`` consecutive casefolded words (the word
-hashes come from :class:`lmforge.data.filters.TextView`, computed once per document). Each of the
+hashes come from :class:`lmforge.data.rules.TextView`, computed once per document). Each of the
 ``bands * rows`` hash functions is ``h(x) = (a * x + b) mod 2**64 >> 32`` with odd ``a``; the signature
 holds the minimum over the shingles per function. Two documents with Jaccard similarity ``J`` share a
 band with probability ``1 - (1 - J**rows) ** bands``: for the default 20 x 5 that is 0.05 at J = 0.3,
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from lmforge.config import NearDedupConfig
-from lmforge.data.filters import TextView, ngram_hashes
+from lmforge.data.rules.text_view import TextView, ngram_hashes
 
 _BLOCK = 4096  # shingles per step: bounds the (permutations x shingles) matrix at 1024 x 4096 words
 

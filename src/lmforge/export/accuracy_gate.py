@@ -1,4 +1,4 @@
-"""The INT8 accuracy gate's record: decide, read back, and pick the model to serve.
+"""The INT8 accuracy gate's record: decide it and read it back.
 
 ``quantize_int8`` writes the decision into each INT8 model's ``manifest.json`` under ``accuracy_gate``;
 ``build_tensorrt``, ``evaluate`` and ``promote`` read it back (without importing the quantizer).
@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,17 +45,3 @@ def gate_result(model_dir: str | Path) -> dict[str, Any]:
     if not isinstance(gate, dict) or not isinstance(gate.get("accepted"), bool):
         return {"accepted": False, "reason": f"{model_dir}: manifest has no accuracy-gate result"}
     return gate
-
-
-def select_serving_model(candidates: Sequence[str | Path], fallback: str | Path) -> tuple[Path, str]:
-    """The first candidate INT8 directory its accuracy gate accepted, else ``fallback`` (the FP32 model).
-
-    Returns the chosen directory and why, e.g. ``(fp32_dir, "int8_dynamic rejected: ...; serving FP32")``.
-    """
-    reasons = []
-    for candidate in candidates:
-        gate = gate_result(candidate)
-        if gate["accepted"]:
-            return Path(candidate), f"{Path(candidate).name}: {gate['reason']}"
-        reasons.append(f"{Path(candidate).name}: {gate['reason']}")
-    return Path(fallback), "; ".join([*reasons, f"serving the FP32 model {Path(fallback).name}"])

@@ -16,8 +16,8 @@ decoder, the second half is the new tokens).
 Accuracy gate: held-out perplexity (``val`` split, :func:`lmforge.evaluate.perplexity.perplexity`) of each
 INT8 ``model.onnx`` vs the FP32 ``model.onnx``, all in ONNX Runtime. An INT8 model whose relative delta is
 above ``max_perplexity_delta`` is still written (pipelines need the output) but its ``manifest.json`` says
-``accuracy_gate.accepted: false`` with the reason; ``lmforge.export.accuracy_gate.select_serving_model`` then
-falls back to FP32, and ``promote`` withholds it from the release.
+``accuracy_gate.accepted: false`` with the reason; ``evaluate`` then serves the next model in its preference
+(:func:`lmforge.evaluate.evaluate.served_model`, e.g. FP32), and ``promote`` withholds it from the release.
 """
 
 from __future__ import annotations

@@ -68,11 +68,6 @@ class NonFiniteLossError(LmforgeError):
     """Too many optimizer steps in a row had a non-finite loss or gradient norm."""
 
 
-def default_device() -> torch.device:
-    """The first CUDA device when there is one, else the CPU."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Learning rate of optimizer step ``step`` (0-based).
 
@@ -203,11 +198,6 @@ def _memory_gb(device: torch.device) -> float:
 def fused_adamw_supported(params: list[torch.Tensor], device: torch.device) -> bool:
     """Whether torch's fused AdamW kernel takes these parameters (floating point, all on a CPU or CUDA device)."""
     return device.type in ("cpu", "cuda") and all(p.is_floating_point() and p.device == device for p in params)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class _Accumulators:

@@ -1,11 +1,15 @@
-"""Language identification with lingua (``lingua-language-detector``), loaded on first use."""
+"""Language identification with lingua (``lingua-language-detector``), loaded on first use: tag each
+document with its language and drop those outside the allowed set or below a confidence. FineWeb's
+pipeline (datatrove's ``LanguageFilter``) does the same with a fastText model, which needs a download.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from lmforge.config import LanguageIdConfig
-from lmforge.data.filters import UNDETERMINED_LANG, Rule, TextView
+from lmforge.data.rules.base import Rule
+from lmforge.data.rules.text_view import UNDETERMINED_LANG, TextView
 from lmforge.errors import ConfigError
 
 
