@@ -233,7 +233,7 @@ def lmforge_pipeline(
     checked.set_display_name("0 preflight checks").set_caching_options(False)
     gpu = (gpu_accelerator_type, checked.outputs["gpu_limit"], gpu_node_selector, gpu_tolerations)
 
-    shard_indices = plan_shards(shard_count=clean_shards)
+    shard_indices = plan_shards(shard_count=clean_shards).after(checked)  # nothing runs before the checks
     shard_indices.set_display_name("1a plan corpus shards")
     with dsl.ParallelFor(shard_indices.outputs["Output"], name="clean-fan-out") as shard_index:
         shard = clean_one_shard(

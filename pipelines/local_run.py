@@ -1,32 +1,46 @@
-"""Run the compiled lmforge DAG on this machine with ``kfp.local`` (what ``lmforge run`` does)."""
+"""Run the compiled lmforge DAG on this machine with ``kfp.local`` (what ``lmforge run`` does).
+
+Each run gets ``<root>/<run id>/``: kfp.local's outputs in the pipeline's folder below it, the logs in ``logs/``
+(``run.log`` and one file per task, see :mod:`lmforge_kfp.pipelines.console`) and the pipeline it ran. The
+compiled pipeline's retry policies are dropped for a local run: a laptop has no preemption, and kfp.local would
+rerun a deterministic failure after 30-60 s of backoff.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import os
-import re
+import sys
 import time
 import uuid
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
+import yaml
 from kfp import local
 from kfp.components import load_component_from_file
 
 from lmforge.errors import LmforgeError
 from lmforge.launch.stage_runner import RUN_ID_ENV
+from lmforge_kfp.pipelines.console import ANSI, RunConsole
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+COMPILED_PIPELINE = Path(__file__).resolve().parent / "compiled" / "lmforge_pipeline.yaml"
+LOGS = "logs"
 
 
 class PipelineRunError(LmforgeError):
-    """A task of the local run failed."""
+    """A task of the local run failed; the message is the task's own error line (or the runner's) and its log."""
 
-
-COMPILED_PIPELINE = Path(__file__).resolve().parent / "compiled" / "lmforge_pipeline.yaml"
+    def __init__(self, message: str, *, run_dir: Path, task: str | None, log: Path) -> None:
+        super().__init__(message)
+        self.run_dir = run_dir
+        self.task = task
+        self.log = log
 
 
 @dataclass(frozen=True)
@@ -35,10 +49,21 @@ class LocalRun:
 
     run_dir: Path
     seconds: float
+    logs: Path
 
     def output(self, task: str, name: str) -> Path:
         """Path of output artifact ``name`` of ``task`` (e.g. ``evaluate``, ``evaluation``)."""
         return self.run_dir / task / name
+
+    def parameter(self, task: str, name: str) -> Any:
+        """Output parameter ``name`` of ``task`` (a single return value is ``Output``), as kfp.local recorded it."""
+        executor_output = json.loads((self.run_dir / task / "executor_output.json").read_text(encoding="utf-8"))
+        return executor_output["parameterValues"][name]
+
+    @property
+    def run_id(self) -> str:
+        """The run id (the name of the run's directory, ``$LMFORGE_RUN_ID`` of its tasks)."""
+        return self.logs.parent.name
 
     @property
     def promoted(self) -> bool:
@@ -49,6 +74,33 @@ class LocalRun:
 def new_run_id() -> str:
     """A run id unique on this machine and sortable by start time: ``YYYYMMDD-HHMMSS-<8 hex>``."""
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{uuid.uuid4().hex[:8]}"
+
+
+def without_retries(spec_text: str) -> str:
+    """The compiled pipeline with every task's ``retryPolicy`` removed (documents: pipeline spec, platform spec)."""
+
+    def strip(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {key: strip(value) for key, value in node.items() if key != "retryPolicy"}
+        if isinstance(node, list):
+            return [strip(item) for item in node]
+        return node
+
+    return yaml.safe_dump_all([strip(doc) for doc in yaml.safe_load_all(spec_text)], sort_keys=False)
+
+
+@contextlib.contextmanager
+def _logs_to(stream: TextIO) -> Iterator[None]:
+    """The root logger's records (kfp.local's orchestrator: skipped tasks, the workspace) go to ``stream`` too."""
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(asctime)s.000 - %(levelname)s - %(message)s", datefmt="%H:%M:%S"))
+    root.handlers = [handler]
+    try:
+        yield
+    finally:
+        root.handlers = saved
 
 
 @contextlib.contextmanager
@@ -66,31 +118,55 @@ def _run_id_in_env(run_id: str) -> Iterator[None]:
 
 
 def run_pipeline_locally(
-    params: dict[str, Any], pipeline_root: Path, pipeline_yaml: Path = COMPILED_PIPELINE
+    params: dict[str, Any],
+    pipeline_root: Path,
+    pipeline_yaml: Path = COMPILED_PIPELINE,
+    *,
+    console: str = "verbose",
+    out: TextIO | None = None,
 ) -> LocalRun:
     """Run the compiled pipeline with ``SubprocessRunner(use_venv=False)``; raise if any task fails.
 
     Each call gets its own directory ``<pipeline_root>/<run id>/`` (:func:`new_run_id`), so two runs
     started on one ``--output`` never share, or mistake each other's, outputs.
+
+    Args:
+        params: pipeline arguments.
+        pipeline_root: where run directories go.
+        pipeline_yaml: the compiled pipeline (its retry policies are dropped for the local run).
+        console: what ``out`` shows: ``verbose`` (everything kfp.local prints), ``default`` (a line per stage and
+            the training progress) or ``quiet`` (nothing); every line also goes to the run's ``logs/``.
+        out: where the shown lines go (default: stdout).
+
+    Raises:
+        PipelineRunError: a task failed; its message is the task's own ``error:`` line when it wrote one.
     """
     run_id = new_run_id()
-    pipeline_root = Path(pipeline_root).resolve() / run_id
-    pipeline_root.mkdir(parents=True)  # never exist_ok: a run directory belongs to one run
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root), raise_on_error=True)
+    run_root = Path(pipeline_root).resolve() / run_id
+    run_root.mkdir(parents=True)  # never exist_ok: a run directory belongs to one run
+    local_yaml = run_root / "pipeline.yaml"
+    local_yaml.write_text(without_retries(Path(pipeline_yaml).read_text(encoding="utf-8")), encoding="utf-8")
+    logs = run_root / LOGS
+    router = RunConsole(logs, out or sys.stdout, console)
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(run_root), raise_on_error=True)
     start = time.perf_counter()
-    with warnings.catch_warnings(), _run_id_in_env(run_id):
+    with warnings.catch_warnings(), _run_id_in_env(run_id), contextlib.redirect_stdout(router), _logs_to(router):
         # Resource, placement and image settings are for the cluster; kfp.local says so once per task.
         warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
         warnings.filterwarnings("ignore", message=".*custom or non-Python base image.*")
         try:
-            load_component_from_file(str(pipeline_yaml))(**params)
+            load_component_from_file(str(local_yaml))(**params)
         except RuntimeError as exc:  # kfp.local's way of saying a task failed
-            message = _ANSI.sub("", str(exc))
+            failed = router.current
+            router.close()
+            reason = router.error_line or ANSI.sub("", str(exc))
+            log = router.log_path(failed)
             raise PipelineRunError(
-                f"{message} The task's own error is in its log above; outputs: {pipeline_root}"
+                f"{reason.removeprefix('error: ')} (task {failed}; log: {log})", run_dir=run_root, task=failed, log=log
             ) from exc
+    router.close()
     seconds = time.perf_counter() - start
-    new = sorted(p for p in pipeline_root.iterdir() if p.is_dir())
+    new = sorted(p for p in run_root.iterdir() if p.is_dir() and p.name != LOGS)
     if len(new) != 1:
-        raise RuntimeError(f"expected one new run directory under {pipeline_root}, found {[p.name for p in new]}")
-    return LocalRun(new[0], seconds)
+        raise RuntimeError(f"expected one new run directory under {run_root}, found {[p.name for p in new]}")
+    return LocalRun(new[0], seconds, logs)

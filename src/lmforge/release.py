@@ -482,8 +482,11 @@ def run(
     release_root: str,
     model_name: str,
     version: str = "",
+    run_id: str = "",
 ) -> StageResult:
-    """The ``promote`` stage: :func:`promote` the gated artifacts, each under its artifact name in the release."""
+    """The ``promote`` stage: :func:`promote` the gated artifacts, each under its artifact name in the release.
+
+    ``run_id`` (the run's, from the stage's context) is recorded in the release manifest."""
     artifacts = {"student": student, "onnx_fp32": onnx_fp32, "int8_dynamic": int8_dynamic, "int8_qdq": int8_qdq}
     artifacts["engine"] = engine
     return promote(
@@ -492,6 +495,7 @@ def run(
         version=version or default_version(),
         artifacts={name: Path(path) for name, path in artifacts.items()},
         evaluation_dir=evaluation,
+        run_id=run_id or None,
     )
 
 

@@ -29,6 +29,14 @@ from lmforge.cli import (
 from lmforge.errors import LmforgeError
 from lmforge.stages import resolve_config
 
+CorpusOpt = Annotated[
+    str, typer.Option("--corpus", help="Raw corpus URI (pipeline parameter corpus_uri); default: the pipeline's.")
+]
+QaOpt = Annotated[str, typer.Option("--qa", help="Q&A JSONL URI (pipeline parameter qa_uri); default: the pipeline's.")]
+ModelNameOpt = Annotated[
+    str, typer.Option("--model-name", help="Release name (pipeline parameter model_name); default: from the corpus.")
+]
+
 
 def register(app: typer.Typer) -> None:
     """Add ``run``, ``compile``, ``images``, ``submit``, ``schedule`` and ``runs`` to ``app``."""
@@ -53,9 +61,16 @@ def run(
         str, typer.Option("--model-name", help="Release name (models/<name>/); default: derived from the corpus.")
     ] = "",
     set_: SetOpt = None,
-    verbose: VerboseOpt = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the final summary (for CI).")] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Print everything the stages and kfp.local write.")
+    ] = False,
 ) -> None:
-    """Run the whole DAG locally (kfp.local, one subprocess per stage) and print the summary."""
+    """Run the whole DAG locally (kfp.local, one subprocess per stage) and print what it made.
+
+    By default one line per stage and the training progress; every line of every stage also goes to the run's
+    logs/ folder. The last line of a failed run is the failing stage's own error.
+    """
     setup_cli_logging(verbose)
     try:
         by_section = overrides_by_section(parse_assignments(set_, "--set"))
@@ -71,33 +86,30 @@ def run(
             "model_name": model_name,
             **{f"{stage}_overrides": json.dumps(fields) for stage, fields in by_section.items()},
         }
-        local_run = run_pipeline_locally(params, output / "runs")
+        mode = "verbose" if verbose else "quiet" if quiet else "default"
+        local_run = run_pipeline_locally(params, output / "runs", console=mode)
     except LmforgeError as exc:
         fail(exc)
-    _print_summary(local_run)
+    _print_summary(local_run, quiet=quiet)
 
 
-def _print_summary(local_run: Any) -> None:
+def _print_summary(local_run: Any, *, quiet: bool) -> None:
+    """The model table (not with ``--quiet``) and the summary lines, each path whole on its own line."""
+    from lmforge_kfp.pipelines.summary import MODEL_COLUMNS, model_rows, summary_lines
+
     evaluation = local_run.output("evaluate", "evaluation")
     results = json.loads((evaluation / "results.json").read_text(encoding="utf-8"))
-    table = Table(title=f"lmforge run — {local_run.seconds:.0f} s", show_lines=False)
-    for column in ("model", "perplexity", "size MB", "p50 ms", "p99 ms"):
-        table.add_column(column, justify="left" if column == "model" else "right")
-    for name, row in results["models"].items():
-        table.add_row(
-            name,
-            *(_fmt(row.get(key)) for key in ("perplexity", "size_mb", "p50_ms", "p99_ms")),
-        )
-    out = Console()
-    out.print(table)
-    verdict = "[green]passed[/]" if results["passed"] else "[red]failed[/]"
-    out.print(f"gate: {verdict}; promoted: {'yes' if local_run.promoted else 'no'}")
-    out.print(f"report: {evaluation / 'report.html'}")
-    out.print(f"run directory: {local_run.run_dir}")
-
-
-def _fmt(value: Any) -> str:
-    return "—" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+    typer.echo(f"lmforge run {local_run.run_id}: {local_run.seconds:.0f} s")
+    if not quiet:
+        table = Table(show_lines=False, box=None)
+        table.add_column("model")
+        for _, title in MODEL_COLUMNS:
+            table.add_column(title, justify="right")
+        for row in model_rows(results):
+            table.add_row(*row)
+        Console().print(table)
+    for line in summary_lines(local_run):
+        typer.echo(line)
 
 
 def compile_(
@@ -188,9 +200,18 @@ def _setup_remote_logging(verbose: bool) -> None:
 
 
 def _remote_arguments(
-    host: str, package_path: Path | None, preset: str, set_: list[str] | None, param: list[str] | None
+    host: str,
+    package_path: Path | None,
+    preset: str,
+    set_: list[str] | None,
+    param: list[str] | None,
+    data: dict[str, str],
 ) -> tuple[Any, dict[str, Any]]:
-    """Validate everything locally (host, overrides, parameters, package) and return the package and arguments."""
+    """Validate everything locally (host, overrides, parameters, package) and return the package and arguments.
+
+    ``data`` holds the pipeline parameters given as their own options (``--corpus``, ``--qa``, ``--model-name``);
+    an empty one keeps the pipeline's default.
+    """
     from lmforge_kfp.pipelines import remote
 
     remote.check_host(host)
@@ -198,7 +219,8 @@ def _remote_arguments(
     by_section = overrides_by_section(assignments)
     resolve_config(preset, assignments)
     parse_assignments(param, "--param")  # KEY=VALUE check; values are typed against the pipeline below
-    raw_params = dict(item.split("=", 1) for item in param or [])
+    raw_params = {name: value for name, value in data.items() if value}
+    raw_params |= dict(item.split("=", 1) for item in param or [])
     package = remote.load_package(package_path or remote.COMPILED_PIPELINE)
     return package, remote.pipeline_arguments(package, preset, by_section, raw_params)
 
@@ -210,6 +232,9 @@ def _describe_version(version: Any) -> str:
 def submit(
     host: HostOpt,
     preset: PresetOpt = "tiny-cpu",
+    corpus: CorpusOpt = "",
+    qa: QaOpt = "",
+    model_name: ModelNameOpt = "",
     set_: SetOpt = None,
     param: ParamOpt = None,
     experiment: ExperimentOpt = "lmforge",
@@ -223,7 +248,8 @@ def submit(
     """Start a run on a Kubeflow Pipelines server (uploading the pipeline version if new); print the run URL."""
     _setup_remote_logging(verbose)
     try:
-        pkg, arguments = _remote_arguments(host, package, preset, set_, param)
+        data = {"corpus_uri": corpus, "qa_uri": qa, "model_name": model_name}
+        pkg, arguments = _remote_arguments(host, package, preset, set_, param, data)
         from lmforge_kfp.pipelines.remote import Remote
 
         submitted = Remote(host, namespace, token=token).submit(
@@ -244,6 +270,9 @@ def schedule(
     ],
     name: Annotated[str, typer.Option("--name", help="Recurring run name; an existing one is updated.")],
     preset: PresetOpt = "tiny-cpu",
+    corpus: CorpusOpt = "",
+    qa: QaOpt = "",
+    model_name: ModelNameOpt = "",
     set_: SetOpt = None,
     param: ParamOpt = None,
     experiment: ExperimentOpt = "lmforge",
@@ -256,7 +285,8 @@ def schedule(
     """Create or update a recurring run so it runs the current pipeline version; print its URL."""
     _setup_remote_logging(verbose)
     try:
-        pkg, arguments = _remote_arguments(host, package, preset, set_, param)
+        data = {"corpus_uri": corpus, "qa_uri": qa, "model_name": model_name}
+        pkg, arguments = _remote_arguments(host, package, preset, set_, param, data)
         from lmforge_kfp.pipelines.remote import Remote, kfp_cron
 
         kfp_cron(cron)  # reject a bad expression before contacting the server

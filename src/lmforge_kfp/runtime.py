@@ -10,6 +10,8 @@ then writes the stage's ``Metrics``/``HTML``/``Markdown`` outputs and returns it
 from __future__ import annotations
 
 import collections
+import json
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -20,6 +22,7 @@ from lmforge.launch.stage_runner import RUN_ID_ENV
 from lmforge.stages import get_stage, resolve_stage_config, run_stage
 from lmforge.stages.spec import StageSpec
 
+log = logging.getLogger("lmforge.stage")
 METRICS = "metrics"  # the Output[Metrics] every component has
 CONFIG_ARGS = ("preset", "overrides")  # of every stage with a config section
 LAUNCH_ARGS = ("launch", "staging_uri", "gpu_count", "job_image")  # of every distributed stage
@@ -58,10 +61,23 @@ def _run(stage: str, args: Mapping[str, Any]) -> Any:
         markdown=args[spec.markdown] if spec.markdown else None,
         markdown_text=result.markdown,
     )
+    log.info("done %s", json.dumps({"stage": stage, "headline": headline(spec, result)}))
     values = [result.summary[port.name] for port in spec.returns]
     if len(values) <= 1:
         return values[0] if values else None
     return collections.namedtuple("Outputs", [port.name for port in spec.returns])(*values)
+
+
+def headline(spec: StageSpec, result: Any) -> list[str]:
+    """``["val_loss 5.12", ...]``: the stage's headline figures (``StageSpec.headline``) it reported."""
+    figures = []
+    for name in spec.headline:
+        value = result.metrics.get(name, result.summary.get(name))
+        if isinstance(value, float):
+            figures.append(f"{name} {value:.4g}")
+        elif value is not None:
+            figures.append(f"{name} {value}")
+    return figures
 
 
 def _local(value: Any) -> Any:

@@ -42,6 +42,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         config=None,
         inputs=(param("shard_count", "int", "How many shards to split the corpus into (at least 1)."),),
         returns=(param("shard_indices", "list[int]", "The shard indices."),),
+        headline=("shards",),
     ),
     StageSpec(
         name="clean_shard",
@@ -62,6 +63,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
             ),
         ),
         cache_keys=(CORPUS_FINGERPRINT,),
+        headline=("docs_in", "docs_out"),
     ),
     StageSpec(
         name="dedup_shards",
@@ -72,6 +74,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         section="clean",
         inputs=(artifact("shards", "Dataset", "Cleaned shards from clean_shard (the whole fan-out).", many=True),),
         outputs=(artifact("plan", "Artifact", "The corpus keys to remove, with the rule and the kept duplicate."),),
+        headline=("removed_exact_dedup", "removed_near_dedup"),
     ),
     StageSpec(
         name="merge_shards",
@@ -88,6 +91,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
             artifact("cleaned", "Dataset", "Parquet shards (id, text, source, lang), quarantine sample and stats."),
         ),
         html="report",
+        headline=("docs_in", "docs_out"),
     ),
     StageSpec(
         name="clean",
@@ -101,6 +105,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         ),
         cache_keys=(CORPUS_FINGERPRINT,),
         html="report",
+        headline=("docs_in", "docs_out"),
     ),
     StageSpec(
         name="tokenize",
@@ -112,6 +117,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
             artifact("tokenizer", "Artifact", "Hugging Face fast tokenizer directory."),
             artifact("shards", "Dataset", "train-NNNNN.bin / val-NNNNN.bin token shards with index.json."),
         ),
+        headline=("train_tokens", "vocab_size"),
     ),
     StageSpec(
         name="pretrain",
@@ -128,6 +134,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         html="curves",
         runtime="train",
         distributed=True,
+        headline=("val_loss", "tokens_per_sec"),
     ),
     StageSpec(
         name="finetune_lora",
@@ -152,6 +159,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         html="curves",
         runtime="train",
         distributed=True,
+        headline=("tuned_heldout_loss", "heldout_loss_reduction"),
     ),
     StageSpec(
         name="distill",
@@ -166,6 +174,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         html="curves",
         runtime="train",
         distributed=True,
+        headline=("student_val_loss", "teacher_val_loss"),
     ),
     StageSpec(
         name="export_onnx",
@@ -174,6 +183,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         config=ExportConfig,
         inputs=(artifact("model", "Model", "Hugging Face causal LM directory."),),
         outputs=(artifact("onnx_model", "Model", "model.onnx and decoder_with_past.onnx with tokenizer and config."),),
+        headline=("parity_max_abs_diff",),
     ),
     StageSpec(
         name="quantize_int8",
@@ -190,6 +200,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
             artifact("int8_qdq", "Model", "Statically calibrated Q/DQ ONNX model directory (TensorRT input)."),
         ),
         html="report",
+        headline=("fp32_size_mb", "dynamic_size_mb"),
     ),
     StageSpec(
         name="build_tensorrt",
@@ -201,6 +212,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
             artifact("engine", "Artifact", "engine.plan + build_record.json, or status.json saying skipped and why."),
         ),
         runtime="tensorrt",
+        headline=("built",),
     ),
     StageSpec(
         name="evaluate",
@@ -247,6 +259,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         html="report",
         markdown="summary",
         context=("preset", "run_id"),
+        headline=("passed",),
     ),
     StageSpec(
         name="promote",
@@ -266,6 +279,8 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
             param("version", "str", "Release version; empty picks a UTC timestamp vYYYYMMDD-HHMMSS.", default=""),
         ),
         returns=(param("release_uri", "str", "The release URI."),),
+        context=("run_id",),
+        headline=("version", "status"),
     ),
 )
 
@@ -331,6 +346,7 @@ def _preflight(sections: tuple[str, ...]) -> StageSpec:
             ),
             param("model_name", "str", "The release name every later step uses."),
         ),
+        headline=("checks_passed",),
     )
 
 

@@ -80,6 +80,7 @@ class StageSpec:
         runtime: the image it runs in (:data:`RUNTIMES`).
         distributed: the entry point joins torchrun's process group (``lmforge.train.distributed``), so the
             launcher may run it under torchrun or as a multi-node job.
+        headline: the figures (metric or summary names) a person sees in the stage's one line of a local run.
         context: facts about the run (not artifacts, not part of the cache key) the entry point also takes by
             keyword: ``preset`` (the run's preset) and ``run_id`` (``$LMFORGE_RUN_ID``), for its report.
     """
@@ -98,6 +99,7 @@ class StageSpec:
     runtime: str = "cpu"
     distributed: bool = False
     context: tuple[str, ...] = ()
+    headline: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
