@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -56,7 +57,10 @@ def local_run(tmp_path_factory, small_corpus):
         "clean_shards": 2,
         **{k: json.dumps(v) for k, v in SMALL.items()},
     }
-    return run_pipeline_locally(params, out / "runs"), out
+    shown = io.StringIO()
+    run = run_pipeline_locally(params, out / "runs", console="default", out=shown)
+    (out / "console.txt").write_text(shown.getvalue(), encoding="utf-8")  # what `lmforge run` showed
+    return run, out
 
 
 ARTIFACTS = [
@@ -159,3 +163,50 @@ def test_a_candidate_worse_than_production_is_not_promoted(local_run, small_corp
     assert not (out / "registry" / "models" / "scenes" / "v-worse").exists()
     latest = json.loads((out / "registry" / "models" / "scenes" / "latest.json").read_text())
     assert latest["version"] == "v-test"
+
+
+def test_a_person_sees_a_line_per_stage_the_progress_and_what_was_made(local_run):
+    from lmforge_kfp.pipelines.summary import summary_lines
+
+    run, out = local_run
+    lines = (out / "console.txt").read_text(encoding="utf-8").splitlines()
+    assert len(lines) < 150
+    for stage in (
+        "preflight",
+        "clean-shard",
+        "tokenize",
+        "pretrain",
+        "finetune-lora",
+        "distill",
+        "evaluate",
+        "promote",
+    ):
+        assert any(line.startswith(f"✓ {stage} ") for line in lines), (stage, lines)
+    assert any(line.strip().startswith("pretrain step ") for line in lines)
+    assert not any("executor_input" in line or "Streamed logs" in line for line in lines)
+
+    summary = summary_lines(run)
+    release = out / "registry" / "models" / "scenes" / "v-test"
+    assert "release: scenes v-test (published by this run)" in summary
+    assert f"  {release}" in summary  # a path on its own line, never wrapped inside a sentence
+    served = [line for line in summary if line.startswith("served model: ")]
+    assert served and "MB" in served[0]
+    assert "gate: passed" in "\n".join(summary)
+    assert any(line.startswith("data: cleaning kept ") for line in summary)
+    assert f"  {run.output('evaluate', 'evaluation') / 'report.html'}" in summary
+    assert len(summary) + 1 < 20  # `lmforge run --quiet` prints these after its first line
+
+
+def test_quiet_shows_nothing_and_verbose_everything_of_the_same_run(local_run, tmp_path):
+    from lmforge_kfp.pipelines.console import RunConsole
+
+    run, _ = local_run
+    stream = (run.logs / "run.log").read_text(encoding="utf-8")
+    for mode, expected in (("quiet", 0), ("verbose", stream.count("\n"))):
+        shown = io.StringIO()
+        console = RunConsole(tmp_path / mode, shown, mode)
+        console.write(stream)
+        console.close()
+        assert shown.getvalue().count("\n") == expected, mode
+    per_task = {p.stem for p in run.logs.glob("*.log")}
+    assert {"run", "preflight", "pretrain", "evaluate", "promote"} <= per_task
