@@ -4,7 +4,7 @@
     python -m bench.eval_bench --student DIR --onnx DIR [--int8 DIR]   # real artifacts of a run
 
 Every runtime is measured in its own subprocess (so its peak RSS is its own) with the harness the
-``evaluate`` stage uses (:mod:`lmforge.evaluate.latency`): full forward passes of ``--context`` tokens
+``evaluate`` stage uses (:mod:`lmforge.metrics.latency`): full forward passes of ``--context`` tokens
 (= prefill) at batch 1 and 8, and KV-cache generation (prefill of ``--prompt`` tokens, then
 ``--new-tokens`` decode steps) at batch 1 and 8 where the runtime has a cache (an ONNX directory needs
 ``decoder_with_past.onnx``). Warm-up runs come first. Prints a Markdown table; ``--json PATH`` also writes
@@ -30,13 +30,13 @@ BATCHES = (1, 8)
 def _measure(kind: str, path: str, args: argparse.Namespace) -> dict:
     import torch
 
-    from lmforge.evaluate.latency import (
+    from lmforge.metrics.latency import (
         OrtDecodeRuntime,
         TorchDecodeRuntime,
         latency_profile,
         measure_decode,
     )
-    from lmforge.evaluate.perplexity import onnx_logits_fn, torch_logits_fn
+    from lmforge.metrics.perplexity import onnx_logits_fn, torch_logits_fn
 
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)

@@ -12,8 +12,8 @@ import torch
 from lmforge import storage
 from lmforge.artifacts import MANIFEST, describe_files
 from lmforge.config import CheckpointConfig, DistributedConfig, ModelConfig, PretrainConfig, TrainConfig
+from lmforge.contracts import HISTORY_FILE
 from lmforge.errors import UnsafeCheckpointError
-from lmforge.model.build import HISTORY_FILE
 from lmforge.train import pretrain
 from lmforge.train.checkpoint import QUARANTINE, Checkpointer, complete_steps, step_name
 from lmforge.train.distributed import DistContext

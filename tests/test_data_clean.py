@@ -12,7 +12,8 @@ import pytest
 from lmforge.artifacts import read_manifest
 from lmforge.config import CleanConfig
 from lmforge.data import clean
-from lmforge.data.clean import Normalize, read_cleaned
+from lmforge.data.clean import Normalize
+from lmforge.data.cleaned import read_cleaned
 from lmforge.data.corpus import iter_documents, stable_id
 from lmforge.data.rules import MinChars, MinWords
 from lmforge.errors import ArtifactIncompleteError, InputDataError

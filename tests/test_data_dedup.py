@@ -11,8 +11,9 @@ import pytest
 
 from lmforge.config import CleanConfig
 from lmforge.data import clean, dedup
-from lmforge.data.clean import read_cleaned
+from lmforge.data.cleaned import read_cleaned
 from lmforge.data.demo import shakespeare_documents
+from lmforge.data.signatures import read_removed
 
 RULES_OFF = {n: {"enabled": False} for n in ("language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "pii")}
 # FineWeb's profile (word 5-grams, 14 bands x 8 rows, every candidate accepted): it misses pairs below
@@ -141,7 +142,7 @@ def test_partitioned_dedup_removes_exactly_what_the_single_pod_dedup_removes(pla
         clean.clean_shard(cfg, corpus_uri=str(corpus), shard=shard_dir, shard_index=i, shard_count=shards)
     single = dedup.run(cfg, shards=shard_dirs, plan=tmp_path / "single")
     partitioned = dedup.run_partitioned(cfg, shard_dirs, tmp_path / "partitioned", groups=groups, parts=parts)
-    assert dedup.read_removed(tmp_path / "partitioned") == dedup.read_removed(tmp_path / "single")
+    assert read_removed(tmp_path / "partitioned") == read_removed(tmp_path / "single")
     assert partitioned.metrics == single.metrics
     assert single.metrics["removed_exact_dedup"] >= 20 and single.metrics["removed_near_dedup"] >= 80
 

@@ -9,7 +9,7 @@ import zstandard
 
 from lmforge.config import CleanConfig
 from lmforge.data import clean
-from lmforge.data.clean import read_cleaned
+from lmforge.data.cleaned import read_cleaned
 from lmforge.data.corpus import iter_documents
 
 RULES_OFF = {

@@ -12,7 +12,7 @@ import pytest
 from lmforge.artifacts import read_manifest, sha256_file
 from lmforge.config import CleanConfig, TokenizeConfig
 from lmforge.data import clean, tokenize
-from lmforge.data.clean import read_cleaned
+from lmforge.data.cleaned import read_cleaned
 from lmforge.data.shards import TokenShards
 from lmforge.data.tokenize import SplitPlan, split_bucket
 from lmforge.data.tokenizer import tokenizer_fingerprint

@@ -182,7 +182,7 @@ def test_decision_serializes_to_plain_json_types():
 
 def test_int8_rejected_by_the_quantize_gate_falls_back_instead_of_failing():
     from lmforge.config import GateConfig
-    from lmforge.evaluate.evaluate import served_model
+    from lmforge.contracts import served_model
     from lmforge.evaluate.gate import check_int8_delta
 
     models = {

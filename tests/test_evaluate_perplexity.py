@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from lmforge.data.shards import TokenShards
-from lmforge.evaluate.latency import input_batch, latency_profile, measure_latency
-from lmforge.evaluate.perplexity import (
+from lmforge.metrics.latency import input_batch, latency_profile, measure_latency
+from lmforge.metrics.perplexity import (
     onnx_logits_fn,
     perplexity,
     scored_bytes,
@@ -234,7 +234,7 @@ def test_latency_profile_runs_batch_1_and_8_on_held_out_tokens():
 
 
 def test_decode_timing_separates_prefill_and_per_token_steps():
-    from lmforge.evaluate.latency import measure_decode
+    from lmforge.metrics.latency import measure_decode
 
     calls = []
 
@@ -261,7 +261,7 @@ def test_decode_timing_separates_prefill_and_per_token_steps():
 
 
 def test_torch_decode_runtime_generates_what_generate_does(tiny_model):
-    from lmforge.evaluate.latency import TorchDecodeRuntime
+    from lmforge.metrics.latency import TorchDecodeRuntime
 
     runtime = TorchDecodeRuntime(tiny_model)
     ids = np.array([[5, 6, 7, 8], [9, 10, 11, 12]], dtype=np.int64)

@@ -11,11 +11,12 @@ import torch
 
 from lmforge.artifacts import read_manifest, write_manifest
 from lmforge.config import EvaluateConfig, GateConfig, GenerationEvalConfig
+from lmforge.contracts import HISTORY_FILE
 from lmforge.data.shards import TokenShards
 from lmforge.errors import InputDataError
 from lmforge.evaluate import evaluate
-from lmforge.evaluate.perplexity import perplexity, torch_logits_fn
-from lmforge.model.build import HISTORY_FILE, load_causal_lm
+from lmforge.metrics.perplexity import perplexity, torch_logits_fn
+from lmforge.model.build import load_causal_lm
 
 pytestmark = pytest.mark.slow  # ONNX export of the fixture model plus a full evaluation: about a minute on 2 cores
 
@@ -196,7 +197,7 @@ def test_onnx_and_pytorch_perplexities_agree(evaluated, tiny_model_dir, tiny_sha
 
 @pytest.mark.parametrize("stride", [64, 16])
 def test_onnx_and_pytorch_agree_with_a_sliding_window(artifacts, tiny_model_dir, tiny_shards_dir, stride):
-    from lmforge.evaluate.perplexity import onnx_logits_fn
+    from lmforge.metrics.perplexity import onnx_logits_fn
     from lmforge.onnx_runtime import OrtCausalLM
 
     tokens = TokenShards.open(tiny_shards_dir).tokens("val")

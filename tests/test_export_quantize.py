@@ -16,12 +16,11 @@ from onnxruntime.quantization.calibrate import TensorData, TensorsData
 
 from lmforge.artifacts import write_manifest
 from lmforge.config import ExportConfig, ModelConfig, QuantizeConfig
+from lmforge.contracts import gate_decision, gate_result
 from lmforge.data.shards import ShardWriter, TokenShards
 from lmforge.data.tokenizer import tokenizer_fingerprint
 from lmforge.errors import InputDataError
-from lmforge.evaluate.perplexity import onnx_logits_fn, perplexity
 from lmforge.export import onnx_export, quantize
-from lmforge.export.accuracy_gate import gate_decision, gate_result
 from lmforge.export.quantize import (
     TokenWindowReader,
     calibration_windows,
@@ -30,6 +29,7 @@ from lmforge.export.quantize import (
     unsafe_tensors,
 )
 from lmforge.export.tied_embedding import find_tied_pairs, share_tied_embedding
+from lmforge.metrics.perplexity import onnx_logits_fn, perplexity
 from lmforge.model.build import build_model, load_tokenizer, save_model_dir
 from lmforge.onnx_runtime import OrtCausalLM, OrtDecoderWithPast
 

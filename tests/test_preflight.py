@@ -136,7 +136,7 @@ PREFLIGHT_OUTPUTS = {
 
 def test_a_new_production_release_changes_the_cache_key_of_evaluate(tmp_path):
     """A scheduled run after a new release must re-run the gate against it, not reuse the old decision."""
-    from lmforge.release import production_fingerprint
+    from lmforge.catalog import production_fingerprint
 
     spec = next(yaml.safe_load_all((REPO_ROOT / "pipelines/compiled/lmforge_pipeline.yaml").read_text()))
     params = {name: p.get("defaultValue") for name, p in spec["root"]["inputDefinitions"]["parameters"].items()}

@@ -11,10 +11,11 @@ from typer.testing import CliRunner
 
 from lmforge import storage
 from lmforge.artifacts import PUBLISH_CLAIM, write_manifest
+from lmforge.catalog import latest_release
 from lmforge.cli import application
 from lmforge.errors import StorageError
 from lmforge.launch.stage_runner import publish_artifact
-from lmforge.release import CLAIM, latest_release, promote
+from lmforge.release import CLAIM, promote
 
 MODEL = "tiny"
 

@@ -10,8 +10,9 @@ import pytest
 
 from lmforge import storage
 from lmforge.artifacts import write_manifest
+from lmforge.catalog import latest_release, list_releases, production_summary
 from lmforge.errors import GateBaselineMovedError
-from lmforge.release import CLAIM, latest_release, list_releases, production_summary, promote
+from lmforge.release import CLAIM, promote
 
 MODEL = "tiny"
 

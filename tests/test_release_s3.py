@@ -11,15 +11,9 @@ from test_release import _artifact, _evaluation
 
 from lmforge import storage
 from lmforge.artifacts import read_manifest
+from lmforge.catalog import latest_release, list_releases, production_summary
 from lmforge.errors import ReleaseExistsError
-from lmforge.release import (
-    CLAIM,
-    latest_release,
-    list_releases,
-    production_summary,
-    promote,
-    update_latest,
-)
+from lmforge.release import CLAIM, promote, update_latest
 
 pytestmark = pytest.mark.s3
 

@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 
 from lmforge.artifacts import MANIFEST
 from lmforge.config import CheckpointConfig, ModelConfig, PretrainConfig, TrainConfig
+from lmforge.contracts import HISTORY_FILE
 from lmforge.errors import ConfigError
-from lmforge.model.build import HISTORY_FILE
 from lmforge.train import pretrain
 from lmforge.train.checkpoint import Checkpointer, complete_steps, step_name
 from lmforge.train.distributed import DistContext

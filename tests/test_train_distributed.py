@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 
 from lmforge.artifacts import read_manifest
 from lmforge.config import DistributedConfig, ModelConfig, PretrainConfig, TrainConfig
-from lmforge.model.build import HISTORY_FILE, load_causal_lm
+from lmforge.contracts import HISTORY_FILE
+from lmforge.model.build import load_causal_lm
 from lmforge.train import pretrain
 
 CHILD = Path(__file__).with_name("distributed_child.py")

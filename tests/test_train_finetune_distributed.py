@@ -19,9 +19,10 @@ from safetensors.torch import load_file
 
 from lmforge.artifacts import read_manifest
 from lmforge.config import CheckpointConfig, DistillConfig, DistributedConfig, LaunchConfig, LoraConfig, TrainConfig
+from lmforge.contracts import HISTORY_FILE
 from lmforge.errors import ConfigError
 from lmforge.launch import run_training_stage
-from lmforge.model.build import HISTORY_FILE, load_causal_lm
+from lmforge.model.build import load_causal_lm
 from lmforge.train import distill, lora
 from lmforge.train import loop as train_loop
 

@@ -12,8 +12,9 @@ from transformers import AutoModelForCausalLM
 
 from lmforge.artifacts import read_manifest
 from lmforge.config import ModelConfig, PretrainConfig, TrainConfig
+from lmforge.contracts import HISTORY_FILE
 from lmforge.errors import InputDataError
-from lmforge.model.build import HISTORY_FILE, load_tokenizer
+from lmforge.model.build import load_tokenizer
 from lmforge.train import pretrain
 
 CFG = PretrainConfig(

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from lmforge.config import TrainConfig
-from lmforge.model.build import HISTORY_FILE
+from lmforge.contracts import HISTORY_FILE
 from lmforge.stages import resolve_config, resolve_stage_config
 from lmforge.train import distill, lora, pretrain
 from lmforge.train.loop import lr_at

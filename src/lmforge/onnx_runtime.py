@@ -9,6 +9,7 @@ with one, run by :class:`OrtDecoderWithPast` (prefill, decode steps, greedy gene
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -218,3 +219,31 @@ class OrtDecoderWithPast:
             mask = np.concatenate([mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
             logits, past = self.step(token[:, None], mask, past)
         return out
+
+
+CARRIED_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
+
+EXTERNAL_DATA_BYTES = 1_800_000_000
+
+
+def copy_model_files(src: str | Path, dst: str | Path) -> list[str]:
+    """Copy the tokenizer and config files of ``src`` into ``dst``; a source needs a tokenizer."""
+    src, dst = Path(src), Path(dst)
+    if not (src / "tokenizer.json").is_file():
+        raise InputDataError(f"{src}: no tokenizer.json; an ONNX model directory must carry its tokenizer")
+    copied = []
+    for name in CARRIED_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+            copied.append(name)
+    return copied

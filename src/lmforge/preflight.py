@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from lmforge import storage
+from lmforge import catalog, storage
 from lmforge.artifacts import sha256_file
 from lmforge.config import CleanConfig, StrictModel
 from lmforge.data.corpus import CorpusReader, first_file_uri
@@ -111,8 +111,6 @@ def check_conditional_writes(root: str) -> str:
     the right one (must succeed), then deletes it. A local ``root`` uses hard links and a file lock
     instead; its conditional create is probed the same way.
     """
-    from lmforge.release import read_tagged, swap_if_unchanged
-
     probe = storage.join(root, ".lmforge-preflight", f"conditional-{uuid.uuid4().hex}")
     try:
         if not storage.create_if_absent(probe, b"first"):
@@ -125,13 +123,13 @@ def check_conditional_writes(root: str) -> str:
             )
         if not storage.is_s3(root):
             return "ok"
-        _, etag = read_tagged(probe)
-        if swap_if_unchanged(probe, b"third", '"0123456789abcdef0123456789abcdef"', existed=True):
+        _, etag = storage.read_tagged(probe)
+        if storage.swap_if_unchanged(probe, b"third", '"0123456789abcdef0123456789abcdef"', existed=True):
             return (
                 f"{root}: the object store ignores If-Match: a write under a wrong ETag replaced the object, so "
                 "latest.json's compare-and-swap would not detect concurrent promotions"
             )
-        if not swap_if_unchanged(probe, b"fourth", etag, existed=True):
+        if not storage.swap_if_unchanged(probe, b"fourth", etag, existed=True):
             return f"{root}: a write with a matching If-Match was refused; compare-and-swap cannot succeed"
         return "ok"
     finally:
@@ -343,10 +341,9 @@ def run_checks(
         if attempt("release_root_writable", release_root, lambda: check_writable(release_root) or "ok"):
             attempt("release_root_conditional_writes", release_root, lambda: check_conditional_writes(release_root))
         if model_name:
-            from lmforge.release import production_fingerprint
 
             def production() -> str:
-                report.fingerprints["production"] = production_fingerprint(release_root, model_name)
+                report.fingerprints["production"] = catalog.production_fingerprint(release_root, model_name)
                 return "ok"
 
             attempt("production_release_readable", f"{release_root} ({model_name})", production)

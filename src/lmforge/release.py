@@ -43,7 +43,6 @@ server checks it).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import re
@@ -55,7 +54,19 @@ from pathlib import Path
 from typing import Any
 
 from lmforge import __version__, storage
-from lmforge.artifacts import MANIFEST, PUBLISH_CLAIM, fingerprint, read_json_file, read_manifest
+from lmforge.artifacts import MANIFEST, PUBLISH_CLAIM, fingerprint, read_manifest
+from lmforge.catalog import (
+    LATEST,
+    baseline_identity,
+    describe_move,
+    effective_latest,
+    is_complete,
+    latest_release,
+    parse_json_object,
+    release_identity,
+    release_order,
+)
+from lmforge.contracts import gate_result, read_results
 from lmforge.errors import (
     ConfigError,
     GateBaselineMovedError,
@@ -64,16 +75,13 @@ from lmforge.errors import (
     ReleaseExistsError,
     StorageError,
 )
-from lmforge.export.accuracy_gate import gate_result
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.promote")
 
 VERSION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-LATEST = "latest.json"
 CLAIM = ".promotion.json"
 EVALUATION = "evaluation"
-RESULTS_FILE = "results.json"
 _CAS_ATTEMPTS = 20
 
 
@@ -100,53 +108,6 @@ def _occupied(uri: str) -> bool:
     return not storage.is_s3(uri) or bool(storage.list_files(uri))
 
 
-def _read_results(evaluation_dir: Path) -> dict[str, Any]:
-    path = evaluation_dir / RESULTS_FILE
-    if not path.is_file():
-        raise InputDataError(f"evaluation directory {evaluation_dir}: no {RESULTS_FILE}")
-    return read_json_file(path)
-
-
-def read_tagged(uri: str) -> tuple[bytes | None, str | None]:
-    """Content and S3 ETag of ``uri`` (``(None, None)`` when absent; the tag is ``None`` locally)."""
-    if not storage.is_s3(uri):
-        path = Path(uri)
-        return (path.read_bytes(), None) if path.is_file() else (None, None)
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    bucket, key = storage.split_s3(uri)
-    try:
-        resp = storage.s3_client().get_object(Bucket=bucket, Key=key)
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-            return None, None
-        raise StorageError(f"get {uri}: {exc}") from exc
-    except BotoCoreError as exc:
-        raise StorageError(f"get {uri}: {exc}") from exc
-    return resp["Body"].read(), resp["ETag"]
-
-
-def swap_if_unchanged(uri: str, data: bytes, etag: str | None, existed: bool) -> bool:
-    """Write ``uri`` only if it is unchanged since read (S3 ``If-Match`` / ``If-None-Match``)."""
-    if not storage.is_s3(uri):
-        storage.write_bytes(uri, data)  # the caller holds the local lock
-        return True
-    if not existed:
-        return storage.create_if_absent(uri, data)
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    bucket, key = storage.split_s3(uri)
-    try:
-        storage.s3_client().put_object(Bucket=bucket, Key=key, Body=data, IfMatch=etag)
-    except ClientError as exc:
-        if storage.is_precondition_failure(exc):
-            return False
-        raise StorageError(f"conditional put {uri}: {exc}") from exc
-    except BotoCoreError as exc:
-        raise StorageError(f"conditional put {uri}: {exc}") from exc
-    return True
-
-
 @contextlib.contextmanager
 def _local_lock(model_root: str) -> Iterator[None]:
     """An exclusive lock for the read-decide-write of a local ``latest.json`` (no-op on S3)."""
@@ -162,20 +123,6 @@ def _local_lock(model_root: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _order(entry: Mapping[str, Any]) -> tuple[str, str]:
-    """Release order: completion time, then version (ties within a second)."""
-    return str(entry.get("created_at") or ""), str(entry.get("version") or "")
-
-
-def _parse_json(data: bytes, uri: str) -> dict[str, Any] | None:
-    try:
-        value = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        log.warning("%s: not valid JSON; ignored", uri)
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def update_latest(
@@ -194,141 +141,23 @@ def update_latest(
     data = json.dumps(dict(entry), indent=2).encode()
     with _local_lock(model_root):
         for _ in range(_CAS_ATTEMPTS):
-            raw, etag = read_tagged(uri)
-            current = _parse_json(raw, uri) if raw is not None else None
+            raw, etag = storage.read_tagged(uri)
+            current = parse_json_object(raw, uri) if raw is not None else None
             if baseline is not None:
-                now = _identity(_effective_latest(model_root, current, exclude=str(entry.get("version"))))
+                now = release_identity(effective_latest(model_root, current, exclude=str(entry.get("version"))))
                 if now != baseline_identity(baseline):
                     raise GateBaselineMovedError(
                         f"release {entry.get('version')} is complete at {entry.get('manifest_uri')} but latest.json "
-                        f"was not moved to it: {_moved(baseline, now)}. Evaluate it again against the current "
+                        f"was not moved to it: {describe_move(baseline, now)}. Evaluate it again against the current "
                         "production release and promote a new version if it passes"
                     )
-            if current is not None and _order(current) >= _order(entry) and _complete(current):
+            if current is not None and release_order(current) >= release_order(entry) and is_complete(current):
                 log.info("latest.json stays at %s (newer than %s)", current.get("version"), entry.get("version"))
                 return current
-            if swap_if_unchanged(uri, data, etag, existed=raw is not None):
+            if storage.swap_if_unchanged(uri, data, etag, existed=raw is not None):
                 return dict(entry)
             time.sleep(0.05)
     raise StorageError(f"{uri}: changed concurrently {_CAS_ATTEMPTS} times in a row; latest.json not updated")
-
-
-def _complete(latest: Mapping[str, Any]) -> bool:
-    """True when the release ``latest`` names has its manifest, of kind release, for that version."""
-    uri = latest.get("manifest_uri")
-    if not isinstance(uri, str) or not storage.is_file(uri):
-        return False
-    manifest = _parse_json(storage.read_bytes(uri), uri)
-    return bool(manifest) and manifest.get("kind") == "release" and manifest.get("version") == latest.get("version")
-
-
-def release_fingerprint(manifest: Mapping[str, Any]) -> str:
-    """sha256 of a release manifest's canonical JSON: identifies one release exactly (lineage, metrics, time)."""
-    body = {k: v for k, v in manifest.items() if k != "manifest_uri"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def baseline_identity(production: Mapping[str, Any]) -> tuple[str, str] | None:
-    """``(version, fingerprint)`` of a recorded gate baseline; ``None`` when it says there was no release."""
-    if production.get("status") == "none":
-        return None
-    return str(production.get("version")), str(production.get("fingerprint"))
-
-
-def _identity(release: Mapping[str, Any] | None) -> tuple[str, str] | None:
-    return None if release is None else (str(release.get("version")), release_fingerprint(release))
-
-
-def _moved(baseline: Mapping[str, Any], now: tuple[str, str] | None) -> str:
-    was = baseline_identity(baseline)
-    before = f"production {was[0]} (fingerprint {was[1][:12]})" if was else "no production release"
-    after = f"{now[0]} (fingerprint {now[1][:12]})" if now else "no complete release"
-    return f"the evaluation's gate compared it with {before}, but the latest release is now {after}"
-
-
-def _effective_latest(model_root: str, latest: Mapping[str, Any] | None, *, exclude: str) -> dict[str, Any] | None:
-    """The release a reader takes as latest, given ``latest.json``'s content; ``exclude`` (the release being
-    promoted, already complete) does not count as the fall-back newest release."""
-    if latest is not None and _complete(latest):
-        return _parse_json(storage.read_bytes(latest["manifest_uri"]), latest["manifest_uri"])
-    others = [r for r in _releases_under(model_root) if r.get("version") != exclude]
-    return others[-1] if others else None
-
-
-def list_releases(release_root: str, model_name: str) -> list[dict[str, Any]]:
-    """Manifests of the complete releases of ``model_name`` (those with ``manifest.json``), oldest first."""
-    return _releases_under(storage.join(release_root, "models", model_name))
-
-
-def _releases_under(model_root: str) -> list[dict[str, Any]]:
-    if not storage.exists(model_root):
-        return []
-    releases = []
-    for name in storage.list_files(model_root):
-        version, _, rest = name.partition("/")
-        if rest != MANIFEST:
-            continue
-        uri = storage.join(model_root, version, MANIFEST)
-        manifest = _parse_json(storage.read_bytes(uri), uri)
-        if manifest and manifest.get("kind") == "release" and manifest.get("version") == version:
-            releases.append({**manifest, "manifest_uri": uri})
-    return sorted(releases, key=_order)
-
-
-def latest_release(release_root: str, model_name: str) -> dict[str, Any] | None:
-    """The current production release's manifest (plus ``manifest_uri``), or ``None`` when there is none.
-
-    ``latest.json`` decides; if it is missing, unreadable or names a release without a manifest, the
-    newest complete release is returned instead (with a warning): an incomplete release is never latest.
-    """
-    model_root = storage.join(release_root, "models", model_name)
-    uri = storage.join(model_root, LATEST)
-    raw, _ = read_tagged(uri)
-    latest = _parse_json(raw, uri) if raw is not None else None
-    if latest is not None and _complete(latest):
-        manifest = _parse_json(storage.read_bytes(latest["manifest_uri"]), latest["manifest_uri"]) or {}
-        return {**manifest, "manifest_uri": latest["manifest_uri"]}
-    releases = list_releases(release_root, model_name)
-    if latest is not None:
-        log.warning(
-            "%s names %s, which has no complete release manifest; using the newest complete release (%s)",
-            uri,
-            latest.get("version"),
-            releases[-1]["version"] if releases else "none",
-        )
-    return releases[-1] if releases else None
-
-
-def production_summary(release_root: str | None, model_name: str) -> dict[str, Any]:
-    """What the gate compares against: the latest release's version and evaluation metrics.
-
-    ``{"status": "none", "reason": ...}`` when there is no registry or no release yet, else
-    ``{"status": "found", "version", "manifest_uri", "fingerprint", "created_at", "metrics"}``. ``evaluate``
-    stores it in ``results.json`` as the gate's baseline; ``promote`` re-checks it.
-    """
-    if not release_root:
-        return {"status": "none", "reason": "no release registry given"}
-    release = latest_release(release_root, model_name)
-    if release is None:
-        return {"status": "none", "reason": f"no release of {model_name!r} in {release_root} yet"}
-    return {
-        "status": "found",
-        "version": release.get("version"),
-        "manifest_uri": release.get("manifest_uri"),
-        "fingerprint": release_fingerprint(release),
-        "created_at": release.get("created_at"),
-        "metrics": dict((release.get("evaluation") or {}).get("metrics") or {}),
-    }
-
-
-def production_fingerprint(release_root: str | None, model_name: str) -> str:
-    """sha256 of :func:`production_summary`: changes whenever the release the gate compares against changes.
-
-    ``preflight`` passes it to ``evaluate`` as a parameter, so a KFP cache key holds the production baseline
-    and a scheduled run re-evaluates after a new release instead of reusing a gate decided against the old one.
-    """
-    summary = production_summary(release_root, model_name)
-    return hashlib.sha256(json.dumps(summary, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def promote(
@@ -374,7 +203,7 @@ def promote(
     eval_manifest = read_manifest(evaluation_dir, verify=True)
     if eval_manifest.get("kind") != "evaluation":
         raise InputDataError(f"{evaluation_dir}: manifest kind {eval_manifest.get('kind')!r}, expected 'evaluation'")
-    results = _read_results(evaluation_dir)
+    results = read_results(evaluation_dir)
     if require_passed and not results.get("passed"):
         failed = [c["name"] for c in results.get("gate", {}).get("checks", []) if not c.get("passed")]
         raise InputDataError(
@@ -412,10 +241,10 @@ def promote(
     release_manifest_uri = storage.join(target, MANIFEST)
     baseline = results.get("production")
     if isinstance(baseline, Mapping):
-        now = _identity(production)
+        now = release_identity(production)
         if now != baseline_identity(baseline):
             raise GateBaselineMovedError(
-                f"evaluation {evaluation_dir} is stale: {_moved(baseline, now)}. Evaluate again against the "
+                f"evaluation {evaluation_dir} is stale: {describe_move(baseline, now)}. Evaluate again against the "
                 "current production release before promoting"
             )
     else:
@@ -581,7 +410,7 @@ def _release_claim(target: str, claim_id: str) -> str:
     """
     claim_uri = storage.join(target, CLAIM)
     try:
-        holder = _parse_json(storage.read_bytes(claim_uri), claim_uri) or {}
+        holder = parse_json_object(storage.read_bytes(claim_uri), claim_uri) or {}
         if holder.get("claim_id") != claim_id:
             return f"the claim on {target} is not this promotion's; left alone"
         if storage.is_file(storage.join(target, MANIFEST)):  # the failure came after the release was complete
@@ -625,7 +454,7 @@ def collect_garbage(
         if leaf not in (CLAIM, PUBLISH_CLAIM) or f"{folder}/{MANIFEST}".lstrip("/") in names:
             continue
         claim_uri = storage.join(root, name)
-        claimed_at = (_parse_json(storage.read_bytes(claim_uri), claim_uri) or {}).get("claimed_at")
+        claimed_at = (parse_json_object(storage.read_bytes(claim_uri), claim_uri) or {}).get("claimed_at")
         try:
             stamp = datetime.datetime.fromisoformat(str(claimed_at)).timestamp()
         except ValueError:

@@ -412,3 +412,43 @@ def iter_lines(uri: str) -> Iterator[bytes]:
         yield from stream.iter_lines(keepends=True) if is_s3(uri) else stream
     finally:
         stream.close()
+
+
+def read_tagged(uri: str) -> tuple[bytes | None, str | None]:
+    """Content and S3 ETag of ``uri`` (``(None, None)`` when absent; the tag is ``None`` locally)."""
+    if not is_s3(uri):
+        path = Path(uri)
+        return (path.read_bytes(), None) if path.is_file() else (None, None)
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = split_s3(uri)
+    try:
+        resp = s3_client().get_object(Bucket=bucket, Key=key)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+            return None, None
+        raise StorageError(f"get {uri}: {exc}") from exc
+    except BotoCoreError as exc:
+        raise StorageError(f"get {uri}: {exc}") from exc
+    return resp["Body"].read(), resp["ETag"]
+
+
+def swap_if_unchanged(uri: str, data: bytes, etag: str | None, existed: bool) -> bool:
+    """Write ``uri`` only if it is unchanged since read (S3 ``If-Match`` / ``If-None-Match``)."""
+    if not is_s3(uri):
+        write_bytes(uri, data)  # the caller holds the local lock
+        return True
+    if not existed:
+        return create_if_absent(uri, data)
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = split_s3(uri)
+    try:
+        s3_client().put_object(Bucket=bucket, Key=key, Body=data, IfMatch=etag)
+    except ClientError as exc:
+        if is_precondition_failure(exc):
+            return False
+        raise StorageError(f"conditional put {uri}: {exc}") from exc
+    except BotoCoreError as exc:
+        raise StorageError(f"conditional put {uri}: {exc}") from exc
+    return True

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from lmforge.config.base import Precision, StrictModel
+from lmforge.contracts import QA_HELDOUT_FRACTION
 
 log = logging.getLogger("lmforge.config")
 
@@ -328,7 +329,10 @@ class LoraConfig(StrictModel):
         "auto", description="Sentence rules for split_long_examples: en, zh, or auto (zh if mostly Han characters)."
     )
     heldout_fraction: float = Field(
-        0.1, gt=0.0, lt=1.0, description="Fraction of examples held out for eval loss (by hash of the prompt)."
+        QA_HELDOUT_FRACTION,
+        gt=0.0,
+        lt=1.0,
+        description="Fraction of examples held out for eval loss (by hash of the prompt).",
     )
     train: TrainConfig = Field(
         default_factory=lambda: TrainConfig(max_steps=60, lr=2e-3, min_lr=2e-4, warmup_steps=5),

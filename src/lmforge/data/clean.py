@@ -40,9 +40,8 @@ from lmforge import report_html
 from lmforge.artifacts import read_manifest, staged_output, write_manifest
 from lmforge.config import CleanConfig
 from lmforge.cpus import available_cpus
-from lmforge.data import dedup
+from lmforge.data.cleaned import KIND, SCHEMA, SHARD_GLOB, STATS
 from lmforge.data.corpus import CorpusReader, Document
-from lmforge.data.dedup import EXACT_RULE, NEAR_RULE, exact_digest, save_signatures
 from lmforge.data.minhash import MinHasher
 from lmforge.data.pii import PiiRedactor
 from lmforge.data.rules import (
@@ -57,9 +56,11 @@ from lmforge.data.rules import (
     Rule,
     TextView,
 )
+from lmforge.data.signatures import EXACT_RULE, NEAR_RULE, exact_digest, read_removed, save_signatures
 from lmforge.errors import ConfigError, InputDataError
 from lmforge.results import StageResult
 from lmforge.scratch import scratch_dir
+from lmforge.stages import run_stage
 
 __all__ = [
     "Normalize",
@@ -67,20 +68,15 @@ __all__ = [
     "clean_shard",
     "finalize",
     "plan_shards",
-    "read_cleaned",
     "run",
 ]
 
 log = logging.getLogger("lmforge.clean")
 
-KIND = "cleaned-corpus"
 SHARD_KIND = "cleaned-shard"
 QUARANTINE = "quarantine.jsonl"
 BAD_RECORDS = "bad_records.jsonl"  # every malformed input record with file:line and the problem
-STATS = "stats.json"
 REPORT = "report.html"
-SHARD_GLOB = "part-*.parquet"
-SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string()), ("source", pa.string()), ("lang", pa.string())])
 # A cleaned shard also carries each document's corpus position, the merge and dedup key.
 SHARD_SCHEMA = SCHEMA.append(pa.field("key", pa.int64()))
 QUARANTINE_TEXT_CHARS = 2000
@@ -441,7 +437,7 @@ def finalize(
     start = time.perf_counter()
     shards = [Path(d) for d in shards]
     shard_stats = [json.loads((d / STATS).read_text(encoding="utf-8")) for d in shards]
-    removed_keys = dedup.read_removed(plan)
+    removed_keys = read_removed(plan)
     counts: Counter[str] = Counter()
     removed: Counter[str] = Counter()
     reasons: dict[str, Counter[str]] = {}
@@ -560,7 +556,7 @@ def run(cfg: CleanConfig, *, corpus_uri: str, cleaned: str | Path) -> StageResul
     with scratch_dir(".lmforge-clean-", Path(cleaned).parent) as scratch:
         shard = Path(scratch, "shard-00000")
         clean_shard(cfg, corpus_uri=corpus_uri, shard_index=0, shard_count=1, shard=shard)
-        dedup.run(cfg, shards=[shard], plan=Path(scratch, "dedup"))
+        run_stage("dedup_shards", cfg, {"shards": [shard], "plan": Path(scratch, "dedup")})
         return finalize(
             cfg,
             corpus_uri=corpus_uri,
@@ -586,18 +582,3 @@ def _report(
         ("Metrics", report_html.table(["metric", "value"], list(metrics.items()))),
     ]
     return report_html.page("lmforge clean", sections, subtitle=f"input: {input_uri}")
-
-
-def read_cleaned(cleaned_dir: str | Path, *, verify: bool = True) -> Iterator[dict[str, str]]:
-    """Stream the rows (``id``, ``text``, ``source``, ``lang``) of a ``clean`` output directory.
-
-    Args:
-        verify: check every file's sha256 against the manifest before reading.
-    """
-    manifest = read_manifest(cleaned_dir, verify=verify)
-    if manifest.get("kind") != KIND:
-        raise InputDataError(f"{cleaned_dir}: artifact kind {manifest.get('kind')!r}, expected {KIND!r}")
-    names = sorted(n for n in manifest.get("files", {}) if Path(n).match(SHARD_GLOB))
-    for name in names:
-        for batch in pq.ParquetFile(Path(cleaned_dir, name)).iter_batches(batch_size=1024):
-            yield from batch.to_pylist()

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from lmforge import report_html
 from lmforge.artifacts import input_record, staged_output, write_manifest
 from lmforge.config import TokenizeConfig
-from lmforge.data.clean import read_cleaned
+from lmforge.data.cleaned import read_cleaned
 from lmforge.data.shards import INDEX, ShardWriter
 from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
 from lmforge.errors import InputDataError

@@ -23,13 +23,25 @@ from typing import Any
 import numpy as np
 
 from lmforge.artifacts import MANIFEST, input_record, read_json_file, read_manifest, staged_output, write_manifest
-from lmforge.config import EvaluateConfig, LoraConfig
+from lmforge.catalog import production_summary
+from lmforge.config import EvaluateConfig
+from lmforge.contracts import (
+    QA_HELDOUT_FRACTION,
+    REPORT_HTML,
+    REPORT_MD,
+    RESULTS_FILE,
+    gate_result,
+    read_engine_status,
+    read_history,
+    served_model,
+)
 from lmforge.data.shards import INDEX, TokenShards
 from lmforge.errors import ConfigError, InputDataError
 from lmforge.evaluate.gate import check_gate
 from lmforge.evaluate.generation import evaluate_generation, group_by_prompt, prompt_and_reference, samples
-from lmforge.evaluate.latency import latency_profile
-from lmforge.evaluate.perplexity import (
+from lmforge.evaluate.report import comparison_rows, html_report, markdown_summary
+from lmforge.metrics.latency import latency_profile
+from lmforge.metrics.perplexity import (
     LogitsFn,
     onnx_logits_fn,
     perplexity,
@@ -37,18 +49,10 @@ from lmforge.evaluate.perplexity import (
     scored_ids,
     torch_logits_fn,
 )
-from lmforge.evaluate.report import comparison_rows, html_report, markdown_summary, read_history
-from lmforge.release import production_summary
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.evaluate")
 
-RESULTS_FILE = "results.json"
-REPORT_HTML = "report.html"
-REPORT_MD = "report.md"
-ENGINE_STATUS = "status.json"
-SERVED_PREFERENCE: tuple[str, ...] = ("tensorrt", "int8_dynamic", "int8_qdq", "onnx_fp32", "student")
-"""The served model is the first of these with a measured batch-1 p99 latency."""
 LATENCY_WARMUP = 3
 _MB = 1e6
 
@@ -177,7 +181,6 @@ def _evaluate_torch(
 
 
 def _evaluate_onnx(name: str, path: Path, text: HeldOutText, cfg: EvaluateConfig) -> dict:
-    from lmforge.export.accuracy_gate import gate_result
     from lmforge.onnx_runtime import OrtCausalLM
 
     accuracy_gate = gate_result(path)
@@ -235,7 +238,7 @@ def load_qa_set(
     elif recorded_fraction is not None:
         fraction, source = recorded_fraction, "the LoRA stage's manifest"
     else:
-        fraction, source = LoraConfig().heldout_fraction, "the finetune_lora default"
+        fraction, source = QA_HELDOUT_FRACTION, "the finetune_lora default"
     if tokenizer is None:
         log.warning("no tokenizer.json in any model directory; generation metrics skipped")
         return None
@@ -264,22 +267,6 @@ def data_summary(shards_dir: Path, cleaned_dir: Path | None) -> dict[str, Any]:
     return summary
 
 
-def read_engine_status(engine_dir: Path | None) -> dict[str, Any]:
-    """The TensorRT stage's ``status.json`` plus the engine size; ``absent`` when no directory is given."""
-    if engine_dir is None:
-        return {"status": "absent", "reason": "no TensorRT engine directory given"}
-    path = Path(engine_dir, ENGINE_STATUS)
-    if not path.is_file():
-        raise InputDataError(f"TensorRT engine directory {engine_dir}: no {ENGINE_STATUS}")
-    status = read_json_file(path)
-    if not isinstance(status, dict) or status.get("status") not in ("built", "skipped", "failed"):
-        raise InputDataError(f"{path}: 'status' must be one of built, skipped, failed")
-    plans = list(Path(engine_dir).glob("*.plan"))
-    if plans:
-        status.setdefault("size_bytes", sum(p.stat().st_size for p in plans))
-    return status
-
-
 def _engine_entry(status: Mapping[str, Any]) -> dict[str, Any] | None:
     """The engine's row in ``models`` when it was built: its size and any figures its stage measured."""
     if status.get("status") != "built":
@@ -292,16 +279,6 @@ def _engine_entry(status: Mapping[str, Any]) -> dict[str, Any] | None:
         if isinstance(status.get(key), int | float):
             entry[key] = float(status[key])
     return entry
-
-
-def served_model(models: Mapping[str, Mapping[str, Any]]) -> str | None:
-    """The first model of :data:`SERVED_PREFERENCE` with a measured batch-1 p99 latency that the quantize
-    stage's accuracy gate did not reject (a rejected INT8 model falls back to the next, e.g. FP32)."""
-    for name in SERVED_PREFERENCE:
-        entry = models.get(name) or {}
-        if entry.get("p99_ms") is not None and entry.get("accepted", True):
-            return name
-    return None
 
 
 MODEL_METRICS: tuple[str, ...] = (

@@ -12,12 +12,10 @@ import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-from lmforge.model.build import HISTORY_FILE
 from lmforge.report_html import bar_plot, breakable, charts, details, figure_png, line_plot, page, scroll_box, table
 
 log = logging.getLogger("lmforge.evaluate")
@@ -47,20 +45,6 @@ TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("p99_ms_b8", "p99 ms (b8)"),
     ("tokens_per_s", "tokens/s (b8)"),
 )
-
-
-def read_history(model_dir: str | Path) -> dict[str, Any] | None:
-    """The ``training_history.json`` next to a trained model, or ``None`` when there is none."""
-    path = Path(model_dir, HISTORY_FILE)
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        # A broken history only costs a plot; the evaluation itself stays valid.
-        log.warning("%s: not valid JSON (%s); no loss curves for it", path, exc.msg)
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _numbers(values: Any) -> list[float] | None:

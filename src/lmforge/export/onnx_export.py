@@ -23,7 +23,6 @@ callers never pass positions.
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,13 +39,15 @@ from lmforge.artifacts import (
     write_manifest,
 )
 from lmforge.config import ExportConfig
-from lmforge.errors import InputDataError, LmforgeError
+from lmforge.errors import LmforgeError
 from lmforge.model.build import load_causal_lm
 from lmforge.onnx_runtime import (
+    EXTERNAL_DATA_BYTES,
     MODEL_FILE,
     WITH_PAST_FILE,
     OrtCausalLM,
     OrtDecoderWithPast,
+    copy_model_files,
     model_size_bytes,
     past_input_names,
     present_output_names,
@@ -58,19 +59,7 @@ log = logging.getLogger("lmforge.export")
 INPUT_NAMES = ("input_ids", "attention_mask")
 OUTPUT_NAME = "logits"
 # Files carried from the model directory so an ONNX directory can be tokenized and described alone.
-CARRIED_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-)
 # Protobuf cannot hold more than 2 GiB; leave headroom for the graph itself.
-EXTERNAL_DATA_BYTES = 1_800_000_000
 PARITY_MAX_SEQ = 128
 
 
@@ -150,19 +139,6 @@ def cache_layout(model: torch.nn.Module) -> CacheLayout:
     layers = _cache_of(out).layers
     _, heads, _, head_dim = layers[0].keys.shape
     return CacheLayout(layers=len(layers), kv_heads=int(heads), head_dim=int(head_dim))
-
-
-def copy_model_files(src: str | Path, dst: str | Path) -> list[str]:
-    """Copy the tokenizer and config files of ``src`` into ``dst``; a source needs a tokenizer."""
-    src, dst = Path(src), Path(dst)
-    if not (src / "tokenizer.json").is_file():
-        raise InputDataError(f"{src}: no tokenizer.json; an ONNX model directory must carry its tokenizer")
-    copied = []
-    for name in CARRIED_FILES:
-        if (src / name).is_file():
-            shutil.copy2(src / name, dst / name)
-            copied.append(name)
-    return copied
 
 
 def parity_cases(vocab_size: int, max_positions: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -13,11 +13,11 @@ Both graphs of the directory are quantized (``model.onnx`` and, when present, ``
 the cache graph is calibrated with a real past: the first half of each window is prefilled by the FP32
 decoder, the second half is the new tokens).
 
-Accuracy gate: held-out perplexity (``val`` split, :func:`lmforge.evaluate.perplexity.perplexity`) of each
+Accuracy gate: held-out perplexity (``val`` split, :func:`lmforge.metrics.perplexity.perplexity`) of each
 INT8 ``model.onnx`` vs the FP32 ``model.onnx``, all in ONNX Runtime. An INT8 model whose relative delta is
 above ``max_perplexity_delta`` is still written (pipelines need the output) but its ``manifest.json`` says
 ``accuracy_gate.accepted: false`` with the reason; ``evaluate`` then serves the next model in its preference
-(:func:`lmforge.evaluate.evaluate.served_model`, e.g. FP32), and ``promote`` withholds it from the release.
+(:func:`lmforge.contracts.served_model`, e.g. FP32), and ``promote`` withholds it from the release.
 """
 
 from __future__ import annotations
@@ -52,18 +52,19 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from lmforge.artifacts import input_record, staged_output, write_manifest
 from lmforge.config import QuantizeConfig
+from lmforge.contracts import GATE_KEY, gate_decision
 from lmforge.data.shards import TokenShards
 from lmforge.data.tokenizer import TOKENIZER_FILE, tokenizer_fingerprint
 from lmforge.errors import InputDataError, LmforgeError
-from lmforge.evaluate.perplexity import onnx_logits_fn, perplexity
-from lmforge.export.accuracy_gate import GATE_KEY, gate_decision
-from lmforge.export.onnx_export import EXTERNAL_DATA_BYTES, copy_model_files
 from lmforge.export.tied_embedding import share_tied_embedding_file
+from lmforge.metrics.perplexity import onnx_logits_fn, perplexity
 from lmforge.onnx_runtime import (
+    EXTERNAL_DATA_BYTES,
     MODEL_FILE,
     WITH_PAST_FILE,
     OrtCausalLM,
     OrtDecoderWithPast,
+    copy_model_files,
     model_size_bytes,
     resolve_model_file,
 )

@@ -34,6 +34,7 @@ import torch
 
 from lmforge.artifacts import input_record, staged_output, write_manifest
 from lmforge.config import TensorRTConfig
+from lmforge.contracts import ENGINE_STATUS_FILE, gate_result
 from lmforge.errors import InputDataError, LmforgeError
 from lmforge.onnx_runtime import MODEL_FILE, WITH_PAST_FILE, cpu_session, resolve_model_file
 from lmforge.results import StageResult
@@ -43,7 +44,6 @@ log = logging.getLogger("lmforge.export")
 KIND = "tensorrt-engine"
 ENGINE_FILE = "engine.plan"
 BUILD_RECORD = "build_record.json"
-STATUS_FILE = "status.json"
 PAST_PREFIX = "past_key_values."
 
 Shape = tuple[int, ...]
@@ -214,7 +214,7 @@ def build_record(
 def write_status(root: Path, status: str, reason: str) -> dict[str, str]:
     """Write ``status.json`` into ``root`` and return its content."""
     content = {"status": status, "reason": reason}
-    (root / STATUS_FILE).write_text(json.dumps(content, indent=2), encoding="utf-8")
+    (root / ENGINE_STATUS_FILE).write_text(json.dumps(content, indent=2), encoding="utf-8")
     return content
 
 
@@ -366,8 +366,6 @@ def run(
 
     reason = unavailable_reason(cfg)
     if reason is None and cfg.precision == "int8":
-        from lmforge.export.accuracy_gate import gate_result
-
         gate = gate_result(int8_qdq)
         if not gate["accepted"]:
             reason = f"the Q/DQ INT8 model failed the accuracy gate ({gate['reason']}); serve the FP32 model"

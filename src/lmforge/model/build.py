@@ -22,11 +22,11 @@ from transformers import (
 )
 
 from lmforge.config import ModelConfig
+from lmforge.contracts import HISTORY_FILE
 from lmforge.errors import InputDataError
 
 FUSED_GPT2_GELU = "gelu_pytorch_tanh"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
-HISTORY_FILE = "training_history.json"
 
 
 def hf_config(cfg: ModelConfig, vocab_size: int, *, eos_id: int, pad_id: int) -> PretrainedConfig:

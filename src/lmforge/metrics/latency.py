@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from lmforge.evaluate.perplexity import LogitsFn
+from lmforge.metrics.perplexity import LogitsFn
 
 DEFAULT_BATCH_SIZES: tuple[int, ...] = (1, 8)
 

@@ -1,0 +1,142 @@
+"""The files one stage writes and another reads, declared once.
+
+A stage reads another stage's output only through what is here (and the shared format modules
+:mod:`lmforge.data.shards`, :mod:`lmforge.data.qa`, :mod:`lmforge.data.tokenizer`), never by importing the other
+stage's module. Each record says who writes it and who reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from lmforge.artifacts import read_json_file, read_manifest
+from lmforge.errors import InputDataError
+
+log = logging.getLogger("lmforge.contracts")
+
+# --- the INT8 accuracy gate: quantize_int8 writes it into each INT8 model's manifest; build_tensorrt, evaluate
+# --- and promote read it back.
+
+GATE_KEY = "accuracy_gate"
+
+
+def gate_decision(fp32_ppl: float, int8_ppl: float, threshold: float) -> dict[str, Any]:
+    """Accept an INT8 model when ``(int8 - fp32) / fp32 <= threshold``; the reason says which way and why."""
+    delta = (int8_ppl - fp32_ppl) / fp32_ppl if fp32_ppl > 0 else math.inf
+    accepted = math.isfinite(int8_ppl) and math.isfinite(delta) and delta <= threshold
+    relation = "<=" if accepted else ">"
+    reason = (
+        f"held-out perplexity {int8_ppl:.6g} vs FP32 {fp32_ppl:.6g}: delta {delta:+.2%} {relation} "
+        f"max_perplexity_delta {threshold:+.2%}"
+    )
+    if not math.isfinite(int8_ppl):
+        reason = f"held-out perplexity is not finite ({int8_ppl}); FP32 {fp32_ppl:.6g}"
+    return {
+        "accepted": bool(accepted),
+        "reason": ("accepted: " if accepted else "rejected: ") + reason,
+        "fp32_perplexity": fp32_ppl,
+        "perplexity": int8_ppl,
+        "perplexity_delta": delta,
+        "max_perplexity_delta": threshold,
+    }
+
+
+def gate_result(model_dir: str | Path) -> dict[str, Any]:
+    """The accuracy-gate record of an ONNX model directory; an unquantized model is always accepted."""
+    manifest = read_manifest(model_dir)
+    if manifest.get("quantization", "none") == "none":
+        return {"accepted": True, "reason": "FP32 model: not quantized, nothing to gate"}
+    gate = manifest.get(GATE_KEY)
+    if not isinstance(gate, dict) or not isinstance(gate.get("accepted"), bool):
+        return {"accepted": False, "reason": f"{model_dir}: manifest has no accuracy-gate result"}
+    return gate
+
+
+# --- the TensorRT engine's status: build_tensorrt writes it (built, skipped or failed, with the reason); evaluate
+# --- and serving read it.
+
+ENGINE_STATUS_FILE = "status.json"
+ENGINE_STATES = ("built", "skipped", "failed")
+
+
+def read_engine_status(engine_dir: Path | None) -> dict[str, Any]:
+    """The TensorRT stage's ``status.json`` plus the engine size; ``absent`` when no directory is given."""
+    if engine_dir is None:
+        return {"status": "absent", "reason": "no TensorRT engine directory given"}
+    path = Path(engine_dir, ENGINE_STATUS_FILE)
+    if not path.is_file():
+        raise InputDataError(f"TensorRT engine directory {engine_dir}: no {ENGINE_STATUS_FILE}")
+    status = read_json_file(path)
+    if not isinstance(status, dict) or status.get("status") not in ENGINE_STATES:
+        raise InputDataError(f"{path}: 'status' must be one of {', '.join(ENGINE_STATES)}")
+    plans = list(Path(engine_dir).glob("*.plan"))
+    if plans:
+        status.setdefault("size_bytes", sum(p.stat().st_size for p in plans))
+    return status
+
+
+# --- the training history: pretrain, finetune_lora and distill write it next to the model they save
+# --- (lmforge.model.build.save_model_dir); evaluate's report plots it.
+
+HISTORY_FILE = "training_history.json"
+
+
+def read_history(model_dir: str | Path) -> dict[str, Any] | None:
+    """The ``training_history.json`` next to a trained model, or ``None`` when there is none."""
+    path = Path(model_dir, HISTORY_FILE)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        # A broken history only costs a plot; the evaluation itself stays valid.
+        log.warning("%s: not valid JSON (%s); no loss curves for it", path, exc.msg)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# --- the evaluation: evaluate writes results.json (figures per model, the served model, the gate, the production
+# --- baseline) with report.html and report.md; promote, the run summary and serving read results.json.
+
+RESULTS_FILE = "results.json"
+REPORT_HTML = "report.html"
+REPORT_MD = "report.md"
+
+
+def read_results(evaluation_dir: str | Path) -> dict[str, Any]:
+    """``results.json`` of an evaluation directory.
+
+    Raises:
+        InputDataError: there is none.
+    """
+    path = Path(evaluation_dir, RESULTS_FILE)
+    if not path.is_file():
+        raise InputDataError(f"evaluation directory {evaluation_dir}: no {RESULTS_FILE}")
+    return read_json_file(path)
+
+
+# --- the served model: evaluate picks it (results.json "served_model"); promote releases it, serving serves it.
+
+SERVED_PREFERENCE: tuple[str, ...] = ("tensorrt", "int8_dynamic", "int8_qdq", "onnx_fp32", "student")
+"""The served model is the first of these with a measured batch-1 p99 latency."""
+
+
+def served_model(models: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The first model of :data:`SERVED_PREFERENCE` with a measured batch-1 p99 latency that the quantize
+    stage's accuracy gate did not reject (a rejected INT8 model falls back to the next, e.g. FP32)."""
+    for name in SERVED_PREFERENCE:
+        entry = models.get(name) or {}
+        if entry.get("p99_ms") is not None and entry.get("accepted", True):
+            return name
+    return None
+
+
+# --- the Q&A split: finetune_lora holds out this fraction of prompts (by hash) and records the one it used in its
+# --- manifest; evaluate and distill use the recorded one, this default when none is recorded.
+
+QA_HELDOUT_FRACTION = 0.1
