@@ -85,4 +85,4 @@ def test_run_names_the_failed_task_in_one_line(tmp_path):
     """A stage failing inside the local DAG (here: no corpus) ends in one error line naming the task."""
     result = runner.invoke(application(), ["run", "--output", str(tmp_path), "--corpus", str(tmp_path / "none.jsonl")])
     line = _error_line(result)
-    assert "preflight" in line and "FAILURE" in line
+    assert "(task preflight;" in line and "none.jsonl" in line  # the task's own cause, and which task it was

@@ -129,12 +129,29 @@ def stage(
         else:  # a pod's or torchrun's log: one plain, unwrapped line per record
             setup_logging(logging.DEBUG if verbose else logging.INFO)
         paths = {k: str(v) for k, v in parse_assignments(io, "--io").items()}
-        cfg = resolve_stage_config(name, preset, parse_overrides(parse_assignments(set_, "--set")))
+        cfg = resolve_stage_config(
+            name, preset, parse_overrides(_stage_relative(spec, parse_assignments(set_, "--set")))
+        )
         context = {"preset": preset, "run_id": os.environ.get(RUN_ID_ENV, "")}
         result = run_stage_uris(name, cfg, paths, result_uri=result_uri or None, context=context)
     except LmforgeError as exc:
         fail(exc)
     typer.echo(json.dumps({"metrics": result.metrics, "summary": result.summary}, indent=2, default=str))
+
+
+def _stage_relative(spec: Any, assignments: dict[str, Any]) -> dict[str, Any]:
+    """``--set`` for one stage: ``SECTION.FIELD`` as for ``run`` (its own section only), or ``FIELD`` alone."""
+    relative = {}
+    for key, value in assignments.items():
+        head, _, rest = key.partition(".")
+        if head in sections() and rest:
+            if head != spec.section:
+                raise LmforgeError(
+                    f"--set {key}: stage {spec.name} reads config section {spec.section!r}, not {head!r}"
+                )
+            key = rest
+        relative[key] = value
+    return relative
 
 
 def _print_stage_help(spec: Any) -> None:
