@@ -203,7 +203,7 @@ def read_removed(dedup_dir: str | Path) -> dict[int, tuple[str, int]]:
     return {k: (r, d) for k, r, d in zip(table["key"], table["rule"], table["duplicate_of"], strict=True)}
 
 
-# -- past one pod: the same plan from partitioned steps (the DAG's path) ------------------------------------
+# -- past one pod: the same plan from partitioned steps ---------------------------------------------------
 #
 # plan_parts          (band group and part counts)        -> the index lists of the two fan-outs
 # exact_part ×P       (digests hashed into P parts)       -> exact duplicates: (key, duplicate_of)
