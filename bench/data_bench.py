@@ -141,11 +141,12 @@ def child_dedup_step(spec: dict[str, Any]) -> dict[str, Any]:
     if step == "single":
         result = dedup.run(cfg, shards=shards, plan=out)
     elif step == "exact":
-        result = dedup.exact_part(cfg, shards, spec["part"], spec["parts"], out)
+        result = dedup.exact_part(cfg, shards=shards, part=spec["part"], parts=spec["parts"], exact=out)
     elif step == "band":
-        result = dedup.band_part(cfg, shards, spec["exact"], tuple(spec["bands"]), spec["part"], spec["parts"], out)
+        band = {key: spec[key] for key in ("band_task", "band_groups", "parts")}
+        result = dedup.band_part(cfg, shards=shards, exact=spec["exact"], **band, pairs=out)
     else:
-        result = dedup.union(cfg, shards, spec["exact"], spec["band_dirs"], out)
+        result = dedup.union(cfg, shards=shards, exact=spec["exact"], pairs=spec["band_dirs"], plan=out)
     return {"wall_s": time.perf_counter() - start, "metrics": result.metrics, "imports_rss_mb": idle_kb / 1024}
 
 
@@ -189,7 +190,7 @@ def _dedup_step(where: tuple[list[dict[str, Any]], Path, list[str]], **spec: Any
     out = root / f"{spec['step']}-{len(rows)}"
     run = measure("dedup", {"shards": shards, "out": str(out), **spec}, sample_s=0.5)
     row = {"shards": len(shards), "step": spec["step"], "wall_s": run["wall_s"], "peak_rss_mb": run["peak_rss_mb"]}
-    row |= {"imports_rss_mb": run["imports_rss_mb"], **{k: v for k, v in spec.items() if k in ("bands", "part")}}
+    row |= {"imports_rss_mb": run["imports_rss_mb"], **{k: v for k, v in spec.items() if k in ("band_task", "part")}}
     rows.append(row)
     print(
         f"{len(shards)} shard(s) {spec['step']:<7} {row['peak_rss_mb']:7.0f} MB peak, {row['wall_s']:6.1f} s",
@@ -201,7 +202,7 @@ def _dedup_step(where: tuple[list[dict[str, Any]], Path, list[str]], **spec: Any
 def dedup_memory(args: argparse.Namespace) -> dict[str, Any]:
     """Peak RSS and time of the single-pod dedup and of each partitioned step, for 1 and 8 shards."""
     from lmforge.config import CleanConfig
-    from lmforge.data.dedup import band_groups
+    from lmforge.data.dedup import plan_parts
 
     scratch = Path(tempfile.mkdtemp(prefix="lmforge-dedup-bench-", dir=args.scratch))
     rows = []
@@ -213,15 +214,14 @@ def dedup_memory(args: argparse.Namespace) -> dict[str, Any]:
                                      "out": str(root) + ".synth"})  # fmt: skip
             shards = made["shards"]
             parts = args.parts
-            groups = band_groups(CleanConfig().near_dedup.bands, args.groups)
+            planned = plan_parts(CleanConfig(), band_groups=args.groups, parts=parts).summary
 
             where = (rows, root, shards)
             single = _dedup_step(where, step="single")
-            exact = [_dedup_step(where, step="exact", part=p, parts=parts)["out"] for p in range(parts)]
+            exact = [_dedup_step(where, step="exact", part=p, parts=parts)["out"] for p in planned["exact_parts"]]
             band_dirs = [
-                _dedup_step(where, step="band", exact=exact, bands=list(g), part=p, parts=parts)["out"]
-                for g in groups
-                for p in range(parts)
+                _dedup_step(where, step="band", exact=exact, band_task=t, band_groups=args.groups, parts=parts)["out"]
+                for t in planned["band_tasks"]
             ]
             union = _dedup_step(where, step="union", exact=exact, band_dirs=band_dirs)
             assert union["metrics"] == single["metrics"], (union["metrics"], single["metrics"])

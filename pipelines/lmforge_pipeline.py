@@ -16,7 +16,10 @@ from lmforge_kfp.components.images import image_for
 preflight = load_component("preflight")
 plan_shards = load_component("plan_shards")
 clean_shard = load_component("clean_shard")
-dedup_shards = load_component("dedup_shards")
+plan_dedup = load_component("plan_dedup")
+dedup_exact_part = load_component("dedup_exact_part")
+dedup_band_part = load_component("dedup_band_part")
+dedup_union = load_component("dedup_union")
 merge_shards = load_component("merge_shards")
 tokenize = load_component("tokenize")
 pretrain = load_component("pretrain")
@@ -95,6 +98,116 @@ def clean_one_shard(
     return shard.outputs["shard"]
 
 
+@dsl.pipeline(name="dedup-exact-one-part")
+def dedup_exact_one_part(
+    shards: Input[list[Dataset]],
+    part: int,
+    parts: int,
+    preset: str,
+    overrides: str,
+    cpu_request: str,
+    memory_request: str,
+    s3_secret_name: str,
+) -> Artifact:
+    """One iteration of the exact-dedup fan-out: ``dedup_exact_part`` with its requests and credentials (a
+    sub-pipeline for the reason given in :func:`clean_one_shard`)."""
+    exact = dedup_exact_part(shards=shards, part=part, parts=parts, preset=preset, overrides=overrides)
+    exact.set_display_name("exact dedup part").set_retry(num_retries=2, backoff_duration="30s")
+    _with_s3_credentials(_with_requests(exact, cpu_request, memory_request), s3_secret_name)
+    return exact.outputs["exact"]
+
+
+@dsl.pipeline(name="dedup-exact-fan-out")
+def dedup_exact_fan_out(
+    shards: Input[list[Dataset]],
+    exact_parts: list[int],
+    parts: int,
+    preset: str,
+    overrides: str,
+    cpu_request: str,
+    memory_request: str,
+    s3_secret_name: str,
+) -> list[Artifact]:
+    """``dedup_exact_part`` for every exact part (``dsl.ParallelFor``), collected.
+
+    A sub-pipeline because the SDK cannot pass a ``dsl.Collected`` (the cleaned shards, the exact parts) into a
+    ``ParallelFor`` DAG (its compiler types it as a parameter and fails); as an input of this sub-pipeline it is a
+    plain artifact list the loop can read.
+    """
+    with dsl.ParallelFor(exact_parts, name="exact-dedup-fan-out") as part:
+        exact = dedup_exact_one_part(
+            shards=shards,
+            part=part,
+            parts=parts,
+            preset=preset,
+            overrides=overrides,
+            cpu_request=cpu_request,
+            memory_request=memory_request,
+            s3_secret_name=s3_secret_name,
+        )
+    return dsl.Collected(exact.output)
+
+
+@dsl.pipeline(name="dedup-band-one-part")
+def dedup_band_one_part(
+    shards: Input[list[Dataset]],
+    exact: Input[list[Artifact]],
+    band_task: int,
+    band_groups: int,
+    parts: int,
+    preset: str,
+    overrides: str,
+    cpu_request: str,
+    memory_request: str,
+    s3_secret_name: str,
+) -> Artifact:
+    """One iteration of the LSH band fan-out: ``dedup_band_part`` with its requests and credentials (a sub-pipeline
+    for the reason given in :func:`clean_one_shard`)."""
+    pairs = dedup_band_part(
+        shards=shards,
+        exact=exact,
+        band_task=band_task,
+        band_groups=band_groups,
+        parts=parts,
+        preset=preset,
+        overrides=overrides,
+    )
+    pairs.set_display_name("LSH band part").set_retry(num_retries=2, backoff_duration="30s")
+    _with_s3_credentials(_with_requests(pairs, cpu_request, memory_request), s3_secret_name)
+    return pairs.outputs["pairs"]
+
+
+@dsl.pipeline(name="dedup-band-fan-out")
+def dedup_band_fan_out(
+    shards: Input[list[Dataset]],
+    exact: Input[list[Artifact]],
+    band_tasks: list[int],
+    band_groups: int,
+    parts: int,
+    preset: str,
+    overrides: str,
+    cpu_request: str,
+    memory_request: str,
+    s3_secret_name: str,
+) -> list[Artifact]:
+    """``dedup_band_part`` for every band task (band group × part, ``dsl.ParallelFor``), collected; a sub-pipeline
+    for the reason given in :func:`dedup_exact_fan_out`."""
+    with dsl.ParallelFor(band_tasks, name="band-dedup-fan-out") as band_task:
+        pairs = dedup_band_one_part(
+            shards=shards,
+            exact=exact,
+            band_task=band_task,
+            band_groups=band_groups,
+            parts=parts,
+            preset=preset,
+            overrides=overrides,
+            cpu_request=cpu_request,
+            memory_request=memory_request,
+            s3_secret_name=s3_secret_name,
+        )
+    return dsl.Collected(pairs.output)
+
+
 @dsl.pipeline(name="promote-release")
 def promote_release(
     student: Input[Model],
@@ -151,6 +264,8 @@ def lmforge_pipeline(
     release_root: str = "s3://lmforge/releases",
     release_version: str = "",
     clean_shards: int = 1,
+    dedup_band_groups: int = 1,
+    dedup_parts: int = 1,
     clean_overrides: str = "{}",
     tokenize_overrides: str = "{}",
     pretrain_overrides: str = "{}",
@@ -182,6 +297,12 @@ def lmforge_pipeline(
         release_root: Model registry root (local path or s3://bucket/prefix); releases land in models/<name>/<version>/.
         release_version: Release version; empty picks a UTC timestamp. An existing version is never overwritten.
         clean_shards: Corpus shards cleaned in parallel (dsl.ParallelFor); the result is identical for any count.
+        dedup_band_groups: Groups of LSH bands the near-dedup fans out over (dsl.ParallelFor of band groups ×
+            dedup_parts steps); each step holds only its group's band keys, so memory per step is bounded by shard
+            size and band group, not corpus size. The result is identical for any count. Sizing: the table in
+            docs/benchmarks.md ("Dedup past one pod").
+        dedup_parts: Parts the exact digests and each group's band keys are hashed into: dedup_parts exact steps and
+            dedup_band_groups × dedup_parts band steps, each holding about 1/dedup_parts of its share.
         clean_overrides: JSON object of clean settings overriding the preset, e.g. {"min_words": 5}.
         tokenize_overrides: JSON object of tokenizer and shard settings, e.g. {"vocab_size": 8192}.
         pretrain_overrides: JSON object of pretraining settings, e.g. {"train.max_steps": 500}.
@@ -248,8 +369,37 @@ def lmforge_pipeline(
             s3_secret_name=s3_secret_name,
         )
         shard.set_display_name("1b clean shard")
-    deduped = dedup_shards(shards=dsl.Collected(shard.output), preset=preset, overrides=clean_overrides)
-    deduped.set_display_name("1c global dedup (exact + MinHash LSH)")
+    dedup_plan = plan_dedup(band_groups=dedup_band_groups, parts=dedup_parts, preset=preset, overrides=clean_overrides)
+    dedup_plan.set_display_name("1c.1 plan dedup parts")
+    requests = {"cpu_request": cpu_request, "memory_request": memory_request, "s3_secret_name": s3_secret_name}
+    exact = dedup_exact_fan_out(
+        shards=dsl.Collected(shard.output),
+        exact_parts=dedup_plan.outputs["exact_parts"],
+        parts=dedup_parts,
+        preset=preset,
+        overrides=clean_overrides,
+        **requests,
+    )
+    exact.set_display_name("1c.2 exact dedup (digest parts)")
+    pairs = dedup_band_fan_out(
+        shards=dsl.Collected(shard.output),
+        exact=exact.output,
+        band_tasks=dedup_plan.outputs["band_tasks"],
+        band_groups=dedup_band_groups,
+        parts=dedup_parts,
+        preset=preset,
+        overrides=clean_overrides,
+        **requests,
+    )
+    pairs.set_display_name("1c.3 near dedup (MinHash LSH band parts)")
+    deduped = dedup_union(
+        shards=dsl.Collected(shard.output),
+        exact=exact.output,
+        pairs=pairs.output,
+        preset=preset,
+        overrides=clean_overrides,
+    )
+    deduped.set_display_name("1c.4 dedup union (removal plan)")
     cleaned = merge_shards(
         corpus_uri=corpus_uri,
         shards=dsl.Collected(shard.output),
@@ -354,7 +504,7 @@ def lmforge_pipeline(
         released.set_display_name("10 promote release").set_caching_options(False)
 
     gpu_steps = (base, tuned, student, engine)
-    cpu_steps = (checked, shard_indices, deduped, cleaned, tokens, exported, quantized, evaluated)
+    cpu_steps = (checked, shard_indices, dedup_plan, deduped, cleaned, tokens, exported, quantized, evaluated)
     for task in cpu_steps:
         _with_requests(task, cpu_request, memory_request)
     for task in gpu_steps:

@@ -115,17 +115,31 @@ def test_every_component_input_is_fed_a_value_of_its_declared_type(spec):
     assert not wrong, wrong
 
 
+def _producer_of(spec: dict[str, Any], dag_name: str, source: dict[str, Any]) -> tuple[str, str]:
+    """(component, output key) of the task output a parameter comes from, followed up through sub-pipeline inputs."""
+    dags = dict(_dags(spec))
+    while "componentInputParameter" in source:
+        name = source["componentInputParameter"]
+        dag_name, caller = next((d, task) for d, _, _, task in _tasks(spec) if task["componentRef"]["name"] == dag_name)
+        source = caller["inputs"]["parameters"][name]
+    ref = source["taskOutputParameter"]
+    return dags[dag_name]["dag"]["tasks"][ref["producerTask"]]["componentRef"]["name"], ref["outputParameterKey"]
+
+
 def test_loop_items_have_the_type_of_every_consumer_and_of_the_values_produced(spec, tmp_path):
     """The loop DAG types its item from the items' declared element type; a bare ``list`` makes it STRING."""
     from kfp import dsl
 
     from lmforge_kfp.components import load_component
 
-    plan_shards = load_component("plan_shards")
+    plan_shards, plan_dedup = load_component("plan_shards"), load_component("plan_dedup")
     metrics = dsl.Metrics(name="metrics", uri=str(tmp_path / "metrics"), metadata={})
-    producers = {"comp-plan-shards": lambda: plan_shards.python_func(shard_count=3, metrics=metrics)}
+    producers = {
+        "comp-plan-shards": lambda: {"Output": plan_shards.python_func(shard_count=3, metrics=metrics)},
+        "comp-plan-dedup": lambda: plan_dedup.python_func(band_groups=3, parts=2, metrics=metrics)._asdict(),
+    }
     loops = 0
-    for _, _, task_name, task in _tasks(spec):
+    for dag_name, _, task_name, task in _tasks(spec):
         iterator = task.get("parameterIterator")
         if not iterator:
             continue
@@ -134,15 +148,15 @@ def test_loop_items_have_the_type_of_every_consumer_and_of_the_values_produced(s
         item_input = iterator["itemInput"]
         item_kind = KIND[body["inputDefinitions"]["parameters"][item_input]["parameterType"]]
         items_from = iterator["items"]["inputParameter"]
-        producer = task["inputs"]["parameters"][items_from]["taskOutputParameter"]["producerTask"]
-        produced = producers[spec["root"]["dag"]["tasks"][producer]["componentRef"]["name"]]()
-        assert {_kind_of_constant(v) for v in produced} == {item_kind}, (task_name, produced, item_kind)
+        component, key = _producer_of(spec, dag_name, task["inputs"]["parameters"][items_from])
+        produced = producers[component]()[key]
+        assert produced and {_kind_of_constant(v) for v in produced} == {item_kind}, (task_name, produced, item_kind)
         for sub_name, sub in body["dag"]["tasks"].items():
             declared = spec["components"][sub["componentRef"]["name"]]["inputDefinitions"]["parameters"]
             for key, source in sub["inputs"]["parameters"].items():
                 if source.get("componentInputParameter") == item_input:
                     assert KIND[declared[key]["parameterType"]] == item_kind, (task_name, sub_name, key)
-    assert loops >= 1
+    assert loops >= 3  # the cleaning fan-out and the two dedup fan-outs
 
 
 def test_runtime_resources_are_fed_strings(spec):

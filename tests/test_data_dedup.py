@@ -7,6 +7,7 @@ import json
 import random
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from lmforge.config import CleanConfig
@@ -14,6 +15,7 @@ from lmforge.data import clean, dedup
 from lmforge.data.cleaned import read_cleaned
 from lmforge.data.demo import shakespeare_documents
 from lmforge.data.signatures import read_removed
+from lmforge.errors import ConfigError, InputDataError
 
 RULES_OFF = {n: {"enabled": False} for n in ("language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "pii")}
 # FineWeb's profile (word 5-grams, 14 bands x 8 rows, every candidate accepted): it misses pairs below
@@ -126,8 +128,6 @@ def test_overlapping_shards_are_refused(tmp_path):
     cfg = CleanConfig.model_validate({**RULES_OFF, "min_words": 0})
     clean.clean_shard(cfg, corpus_uri=str(corpus), shard_index=0, shard_count=1, shard=tmp_path / "a")
     clean.clean_shard(cfg, corpus_uri=str(corpus), shard_index=0, shard_count=1, shard=tmp_path / "b")
-    from lmforge.errors import InputDataError
-
     with pytest.raises(InputDataError, match="the shards overlap"):
         dedup.run(cfg, shards=[tmp_path / "a", tmp_path / "b"], plan=tmp_path / "dedup")
 
@@ -147,6 +147,42 @@ def test_partitioned_dedup_removes_exactly_what_the_single_pod_dedup_removes(pla
     assert single.metrics["removed_exact_dedup"] >= 20 and single.metrics["removed_near_dedup"] >= 80
 
 
-def test_band_groups_cover_every_band_once():
-    assert dedup.band_groups(20, 3) == [(0, 7), (7, 13), (13, 20)]
-    assert dedup.band_groups(4, 8) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+def test_band_ranges_cover_every_band_once():
+    assert dedup.band_ranges(20, 3) == [(0, 7), (7, 13), (13, 20)]
+    assert dedup.band_ranges(4, 8) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+
+
+def test_plan_gives_one_exact_task_per_part_and_one_band_task_per_group_and_part():
+    cfg = CleanConfig()  # 20 bands
+    assert dedup.plan_parts(cfg, band_groups=3, parts=2).summary == {
+        "exact_parts": [0, 1],
+        "band_tasks": [0, 1, 2, 3, 4, 5],
+    }
+    assert len(dedup.plan_parts(cfg, band_groups=50, parts=1).summary["band_tasks"]) == 20  # one band per group
+    with pytest.raises(ConfigError, match="band_groups: must be at least 1, got 0"):
+        dedup.plan_parts(cfg, band_groups=0, parts=1)
+
+
+def test_a_fan_out_with_a_part_missing_or_out_of_range_is_refused(planted, tmp_path):
+    corpus, _ = planted
+    cfg = CleanConfig.model_validate(RULES_OFF)
+    shard = tmp_path / "shard"
+    clean.clean_shard(cfg, corpus_uri=str(corpus), shard=shard, shard_index=0, shard_count=1)
+    exact = [tmp_path / f"exact-{p}" for p in range(2)]
+    for p, exact_dir in enumerate(exact):
+        dedup.exact_part(cfg, shards=[shard], part=p, parts=2, exact=exact_dir)
+    band = {"shards": [shard], "band_groups": 2, "parts": 2}
+    with pytest.raises(InputDataError, match=r"do not cover every part .*given: bands \[0, 20\) part 0\)"):
+        dedup.band_part(cfg, **band, exact=exact[:1], band_task=0, pairs=tmp_path / "pairs")
+    with pytest.raises(ConfigError, match=r"band_task: must be in 0 \.\. 3 \(2 band groups × 2 parts\), got 4"):
+        dedup.band_part(cfg, **band, exact=exact, band_task=4, pairs=tmp_path / "pairs")
+    pairs = [tmp_path / f"pairs-{t}" for t in range(4)]
+    for t, pairs_dir in enumerate(pairs):
+        dedup.band_part(cfg, **band, exact=exact, band_task=t, pairs=pairs_dir)
+    with pytest.raises(InputDataError, match=r"dedup-band-part artifacts do not cover every part"):
+        dedup.union(cfg, shards=[shard], exact=exact, pairs=pairs[:3], plan=tmp_path / "plan")
+    partitioned = dedup.union(cfg, shards=[shard], exact=exact, pairs=pairs, plan=tmp_path / "plan")
+    single = dedup.run(cfg, shards=[shard], plan=tmp_path / "single")
+    assert partitioned.metrics == single.metrics and single.metrics["removed_near_dedup"] > 0
+    removed = [pq.read_table(tmp_path / name / dedup.REMOVED).to_pydict() for name in ("plan", "single")]
+    assert removed[0] == removed[1]

@@ -37,9 +37,17 @@ SMALL = {
 
 @pytest.fixture(scope="module")
 def small_corpus(tmp_path_factory, shakespeare_docs) -> Path:
+    """40 scenes, then 3 exact copies (case and spacing changed) and 3 near copies (3 words changed) of some of
+    them, which the dedup removes: the cleaned corpus is the 40 scenes' whatever the dedup settings."""
+    scenes = shakespeare_docs[:40]
+    copies = [{"id": f"exact-{i}", "text": "  " + scenes[i]["text"].upper().replace(" ", "  ")} for i in (3, 11, 25)]
+    for i in (5, 17, 30):
+        words = scenes[i]["text"].split(" ")
+        words[10] = words[len(words) // 2] = words[-10] = "forsooth"
+        copies.append({"id": f"near-{i}", "text": " ".join(words)})
     path = tmp_path_factory.mktemp("corpus") / "scenes.jsonl"
     with open(path, "w", encoding="utf-8") as fh:
-        for doc in shakespeare_docs[:40]:
+        for doc in scenes + copies:
             fh.write(json.dumps(doc) + "\n")
     return path
 
@@ -55,6 +63,8 @@ def local_run(tmp_path_factory, small_corpus):
         "release_root": str(out / "registry"),
         "release_version": "v-test",
         "clean_shards": 2,
+        "dedup_band_groups": 3,
+        "dedup_parts": 2,
         **{k: json.dumps(v) for k, v in SMALL.items()},
     }
     shown = io.StringIO()
@@ -64,7 +74,7 @@ def local_run(tmp_path_factory, small_corpus):
 
 
 ARTIFACTS = [
-    ("dedup-shards", "plan", None),
+    ("dedup-union", "plan", "dedup-plan"),
     ("merge-shards", "cleaned", "cleaned-corpus"),
     ("tokenize", "tokenizer", "tokenizer"),
     ("tokenize", "shards", "token-shards"),
@@ -210,3 +220,18 @@ def test_quiet_shows_nothing_and_verbose_everything_of_the_same_run(local_run, t
         assert shown.getvalue().count("\n") == expected, mode
     per_task = {p.stem for p in run.logs.glob("*.log")}
     assert {"run", "preflight", "pretrain", "evaluate", "promote"} <= per_task
+
+
+def test_the_dags_partitioned_dedup_cleans_as_the_single_pod_clean_does(local_run, small_corpus, tmp_path):
+    """2 shards, 3 band groups × 2 parts in the DAG against clean_shard + dedup_shards + merge in one process."""
+    from lmforge.data import clean
+    from lmforge.data.cleaned import read_cleaned
+    from lmforge.stages import resolve_stage_config
+
+    run, _ = local_run
+    clean.run(resolve_stage_config("clean", "tiny-cpu"), corpus_uri=str(small_corpus), cleaned=tmp_path / "single")
+    dag = run.output("merge-shards", "cleaned")
+    assert list(read_cleaned(dag)) == list(read_cleaned(tmp_path / "single"))
+    removed = json.loads((dag / "stats.json").read_text())["removed"]
+    assert removed == json.loads((tmp_path / "single" / "stats.json").read_text())["removed"]
+    assert (removed["exact_dedup"], removed["near_dedup"]) == (3, 3)

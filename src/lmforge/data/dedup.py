@@ -10,6 +10,10 @@ Fan-out design (the pipeline's ``clean`` step runs once per input shard, this st
 3. :func:`lmforge.data.clean.finalize` drops the removed keys while merging the shards in key order.
 
 Because ``key`` does not depend on how the corpus was split, 1 shard and N shards give the same output.
+
+Past one pod's memory, the DAG runs step 2 as a fan-out of its own (``plan_dedup``, ``dedup_exact_part``,
+``dedup_band_part``, ``dedup_union``: :func:`plan_parts`, :func:`exact_part`, :func:`band_part`,
+:func:`union`), whose steps each hold one part of the signatures and which writes the same plan as :func:`run`.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from lmforge.data.signatures import (
     SIGNATURES,
     load_signatures,
 )
-from lmforge.errors import InputDataError
+from lmforge.errors import ConfigError, InputDataError
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.dedup")
@@ -171,10 +175,12 @@ def _write_plan(
 
 # -- past one pod: the same plan from partitioned steps ---------------------------------------------------
 #
-# exact_part ×P  (digests hashed into P parts)          -> exact duplicates: (key, duplicate_of)
-# band_part ×G·P (G groups of LSH bands, band keys       -> confirmed candidate pairs (head, other)
-#                 hashed into P parts)                       within each band bucket, exact duplicates left out
-# union          (union-find over the pairs only)         -> the same ``dedup-plan`` as :func:`run`
+# plan_parts          (band group and part counts)        -> the index lists of the two fan-outs
+# exact_part ×P       (digests hashed into P parts)       -> exact duplicates: (key, duplicate_of)
+# band_part ×G·P      (band task t = group·P + part: G     -> confirmed candidate pairs (head, other)
+#                      groups of LSH bands, band keys         within each band bucket, exact duplicates left out
+#                      hashed into P parts)
+# union               (union-find over the pairs only)    -> the same ``dedup-plan`` as :func:`run`
 #
 # Each step reads every shard's signature files a block of rows at a time (pread, not a memory map) and holds
 # only the rows of its part: an exact part ~24 bytes per document of its part plus a dict entry, a band part
@@ -184,7 +190,7 @@ def _write_plan(
 PAIRS = "pairs.parquet"
 EXACT_PART_KIND, BAND_PART_KIND = "dedup-exact-part", "dedup-band-part"
 PAIRS_SCHEMA = pa.schema([("key", pa.int64()), ("duplicate_of", pa.int64())])
-_BLOCK_ROWS = 65_536  # signature rows read at a time from a memory-mapped shard file
+_BLOCK_ROWS = 65_536  # signature rows read at a time from a shard file
 
 
 class _NpyRows:
@@ -251,6 +257,39 @@ def _part_of(values: np.ndarray, parts: int) -> np.ndarray:
     return (values % np.uint64(parts)).astype(np.int64)
 
 
+def band_ranges(bands: int, groups: int) -> list[tuple[int, int]]:
+    """``groups`` contiguous ``[first, last)`` ranges covering ``bands`` LSH bands as evenly as possible.
+
+    More groups than bands give one band per group.
+    """
+    groups = max(1, min(groups, bands))
+    edges = [round(i * bands / groups) for i in range(groups + 1)]
+    return list(itertools.pairwise(edges))
+
+
+def _at_least_one(**counts: int) -> None:
+    for name, count in counts.items():
+        if count < 1:
+            raise ConfigError(f"{name}: must be at least 1, got {count}")
+
+
+def plan_parts(cfg: CleanConfig, *, band_groups: int, parts: int) -> StageResult:
+    """The ``plan_dedup`` stage: the task indices of the exact and the band fan-out.
+
+    Exact part ``p`` owns the documents whose digest hashes to ``p`` of ``parts``; band task ``t`` is band
+    group ``t // parts`` (of ``band_groups``, at most one per LSH band) and part ``t % parts`` of its bucket
+    keys. Only integers, so that the KFP backend's drivers accept every loop item.
+
+    Raises:
+        ConfigError: ``band_groups`` or ``parts`` is below 1.
+    """
+    _at_least_one(band_groups=band_groups, parts=parts)
+    groups = len(band_ranges(cfg.near_dedup.bands, band_groups))
+    metrics = {"exact_parts": float(parts), "band_groups": float(groups), "band_tasks": float(groups * parts)}
+    summary = {"exact_parts": list(range(parts)), "band_tasks": list(range(groups * parts))}
+    return StageResult(metrics=metrics, summary=summary)
+
+
 def _write_pairs(
     kind: str, pairs: list[tuple[int, int]], cfg: CleanConfig, extra: dict[str, Any], output_dir: str | Path
 ) -> StageResult:
@@ -263,24 +302,54 @@ def _write_pairs(
     return StageResult(metrics=metrics, summary={"output": str(output_dir)})
 
 
-def _read_pairs(part_dir: str | Path, kind: str) -> np.ndarray:
-    manifest = read_manifest(part_dir, verify=True)
-    if manifest.get("kind") != kind:
-        raise InputDataError(f"{part_dir}: artifact kind {manifest.get('kind')!r}, expected {kind!r}")
-    table = pq.read_table(Path(part_dir, PAIRS))
-    return np.stack([table["key"].to_numpy(), table["duplicate_of"].to_numpy()], axis=1).reshape(-1, 2)
+def _read_parts(part_dirs: Sequence[str | Path], kind: str, bands: int) -> np.ndarray:
+    """The ``(key, duplicate_of)`` pairs of a whole fan-out, checked to be complete: every part of every group.
+
+    Raises:
+        InputDataError: an artifact of another kind, or a part missing, repeated or of another split.
+    """
+    found: dict[tuple[int, int, int], np.ndarray] = {}
+    splits = set()
+    for part_dir in part_dirs:
+        manifest = read_manifest(part_dir, verify=True)
+        if manifest.get("kind") != kind:
+            raise InputDataError(f"{part_dir}: artifact kind {manifest.get('kind')!r}, expected {kind!r}")
+        if "part" not in manifest:
+            raise InputDataError(f"{part_dir}: manifest.json names no part; was it written by this lmforge?")
+        (part, parts), (lo, hi) = manifest["part"], manifest.get("bands", (0, bands))
+        if (lo, hi, part) in found:
+            raise InputDataError(f"{part_dir}: {kind} bands [{lo}, {hi}) part {part} given twice")
+        splits.add(parts)
+        table = pq.read_table(Path(part_dir, PAIRS))
+        found[lo, hi, part] = np.stack([table["key"].to_numpy(), table["duplicate_of"].to_numpy()], axis=1)
+    ranges = sorted({(lo, hi) for lo, hi, _ in found})
+    parts = splits.pop() if len(splits) == 1 else 0
+    complete = set(found) == {(lo, hi, p) for lo, hi in ranges for p in range(parts)}
+    edges = [0, *(hi for _, hi in ranges)]
+    tiled = [lo for lo, _ in ranges] == edges[:-1] and edges[-1] == bands
+    if not (found and complete and tiled):
+        given = ", ".join(f"bands [{lo}, {hi}) part {p}" for lo, hi, p in sorted(found)) or "none"
+        raise InputDataError(f"dedup: the {kind} artifacts do not cover every part of every band (given: {given})")
+    return np.concatenate(list(found.values())).reshape(-1, 2)
 
 
 def exact_part(
-    cfg: CleanConfig, shard_dirs: list[str | Path], part: int, parts: int, output_dir: str | Path
+    cfg: CleanConfig, *, shards: Sequence[str | Path], part: int, parts: int, exact: str | Path
 ) -> StageResult:
-    """Exact duplicates among the documents whose digest falls in ``part`` of ``parts``: ``(key, duplicate_of)``.
+    """The ``dedup_exact_part`` stage: exact duplicates among the documents whose digest falls in ``part``.
 
-    As in :func:`plan`, the document with the smallest key keeps its text; every other copy is removed.
+    As in :func:`run`, the document with the smallest key keeps its text; every other copy is written to
+    ``exact`` as a ``(key, duplicate_of)`` pair.
+
+    Raises:
+        ConfigError: ``part`` is not one of ``0 .. parts-1``.
     """
+    _at_least_one(parts=parts)
+    if not 0 <= part < parts:
+        raise ConfigError(f"part: must be in 0 .. {parts - 1} (parts={parts}), got {part}")
     found_keys, found_digests = [], []
     if cfg.exact_dedup:
-        for shard_dir in shard_dirs:
+        for shard_dir in shards:
             files = _signature_files(shard_dir)
             for start in range(0, len(files["keys"]), _BLOCK_ROWS):
                 digests = files["exact"].rows(start, start + _BLOCK_ROWS)
@@ -297,35 +366,48 @@ def exact_part(
             kept = first.setdefault(digest.tobytes(), key)
             if kept != key:
                 pairs.append((key, kept))
-    return _write_pairs(EXACT_PART_KIND, pairs, cfg, {"part": [part, parts]}, output_dir)
+    return _write_pairs(EXACT_PART_KIND, pairs, cfg, {"part": [part, parts]}, exact)
 
 
 def band_part(
     cfg: CleanConfig,
-    shard_dirs: list[str | Path],
-    exact_dirs: list[str | Path],
-    bands: tuple[int, int],
-    part: int,
+    *,
+    shards: Sequence[str | Path],
+    exact: Sequence[str | Path],
+    band_task: int,
+    band_groups: int,
     parts: int,
-    output_dir: str | Path,
+    pairs: str | Path,
 ) -> StageResult:
-    """Confirmed candidate pairs ``(other, head)`` of LSH bands ``[bands[0], bands[1])``, bucket keys in ``part``.
+    """The ``dedup_band_part`` stage: confirmed candidate pairs of one band group and part of its bucket keys.
 
-    The documents :func:`exact_part` removed are left out, as :func:`plan` does. In every bucket (documents
-    sharing a band key) the one with the smallest key is the head, and each other member whose signature
-    agrees with the head's on at least ``near_dedup.min_similarity`` of the positions pairs with it.
+    Band task ``band_task`` (from :func:`plan_parts`) is LSH band group ``band_task // parts`` of
+    ``band_groups`` and bucket-key part ``band_task % parts``. The documents the ``exact`` parts remove are
+    left out, as :func:`run` does. In every bucket (documents sharing a band key) the one with the smallest
+    key is the head, and each other member whose signature agrees with the head's on at least
+    ``near_dedup.min_similarity`` of the positions pairs with it.
+
+    Raises:
+        ConfigError: ``band_task`` is outside the plan of ``band_groups`` × ``parts`` tasks.
+        InputDataError: the ``exact`` parts are not one complete exact fan-out.
     """
     near = cfg.near_dedup
-    lo, hi = bands
-    if not 0 <= lo < hi <= near.bands:
-        raise ValueError(f"band group [{lo}, {hi}) is outside the {near.bands} bands")
-    pairs: list[tuple[int, int]] = []
+    _at_least_one(band_groups=band_groups, parts=parts)
+    ranges = band_ranges(near.bands, band_groups)
+    if not 0 <= band_task < len(ranges) * parts:
+        raise ConfigError(
+            f"band_task: must be in 0 .. {len(ranges) * parts - 1} ({len(ranges)} band groups × {parts} parts), "
+            f"got {band_task}"
+        )
+    group, part = divmod(band_task, parts)
+    lo, hi = ranges[group]
+    found_pairs: list[tuple[int, int]] = []
+    removed = {int(k) for k in _read_parts(exact, EXACT_PART_KIND, near.bands)[:, 0]}
     if near.enabled:
         from lmforge.data.minhash import MinHasher
 
         hasher = MinHasher(near)
-        removed = {int(k) for d in exact_dirs for k in _read_pairs(d, EXACT_PART_KIND)[:, 0]}
-        files = [_signature_files(d) for d in shard_dirs]
+        files = [_signature_files(d) for d in shards]
         # per band: (band key, document key, where: shard << 40 | row) of this part's documents, 24 bytes each
         found: list[list[np.ndarray]] = [[] for _ in range(hi - lo)]
         for shard, sig in enumerate(files):
@@ -354,28 +436,33 @@ def band_part(
                         other_sig = _row(files, int(other[2]))
                         if float(np.mean(head_sig == other_sig)) < near.min_similarity:
                             continue
-                    pairs.append((int(other[1]), int(head[1])))
+                    found_pairs.append((int(other[1]), int(head[1])))
         for shard_files in files:
             _close(shard_files)
-    return _write_pairs(BAND_PART_KIND, pairs, cfg, {"bands": [lo, hi], "part": [part, parts]}, output_dir)
+    extra = {"bands": [lo, hi], "part": [part, parts]}
+    return _write_pairs(BAND_PART_KIND, found_pairs, cfg, extra, pairs)
 
 
 def union(
     cfg: CleanConfig,
-    shard_dirs: list[str | Path],
-    exact_dirs: list[str | Path],
-    band_dirs: list[str | Path],
-    output_dir: str | Path,
+    *,
+    shards: Sequence[str | Path],
+    exact: Sequence[str | Path],
+    pairs: Sequence[str | Path],
+    plan: str | Path,
 ) -> StageResult:
-    """Join the parts' pairs into the ``dedup-plan`` of :func:`run`: union-find over the documents in pairs only.
+    """The ``dedup_union`` stage: join the parts' pairs into the ``dedup-plan`` of :func:`run`.
 
-    A near-duplicate cluster keeps its smallest key, as :func:`plan` does; ``shard_dirs`` are read only for
-    the document count.
+    Union-find over the documents named in pairs only; a near-duplicate cluster keeps its smallest key, as
+    :func:`run` does. ``shards`` are read only for the document count.
+
+    Raises:
+        InputDataError: the ``exact`` or the band ``pairs`` artifacts are not one complete fan-out each.
     """
+    bands = cfg.near_dedup.bands
     removed: dict[int, tuple[str, int]] = {}
-    for part_dir in exact_dirs:
-        for key, kept in _read_pairs(part_dir, EXACT_PART_KIND).tolist():
-            removed[key] = (EXACT_RULE, kept)
+    for key, kept in _read_parts(exact, EXACT_PART_KIND, bands).tolist():
+        removed[key] = (EXACT_RULE, kept)
     parent: dict[int, int] = {}
 
     def find(x: int) -> int:
@@ -386,38 +473,31 @@ def union(
             parent[x], x = root, parent[x]
         return root
 
-    for part_dir in band_dirs:
-        for other, head in _read_pairs(part_dir, BAND_PART_KIND).tolist():
-            a, b = find(other), find(head)
-            if a != b:
-                parent[max(a, b)] = min(a, b)
+    for other, head in _read_parts(pairs, BAND_PART_KIND, bands).tolist():
+        a, b = find(other), find(head)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
     for key in list(parent):
         root = find(key)
         if root != key:
             removed[key] = (NEAR_RULE, root)
-    docs = sum(len(np.load(Path(d, SIGNATURES["keys"]), mmap_mode="r")) for d in shard_dirs)
-    inputs = {f"part_{i:05d}": str(d) for i, d in enumerate([*exact_dirs, *band_dirs])}
-    return _write_plan(cfg, removed, docs, inputs, output_dir)
-
-
-def band_groups(bands: int, groups: int) -> list[tuple[int, int]]:
-    """``groups`` contiguous ``[first, last)`` ranges covering ``bands`` LSH bands as evenly as possible."""
-    groups = max(1, min(groups, bands))
-    edges = [round(i * bands / groups) for i in range(groups + 1)]
-    return list(itertools.pairwise(edges))
+    docs = sum(len(np.load(Path(d, SIGNATURES["keys"]), mmap_mode="r")) for d in shards)
+    inputs = {f"part_{i:05d}": str(d) for i, d in enumerate([*exact, *pairs])}
+    return _write_plan(cfg, removed, docs, inputs, plan)
 
 
 def run_partitioned(
     cfg: CleanConfig, shard_dirs: list[str | Path], output_dir: str | Path, *, groups: int = 4, parts: int = 1
 ) -> StageResult:
-    """:func:`run` as the fan-out does it (exact parts, band-group parts, union), in this process."""
+    """:func:`run` as the DAG's fan-out does it (plan, exact parts, band tasks, union), in this process."""
+    planned = plan_parts(cfg, band_groups=groups, parts=parts).summary
     scratch = Path(output_dir).with_name(Path(output_dir).name + ".parts")
-    exact_dirs = [scratch / f"exact-{p}" for p in range(parts)]
-    for p, d in enumerate(exact_dirs):
-        exact_part(cfg, shard_dirs, p, parts, d)
-    band_dirs = []
-    for lo, hi in band_groups(cfg.near_dedup.bands, groups):
-        for p in range(parts):
-            band_dirs.append(scratch / f"bands-{lo}-{hi}-{p}")
-            band_part(cfg, shard_dirs, exact_dirs, (lo, hi), p, parts, band_dirs[-1])
-    return union(cfg, shard_dirs, exact_dirs, band_dirs, output_dir)
+    exact_dirs = [scratch / f"exact-{p}" for p in planned["exact_parts"]]
+    for p, exact_dir in zip(planned["exact_parts"], exact_dirs, strict=True):
+        exact_part(cfg, shards=shard_dirs, part=p, parts=parts, exact=exact_dir)
+    band_dirs = [scratch / f"bands-{t}" for t in planned["band_tasks"]]
+    for t, band_dir in zip(planned["band_tasks"], band_dirs, strict=True):
+        band_part(
+            cfg, shards=shard_dirs, exact=exact_dirs, band_task=t, band_groups=groups, parts=parts, pairs=band_dir
+        )
+    return union(cfg, shards=shard_dirs, exact=exact_dirs, pairs=band_dirs, plan=output_dir)

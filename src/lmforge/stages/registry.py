@@ -33,6 +33,19 @@ QA_URI = param("qa_uri", "str", "Q&A JSONL (prompt/response or chat messages per
 RELEASE_ROOT = param("release_root", "str", "Release registry root: a local path or s3://bucket/prefix.")
 MODEL_NAME = param("model_name", "str", "Release name: releases live under <release_root>/models/<model_name>/.")
 SHARDS = artifact("shards", "Dataset", "Token shards from tokenize (train/val .bin files + index.json).")
+DEDUP_SHARDS = artifact("shards", "Dataset", "Cleaned shards from clean_shard (the whole fan-out).", many=True)
+BAND_GROUPS = param(
+    "band_groups",
+    "int",
+    "How many groups the LSH bands are split into (at least 1; more than the bands: one band each); each band "
+    "task holds only its group's band keys.",
+)
+EXACT_PARTS = artifact("exact", "Artifact", "Every exact part from dedup_exact_part (the whole fan-out).", many=True)
+DEDUP_PARTS = param(
+    "parts",
+    "int",
+    "How many parts the exact digests and each group's band keys are hashed into (at least 1).",
+)
 
 _DAG_STAGES: tuple[StageSpec, ...] = (
     StageSpec(
@@ -77,6 +90,72 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         headline=("removed_exact_dedup", "removed_near_dedup"),
     ),
     StageSpec(
+        name="plan_dedup",
+        summary="List the task indices of the partitioned dedup's two fan-outs: exact parts and band tasks "
+        "(band group × part).",
+        entry="lmforge.data.dedup:plan_parts",
+        config=CleanConfig,
+        section="clean",
+        inputs=(BAND_GROUPS, DEDUP_PARTS),
+        returns=(
+            param("exact_parts", "list[int]", "Exact part indices 0 .. parts-1."),
+            param(
+                "band_tasks",
+                "list[int]",
+                "Band task indices 0 .. G·parts-1; task t is band group t // parts and part t % parts (G: "
+                "band_groups, at most one group per LSH band).",
+            ),
+        ),
+        headline=("exact_parts", "band_tasks"),
+    ),
+    StageSpec(
+        name="dedup_exact_part",
+        summary="Find the exact duplicates among the documents whose digest falls in one part (the smallest key of "
+        "each text is kept).",
+        entry="lmforge.data.dedup:exact_part",
+        config=CleanConfig,
+        section="clean",
+        inputs=(
+            DEDUP_SHARDS,
+            param("part", "int", "Which part of the digests this task owns (0-based)."),
+            DEDUP_PARTS,
+        ),
+        outputs=(artifact("exact", "Artifact", "Exact duplicates of this part: (key, duplicate_of) pairs."),),
+        headline=("pairs",),
+    ),
+    StageSpec(
+        name="dedup_band_part",
+        summary="Emit the confirmed near-duplicate candidate pairs of one LSH band group and one part of its bucket "
+        "keys, exact duplicates left out.",
+        entry="lmforge.data.dedup:band_part",
+        config=CleanConfig,
+        section="clean",
+        inputs=(
+            DEDUP_SHARDS,
+            EXACT_PARTS,
+            param("band_task", "int", "Which band task this is (0-based): band group t // parts, part t % parts."),
+            BAND_GROUPS,
+            DEDUP_PARTS,
+        ),
+        outputs=(artifact("pairs", "Artifact", "Candidate pairs (key, duplicate_of) of this band group and part."),),
+        headline=("pairs",),
+    ),
+    StageSpec(
+        name="dedup_union",
+        summary="Union-find over the exact and band pairs only: the same removal plan as dedup_shards, keeping the "
+        "earliest document of every cluster.",
+        entry="lmforge.data.dedup:union",
+        config=CleanConfig,
+        section="clean",
+        inputs=(
+            DEDUP_SHARDS,
+            EXACT_PARTS,
+            artifact("pairs", "Artifact", "Every band task's pairs from dedup_band_part (whole fan-out).", many=True),
+        ),
+        outputs=(artifact("plan", "Artifact", "The corpus keys to remove, with the rule and the kept duplicate."),),
+        headline=("removed_exact_dedup", "removed_near_dedup"),
+    ),
+    StageSpec(
         name="merge_shards",
         summary="Merge the shards in corpus order without the documents the dedup plan removes: the cleaned corpus.",
         entry="lmforge.data.clean:finalize",
@@ -85,7 +164,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         inputs=(
             param("corpus_uri", "str", "The raw corpus URI (recorded in the manifest)."),
             artifact("shards", "Dataset", "Cleaned shards from clean_shard (the whole fan-out).", many=True),
-            artifact("plan", "Artifact", "Removal plan from dedup_shards."),
+            artifact("plan", "Artifact", "Removal plan from dedup_union (or dedup_shards)."),
         ),
         outputs=(
             artifact("cleaned", "Dataset", "Parquet shards (id, text, source, lang), quarantine sample and stats."),
