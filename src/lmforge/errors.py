@@ -45,3 +45,10 @@ class ArtifactConflictError(InputDataError):
 
 class GateBaselineMovedError(InputDataError):
     """The production release the gate compared against is no longer latest; the evaluation is stale."""
+
+
+class TrackingError(LmforgeError):
+    """MLflow could not answer where its answer is needed (the gate's baseline from the registry, a run comparison).
+
+    Logging to MLflow never raises this: a tracking failure is a warning and the stage goes on.
+    """
