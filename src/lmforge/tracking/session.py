@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -154,24 +155,50 @@ class Session:
         )
         raise Unavailable(reason)
 
-    @contextlib.contextmanager
-    def _client_env(self) -> Iterator[None]:
+    def _client_env(self) -> contextlib.AbstractContextManager[None]:
         """The MLflow client's settings for one call: no retries of its own, a short timeout, no run URLs printed."""
-        settings = {
-            "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
-            "MLFLOW_HTTP_REQUEST_TIMEOUT": str(self.cfg.timeout_s),
-            "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
-        }
-        saved = {key: os.environ.get(key) for key in settings}
-        os.environ.update(settings)
+        return _client_env(
+            {
+                "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+                "MLFLOW_HTTP_REQUEST_TIMEOUT": str(self.cfg.timeout_s),
+                "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
+            }
+        )
+
+
+class _ClientEnv:
+    """MLflow reads its HTTP settings from the environment at each request, so they are set around calls.
+
+    Threads share the environment: the first call to enter saves the values it replaces and the last to leave
+    restores them, so concurrent calls neither undo each other's settings nor leave them behind.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._saved: dict[str, str | None] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, settings: Mapping[str, str]) -> Iterator[None]:
+        with self._lock:
+            if self._depth == 0:
+                self._saved = {key: os.environ.get(key) for key in settings}
+            os.environ.update(settings)
+            self._depth += 1
         try:
             yield
         finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+            with self._lock:
+                self._depth -= 1
+                if self._depth == 0:
+                    for key, value in self._saved.items():
+                        if value is None:
+                            os.environ.pop(key, None)
+                        else:
+                            os.environ[key] = value
+
+
+_client_env = _ClientEnv()
 
 
 class Expected(Exception):
