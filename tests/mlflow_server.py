@@ -116,9 +116,10 @@ class MlflowServer:
             f"--backend-store-uri=sqlite:///{self.workdir / 'mlflow.db'}",
             "--serve-artifacts",
             f"--artifacts-destination={destination}",
-            "--workers=2",
+            "--workers=1",
         ]
-        env = {**os.environ, **self.env, "MLFLOW_TRACKING_URI": ""}
+        # No background job runner (seven huey worker processes, each importing mlflow): nothing here uses it.
+        env = {**os.environ, **self.env, "MLFLOW_TRACKING_URI": "", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         for key in [k for k in env if k.startswith("MLFLOW_HTTP_REQUEST")]:
             env.pop(key)  # the client tuning of the test process is no business of the server's
         if "AWS_ENDPOINT_URL" in self.env:

@@ -135,7 +135,7 @@ class Tracker:
     ) -> None:
         self.cfg = cfg or TrackingConfig()
         self.session: Session | None = open_session(self.cfg, tracking_uri_override=tracking_uri, env=env)
-        self.scrub = Scrubber(env=self.session.env) if self.session else Scrubber(env={})
+        self.scrub = self.session.scrub if self.session else Scrubber(env={})
         self._parents: dict[str, str] = {}
 
     @property

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from lmforge.config.tracking import TrackingConfig
-from lmforge.tracking.redact import redact_url
+from lmforge.tracking.redact import Scrubber, redact_url
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -75,6 +75,7 @@ class Session:
         self.cfg = cfg
         self.uri = uri
         self.env = os.environ if env is None else env
+        self.scrub = Scrubber(env=self.env)
         self.broken: str | None = None
         self._client: MlflowClient | None = None
         self._experiment_id: str | None = None
@@ -147,6 +148,7 @@ class Session:
 
     def give_up(self, reason: str) -> NoReturn:
         """Warn once (naming the tracking URI and ``reason``), stop using the server, raise :class:`Unavailable`."""
+        reason = self.scrub.text(reason)  # MLflow's messages repeat the URI, with any password in it
         self.broken = reason
         log.warning(
             "MLflow tracking at %s failed, so nothing more is logged there by this process (the stage goes on): %s",
