@@ -5,6 +5,7 @@ pytest loads fixtures only from conftest.py and test modules, so the test files 
 
 from __future__ import annotations
 
+import importlib.util
 import uuid
 from collections.abc import Iterator
 
@@ -12,7 +13,11 @@ import pytest
 from mlflow_server import MlflowServer, server_executable
 
 MLFLOW_EXECUTABLE, MLFLOW_ORIGIN = server_executable()
-needs_mlflow_server = pytest.mark.skipif(MLFLOW_EXECUTABLE is None, reason=MLFLOW_ORIGIN)
+_CLIENT = importlib.util.find_spec("mlflow") is not None
+needs_mlflow_server = pytest.mark.skipif(
+    MLFLOW_EXECUTABLE is None or not _CLIENT,
+    reason=MLFLOW_ORIGIN if MLFLOW_EXECUTABLE is None else "no MLflow client: pip install 'lmforge[tracking]'",
+)
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,9 @@ import subprocess
 import sys
 import uuid
 
+import mlflow_fixtures
 import pytest
-from mlflow_fixtures import MLFLOW_EXECUTABLE, mlflow_server, needs_mlflow_server  # noqa: F401 - fixtures
+from mlflow_fixtures import MLFLOW_EXECUTABLE, needs_mlflow_server
 from mlflow_server import ADMIN_PASSWORD, ADMIN_USER, MlflowServer, free_port
 
 from lmforge.config.tracking import TrackingConfig
@@ -27,6 +28,9 @@ from lmforge.tracking import track_stage
 logged = track_stage("pretrain", {"lr": 1e-3}, StageResult(metrics={"loss": 1.0}), run_id="kfp-off")
 print(json.dumps({"logged": logged, "mlflow_imported": any(m.split(".")[0] == "mlflow" for m in sys.modules)}))
 """
+
+# The shared fixtures (pytest finds fixtures among a test module's names).
+mlflow_server = mlflow_fixtures.mlflow_server
 
 
 def _run_off(env: dict[str, str]) -> dict:

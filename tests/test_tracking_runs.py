@@ -6,8 +6,9 @@ import json
 import math
 from pathlib import Path
 
+import mlflow_fixtures
 import pytest
-from mlflow_fixtures import mlflow_server, needs_mlflow_server, tracking_env  # noqa: F401 - fixtures
+from mlflow_fixtures import needs_mlflow_server
 
 from lmforge.artifacts import write_manifest
 from lmforge.config import CheckpointConfig, EvaluateConfig, GateConfig, ModelConfig, PretrainConfig, TrainConfig
@@ -17,6 +18,11 @@ from lmforge.tracking import PipelineRun, Tracker, compare_runs, stage_run, trac
 from lmforge.tracking.redact import flatten
 from lmforge.tracking.runs import KFP_RUN_ID, PARENT_TAG
 from lmforge.train import pretrain
+
+# The shared fixtures (pytest finds fixtures among a test module's names).
+mlflow_server = mlflow_fixtures.mlflow_server
+tracking_env = mlflow_fixtures.tracking_env
+
 
 pytestmark = [needs_mlflow_server, pytest.mark.s3]
 
@@ -144,7 +150,9 @@ def test_evaluation_artifacts_download_equal_to_the_local_files_and_the_gate_che
     child = track_stage("evaluate", EvaluateConfig(), result, run_id="kfp-eval", outputs={"evaluation": eval_dir})
 
     client = _client(mlflow_server.uri)
-    assert _artifact_paths(client, child) == {f"evaluation/{n}" for n in ("report.html", "results.json", "manifest.json")}
+    assert _artifact_paths(client, child) == {
+        f"evaluation/{n}" for n in ("report.html", "results.json", "manifest.json")
+    }
     downloaded = Path(client.download_artifacts(child, "evaluation", str(tmp_path / "down")))
     for name in ("report.html", "results.json", "manifest.json"):
         assert (downloaded / name).read_bytes() == (eval_dir / name).read_bytes(), name
@@ -171,15 +179,19 @@ def test_the_html_report_of_a_stage_is_uploaded_when_no_output_holds_one(trackin
 
 
 def test_a_stage_that_raises_leaves_a_failed_run_with_the_error(tracking_env, mlflow_server):
-    tracked = None
-    with pytest.raises(RuntimeError, match="disk full"), stage_run("clean", {"min_words": 5}, run_id="kfp-f") as tracked:
+    with (
+        pytest.raises(RuntimeError, match="disk full"),
+        stage_run("clean", {"min_words": 5}, run_id="kfp-f") as tracked,
+    ):
         raise RuntimeError("disk full")
     run = _client(mlflow_server.uri).get_run(tracked.run_id)
     assert run.info.status == "FAILED"
     assert run.data.tags["lmforge.error"] == "RuntimeError: disk full"
 
 
-def test_under_kfp_mlflow_integration_the_stage_logs_into_the_task_run_kfp_made(tracking_env, mlflow_server, monkeypatch):
+def test_under_kfp_mlflow_integration_the_stage_logs_into_the_task_run_kfp_made(
+    tracking_env, mlflow_server, monkeypatch
+):
     client = _client(mlflow_server.uri)
     experiment = client.create_experiment(f"{tracking_env}-kfp")
     # What KFP's API server and driver make (KEP-12862): a parent tagged with the run id, a nested run per task.
@@ -189,7 +201,9 @@ def test_under_kfp_mlflow_integration_the_stage_logs_into_the_task_run_kfp_made(
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME")
     monkeypatch.setenv("MLFLOW_RUN_ID", task)
 
-    logged = track_stage("evaluate", {"context": 64}, StageResult(metrics={"student_perplexity": 9.0}), run_id="kfp-native")
+    logged = track_stage(
+        "evaluate", {"context": 64}, StageResult(metrics={"student_perplexity": 9.0}), run_id="kfp-native"
+    )
 
     assert logged == task
     run = client.get_run(task)
@@ -200,7 +214,9 @@ def test_under_kfp_mlflow_integration_the_stage_logs_into_the_task_run_kfp_made(
     assert len(client.search_runs([experiment])) == 2  # nothing of our own was created
 
 
-def test_compare_runs_lists_the_last_pipeline_runs_newest_first_with_their_figures(tracking_env, mlflow_server, tmp_path):
+def test_compare_runs_lists_the_last_pipeline_runs_newest_first_with_their_figures(
+    tracking_env, mlflow_server, tmp_path
+):
     for i, perplexity in enumerate((300.0, 200.0, 100.0)):
         result = StageResult(metrics={"student_perplexity": perplexity, "passed": 1.0})
         track_stage("evaluate", EvaluateConfig(), result, run_id=f"kfp-cmp-{i}", preset="tiny-cpu")

@@ -111,9 +111,10 @@ def register_release(
         if not name or "'" in name:
             session.give_up(f"registered model name {name!r} is empty or contains a quote")
         tags = _version_tags(release_uri, manifest, gate, metrics, tracker)
+        source = tracker.scrub.text(release_uri)
         _ensure_model(session, name)
-        version = _version_of(session, name, release_uri) or _create_version(
-            session, name, release_uri, tags, _run_link(tracker, manifest)
+        version = _version_of(session, name, source) or _create_version(
+            session, name, source, tags, _run_link(tracker, manifest)
         )
         release_version = str(manifest.get("version"))
         if not gate.get("passed"):
