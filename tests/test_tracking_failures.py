@@ -49,6 +49,15 @@ def test_without_a_tracking_uri_nothing_is_logged_and_mlflow_is_never_imported()
     assert _run_off(env) == {"logged": None, "mlflow_imported": False}
 
 
+def test_a_configured_uri_without_the_mlflow_client_installed_warns_once_and_the_stage_goes_on():
+    script = "import sys; sys.modules['mlflow'] = None  # as if not installed\n" + _OFF_SCRIPT
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["logged"] is None
+    assert done.stderr.count("the MLflow client is not installed") == 1
+
+
 @needs_mlflow_server
 @pytest.mark.s3
 def test_ranks_other_than_zero_log_nothing_and_never_import_mlflow(mlflow_server):

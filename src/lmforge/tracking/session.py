@@ -12,6 +12,7 @@ a dead server costs one bounded retry sequence per session, not one per call.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import threading
@@ -65,7 +66,21 @@ def open_session(
     if (rank := _rank(environ)) != 0:
         log.debug("rank %d: MLflow tracking is left to rank 0", rank)
         return None
+    if not _client_installed():
+        log.warning(
+            "MLflow tracking at %s is configured but the MLflow client is not installed "
+            "(pip install 'lmforge[tracking]'); nothing is logged, the stage goes on",
+            redact_url(uri),
+        )
+        return None
     return Session(cfg, uri, env=environ)
+
+
+def _client_installed() -> bool:
+    try:
+        return importlib.util.find_spec("mlflow") is not None
+    except (ImportError, ValueError):  # ValueError: a module named mlflow without a spec (blocked, half-imported)
+        return False
 
 
 class Session:
