@@ -120,6 +120,7 @@ class MlflowServer:
         ]
         # No background job runner (seven huey worker processes, each importing mlflow): nothing here uses it.
         env = {**os.environ, **self.env, "MLFLOW_TRACKING_URI": "", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        env["MLFLOW_DISABLE_TELEMETRY"] = "true"  # no usage reports from a test server
         for key in [k for k in env if k.startswith("MLFLOW_HTTP_REQUEST")]:
             env.pop(key)  # the client tuning of the test process is no business of the server's
         if "AWS_ENDPOINT_URL" in self.env:
