@@ -7,7 +7,7 @@ from typing import Any
 
 from lmforge.config.tracking import TrackingConfig
 from lmforge.errors import TrackingError
-from lmforge.tracking.runs import KFP_RUN_ID, RUN_TYPE, Tracker
+from lmforge.tracking.runs import KFP_RUN_ID, PARENT_TAG, Tracker
 from lmforge.tracking.session import Unavailable
 
 # Figures shown first when present (the parent run holds every stage's final figures as <stage>.<name>).
@@ -53,7 +53,8 @@ def compare_runs(
             "search pipeline runs",
             lambda c: c.search_runs(
                 [exp],
-                filter_string=f"tags.`{RUN_TYPE}` = 'pipeline'",
+                # Top-level runs of pipeline runs: lmforge's own parents and those KFP's MLflow integration made.
+                filter_string=f"tags.`{KFP_RUN_ID}` LIKE '%' and tags.`{PARENT_TAG}` IS NULL",
                 run_view_type=ViewType.ACTIVE_ONLY,
                 max_results=n,
                 order_by=["attributes.start_time DESC"],
