@@ -4,8 +4,8 @@ Three rules, applied to every param, tag and uploaded text file:
 
 * a key (or any dotted part of it) whose words name a credential (the words of
   :data:`lmforge.config.launch._SECRET_LIKE`, matched as whole words so that ``max_new_tokens`` is not one,
-  plus a few more) has its value replaced by ``***``; tokenizer special tokens (``eos_token``) are not
-  credentials;
+  plus a few more; the last word also in the plural, ``credentials``, but not ``tokens``, a count) has its
+  value replaced by ``***``; tokenizer special tokens (``eos_token``) are not credentials;
 * the value of every environment variable whose name looks like a credential (``AWS_SECRET_ACCESS_KEY``,
   ``MLFLOW_TRACKING_TOKEN``, ...) and of every secret-looking config key is replaced wherever it appears;
 * the password of a URL (``https://user:password@host``) is replaced.
@@ -41,9 +41,16 @@ def secret_like(key: str) -> bool:
         words = [w for w in re.split(r"[^A-Za-z0-9]+", split_camel.upper()) if w]
         for secret in _SECRET_WORDS:
             n = len(secret)
-            if any(words[i : i + n] == secret for i in range(len(words) - n + 1)):
+            if any(_same(words[i : i + n], secret) for i in range(len(words) - n + 1)):
                 return True
     return False
+
+
+def _same(words: list[str], secret: list[str]) -> bool:
+    """Words equal, the last one also in the plural (``credentials``), except ``tokens``: a count, not a secret."""
+    *head, last = secret
+    plural = [*head, f"{last}S"] if last != "TOKEN" else None
+    return words in (secret, plural)
 
 
 def redact_url(text: str) -> str:
