@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from pathlib import Path
 
 import mlflow_fixtures
@@ -227,3 +228,29 @@ def test_compare_runs_lists_the_last_pipeline_runs_newest_first_with_their_figur
     assert [r["evaluate.student_perplexity"] for r in rows] == [100.0, 200.0]
     assert all(r["preset"] == "tiny-cpu" and r["status"] == "RUNNING" for r in rows)
     assert list(rows[0])[:7] == ["run_id", "name", "kfp_run_id", "status", "started", "preset", "pipeline_version"]
+
+
+def test_stages_starting_together_share_one_parent_run(tracking_env, mlflow_server):
+    """clean_shard fans out: parallel stages of one pipeline run that all find no parent converge on one."""
+    barrier = threading.Barrier(4)
+    found: list[str | None] = []
+
+    def stage(i: int) -> None:
+        tracker = Tracker()  # one pod each
+        barrier.wait()
+        found.append(tracker.pipeline_run_id(PipelineRun("kfp-fan-out")))
+
+    threads = [threading.Thread(target=stage, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+
+    runs = _runs(mlflow_server.uri, tracking_env, f"tags.`{KFP_RUN_ID}` = 'kfp-fan-out'")
+    assert len(runs) == 1  # duplicates made in the race were deleted
+    assert found == [runs[0].info.run_id] * 4
+
+
+def test_config_keys_mlflow_would_refuse_are_made_valid(tracking_env, mlflow_server):
+    child = track_stage("clean", {"rules": {"url:ratio": 0.5, "ok": 1}}, StageResult(), run_id="kfp-keys")
+    assert _client(mlflow_server.uri).get_run(child).data.params == {"rules.url_ratio": "0.5", "rules.ok": "1"}

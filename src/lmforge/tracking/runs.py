@@ -74,7 +74,7 @@ SERIES = {
     "eval_loss": ("eval_step", "eval_loss"),
 }
 _RUN_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,249}$")
-_METRIC_KEY_BAD = re.compile(r"[^A-Za-z0-9_\-./ ]")
+_KEY_BAD = re.compile(r"[^A-Za-z0-9_\-./ ]")
 _BATCH_PARAMS = 100  # MLflow's per-request limits (log-batch)
 _BATCH_METRICS = 1000
 
@@ -332,11 +332,11 @@ class Tracker:
 
     def _params(self, cfg: Any) -> dict[str, str]:
         data = cfg.model_dump(mode="json") if hasattr(cfg, "model_dump") else dict(cfg or {})
-        flat = {key[:250]: value for key, value in flatten(data).items()}
+        flat = {_key(key): value for key, value in flatten(data).items()}
         return self.scrub.mapping(flat, limit=self.cfg.max_param_chars)
 
     def _tags(self, tags: Mapping[str, Any]) -> dict[str, str]:
-        return self.scrub.mapping(dict(tags), limit=self.cfg.max_param_chars)
+        return self.scrub.mapping({_key(k): v for k, v in tags.items()}, limit=self.cfg.max_param_chars)
 
     @staticmethod
     def _log_batch(
@@ -370,7 +370,11 @@ class Tracker:
             for name, folder in dirs.items():
                 for file in self._small_files(folder):
                     reports += file.name == "report.html"
-                    upload = self._scrubbed(file, Path(tmp))
+                    try:
+                        upload = self._scrubbed(file, Path(tmp))
+                    except OSError as exc:
+                        log.warning("%s: not uploaded to MLflow: %s", file, exc)
+                        continue
                     session.call(
                         f"upload {name}/{file.name}",
                         lambda c, upload=upload, name=name: c.log_artifact(run_id, str(upload), artifact_path=name),
@@ -420,14 +424,15 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def _metric_key(key: str) -> str:
-    return _METRIC_KEY_BAD.sub("_", key)[:250]
+def _key(key: str) -> str:
+    """A param/metric key MLflow accepts (letters, digits, ``_-./`` and space; at most 250 chars)."""
+    return _KEY_BAD.sub("_", key)[:250]
 
 
 def _metrics(values: Mapping[str, float], timestamp: int, step: int = 0) -> list[Any]:
     from mlflow.entities import Metric
 
-    return [Metric(_metric_key(k), v, timestamp, step) for k, v in values.items()]
+    return [Metric(_key(k), v, timestamp, step) for k, v in values.items()]
 
 
 def _series_metrics(history: Mapping[str, Any], now: int) -> list[Any]:
