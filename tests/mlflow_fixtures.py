@@ -1,6 +1,7 @@
 """Fixtures for the tracking tests: a real ``mlflow server`` for the session, artifacts on the SeaweedFS S3 server.
 
-pytest loads fixtures only from conftest.py and test modules, so the test files import these by name.
+tests/conftest.py imports them, so that one server serves the whole session. A test that needs the server
+(or the executable) is skipped, saying how to install it, when there is none.
 """
 
 from __future__ import annotations
@@ -12,16 +13,20 @@ from collections.abc import Iterator
 import pytest
 from mlflow_server import MlflowServer, server_executable
 
-MLFLOW_EXECUTABLE, MLFLOW_ORIGIN = server_executable()
-_CLIENT = importlib.util.find_spec("mlflow") is not None
-needs_mlflow_server = pytest.mark.skipif(
-    MLFLOW_EXECUTABLE is None or not _CLIENT,
-    reason=MLFLOW_ORIGIN if MLFLOW_EXECUTABLE is None else "no MLflow client: pip install 'lmforge[tracking]'",
-)
+
+@pytest.fixture(scope="session")
+def mlflow_executable() -> str:
+    """The ``mlflow`` executable that runs ``mlflow server`` (skips when there is none, or no client)."""
+    if importlib.util.find_spec("mlflow") is None:
+        pytest.skip("no MLflow client: pip install 'lmforge[tracking]'")
+    executable, origin = server_executable()
+    if executable is None:
+        pytest.skip(origin)
+    return executable
 
 
 @pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory, s3_server) -> Iterator[MlflowServer]:
+def mlflow_server(tmp_path_factory, s3_server, mlflow_executable) -> Iterator[MlflowServer]:
     """One tracking server for the session: SQLite store in tmp, artifacts served from a bucket on the S3 server."""
     import boto3
 
@@ -36,7 +41,7 @@ def mlflow_server(tmp_path_factory, s3_server) -> Iterator[MlflowServer]:
     ).create_bucket(Bucket=bucket)
     server = MlflowServer(
         tmp_path_factory.mktemp("mlflow"),
-        MLFLOW_EXECUTABLE,
+        mlflow_executable,
         artifacts_destination=f"s3://{bucket}/artifacts",
         env=env,
     )

@@ -9,9 +9,7 @@ import subprocess
 import sys
 import uuid
 
-import mlflow_fixtures
 import pytest
-from mlflow_fixtures import MLFLOW_EXECUTABLE, needs_mlflow_server
 from mlflow_server import ADMIN_PASSWORD, ADMIN_USER, MlflowServer, free_port
 
 from lmforge.config.tracking import TrackingConfig
@@ -28,9 +26,6 @@ from lmforge.tracking import track_stage
 logged = track_stage("pretrain", {"lr": 1e-3}, StageResult(metrics={"loss": 1.0}), run_id="kfp-off")
 print(json.dumps({"logged": logged, "mlflow_imported": any(m.split(".")[0] == "mlflow" for m in sys.modules)}))
 """
-
-# The shared fixtures (pytest finds fixtures among a test module's names).
-mlflow_server = mlflow_fixtures.mlflow_server
 
 
 def _run_off(env: dict[str, str]) -> dict:
@@ -58,7 +53,6 @@ def test_a_configured_uri_without_the_mlflow_client_installed_warns_once_and_the
     assert done.stderr.count("the MLflow client is not installed") == 1
 
 
-@needs_mlflow_server
 @pytest.mark.s3
 def test_ranks_other_than_zero_log_nothing_and_never_import_mlflow(mlflow_server):
     experiment = f"rank-{uuid.uuid4().hex[:8]}"
@@ -70,6 +64,7 @@ def test_ranks_other_than_zero_log_nothing_and_never_import_mlflow(mlflow_server
 
 
 def test_an_unreachable_server_costs_one_warning_naming_it_and_the_stage_goes_on(caplog):
+    pytest.importorskip("mlflow", reason="no MLflow client: pip install 'lmforge[tracking]'")
     uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     tracker = Tracker(TrackingConfig(tracking_uri=uri, backoff_s=0.05))
     with caplog.at_level(logging.WARNING, logger="lmforge.tracking"):
@@ -83,6 +78,7 @@ def test_an_unreachable_server_costs_one_warning_naming_it_and_the_stage_goes_on
 
 
 def test_a_password_in_the_tracking_uri_is_not_in_the_warning(caplog):
+    pytest.importorskip("mlflow", reason="no MLflow client: pip install 'lmforge[tracking]'")
     uri = f"http://lmforge:uri-password-9876@127.0.0.1:{free_port()}"
     with caplog.at_level(logging.WARNING, logger="lmforge.tracking"):
         Tracker(TrackingConfig(tracking_uri=uri, attempts=1)).track_stage("clean", CFG, RESULT, run=PipelineRun("k"))
@@ -91,10 +87,9 @@ def test_a_password_in_the_tracking_uri_is_not_in_the_warning(caplog):
     assert "lmforge:***@127.0.0.1" in warning
 
 
-@needs_mlflow_server
 @pytest.mark.slow
-def test_a_server_stopped_mid_run_lets_the_stage_finish_with_one_warning(tmp_path, caplog):
-    with MlflowServer(tmp_path / "server", MLFLOW_EXECUTABLE) as server:
+def test_a_server_stopped_mid_run_lets_the_stage_finish_with_one_warning(mlflow_executable, tmp_path, caplog):
+    with MlflowServer(tmp_path / "server", mlflow_executable) as server:
         tracker = Tracker(TrackingConfig(tracking_uri=server.uri, experiment="mid-run", backoff_s=0.05))
         run = PipelineRun("kfp-mid")
         earlier = tracker.track_stage("tokenize", CFG, RESULT, run=run)
@@ -111,13 +106,12 @@ def test_a_server_stopped_mid_run_lets_the_stage_finish_with_one_warning(tmp_pat
 
 
 @pytest.fixture(scope="module")
-def auth_server(tmp_path_factory):
+def auth_server(tmp_path_factory, mlflow_executable):
     """A tracking server with MLflow's basic-auth app (admin account only)."""
-    with MlflowServer(tmp_path_factory.mktemp("mlflow-auth"), MLFLOW_EXECUTABLE, basic_auth=True) as server:
+    with MlflowServer(tmp_path_factory.mktemp("mlflow-auth"), mlflow_executable, basic_auth=True) as server:
         yield server
 
 
-@needs_mlflow_server
 @pytest.mark.slow
 def test_refused_credentials_are_reported_once_and_not_retried(auth_server, monkeypatch, caplog):
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", ADMIN_USER)
@@ -131,7 +125,6 @@ def test_refused_credentials_are_reported_once_and_not_retried(auth_server, monk
     assert "not-the-password" not in warning
 
 
-@needs_mlflow_server
 @pytest.mark.slow
 def test_accepted_credentials_track_and_never_reach_the_run(auth_server, monkeypatch):
     from mlflow import MlflowClient

@@ -7,9 +7,7 @@ import math
 import threading
 from pathlib import Path
 
-import mlflow_fixtures
 import pytest
-from mlflow_fixtures import needs_mlflow_server
 
 from lmforge.artifacts import write_manifest
 from lmforge.config import CheckpointConfig, EvaluateConfig, GateConfig, ModelConfig, PretrainConfig, TrainConfig
@@ -20,12 +18,7 @@ from lmforge.tracking.redact import flatten
 from lmforge.tracking.runs import KFP_RUN_ID, PARENT_TAG
 from lmforge.train import pretrain
 
-# The shared fixtures (pytest finds fixtures among a test module's names).
-mlflow_server = mlflow_fixtures.mlflow_server
-tracking_env = mlflow_fixtures.tracking_env
-
-
-pytestmark = [needs_mlflow_server, pytest.mark.s3]
+pytestmark = pytest.mark.s3
 
 STEPS = 6
 

@@ -6,19 +6,12 @@ import json
 import urllib.request
 from pathlib import Path
 
-import mlflow_fixtures
 import pytest
-from mlflow_fixtures import needs_mlflow_server
 
 from lmforge.results import StageResult
 from lmforge.tracking import PipelineRun, Tracker, register_release
 
-# The shared fixtures (pytest finds fixtures among a test module's names).
-mlflow_server = mlflow_fixtures.mlflow_server
-tracking_env = mlflow_fixtures.tracking_env
-
-
-pytestmark = [needs_mlflow_server, pytest.mark.s3]
+pytestmark = pytest.mark.s3
 
 ENV_SECRETS = {
     "AWS_ACCESS_KEY_ID": "AKIALMFORGETEST0001",

@@ -120,14 +120,15 @@ def register_release(
         if not gate.get("passed"):
             current = _alias_target(session, name, alias)
             reason = f"the gate did not pass; {alias} stays at {_describe(current)}"
-            return Registration(name, version.version, release_version, alias, _num(current), False, reason)
-        with _alias_lock(session, tracker, name, alias):
-            return _move_alias(session, name, alias, version, baseline)
+            return Registration(name, str(version.version), release_version, alias, _num(current), False, reason)
+        try:
+            with _alias_lock(session, tracker, name, alias):
+                return _move_alias(session, name, alias, version, baseline)
+        except _LockBusy as busy:
+            log.warning("%s", busy)
+            return Registration(name, str(version.version), release_version, alias, None, False, str(busy))
     except Unavailable:
         return None
-    except _LockBusy as busy:
-        log.warning("%s", busy)
-        return Registration(name, version.version, str(manifest.get("version")), alias, None, False, str(busy))
 
 
 def production_baseline_from_registry(
