@@ -138,3 +138,13 @@ def test_accepted_credentials_track_and_never_reach_the_run(auth_server, monkeyp
     run = MlflowClient(auth_server.uri).get_run(child)
     assert run.data.params == {"train.lr": "0.001", "train.max_steps": "3"}
     assert ADMIN_PASSWORD not in json.dumps({**run.data.params, **run.data.tags})
+
+
+@pytest.mark.s3
+def test_a_request_the_server_rejects_is_reported_once_without_retries(tracking_env, monkeypatch, caplog):
+    monkeypatch.setenv("MLFLOW_RUN_ID", "0" * 32)  # a task run that does not exist
+    tracker = Tracker(TrackingConfig(backoff_s=5.0))
+    with caplog.at_level(logging.WARNING, logger="lmforge.tracking"):
+        assert tracker.track_stage("evaluate", CFG, RESULT, run=PipelineRun("kfp-rejected")) is None
+    (warning,) = _warnings(caplog)
+    assert "RESOURCE_DOES_NOT_EXIST" in warning and "not retried" in warning

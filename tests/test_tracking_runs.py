@@ -220,6 +220,8 @@ def test_compare_runs_lists_the_last_pipeline_runs_newest_first_with_their_figur
     assert [r["kfp_run_id"] for r in rows] == ["kfp-cmp-2", "kfp-cmp-1"]
     assert [r["evaluate.student_perplexity"] for r in rows] == [100.0, 200.0]
     assert all(r["preset"] == "tiny-cpu" and r["status"] == "RUNNING" for r in rows)
+    Tracker().end_pipeline_run(PipelineRun("kfp-cmp-2"))
+    assert compare_runs(n=1)[0]["status"] == "FINISHED"
     assert list(rows[0])[:7] == ["run_id", "name", "kfp_run_id", "status", "started", "preset", "pipeline_version"]
 
 

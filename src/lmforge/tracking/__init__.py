@@ -77,8 +77,10 @@ def stage_run(
     *,
     run_id: str,
     outputs: Mapping[str, str | Path] | None = None,
+    history: Mapping[str, Any] | None = None,
     preset: str | None = None,
     pipeline_version: str | None = None,
+    run_url: str | None = None,
     task: str | None = None,
     tracking: TrackingConfig | None = None,
     mlflow_tracking_uri: str | None = None,
@@ -86,6 +88,6 @@ def stage_run(
     """Context-manager form of :func:`track_stage`: the stage's run is RUNNING during the block; set
     ``tracked.result`` inside it. An exception marks the run FAILED and propagates."""
     tracker = Tracker(tracking, tracking_uri=mlflow_tracking_uri)
-    run = PipelineRun(run_id, pipeline_version=pipeline_version, preset=preset)
-    with tracker.stage_run(stage, cfg, run=run, outputs=outputs, task=task) as tracked:
+    run = PipelineRun(run_id, pipeline_version=pipeline_version, preset=preset, run_url=run_url)
+    with tracker.stage_run(stage, cfg, run=run, outputs=outputs, history=history, task=task) as tracked:
         yield tracked

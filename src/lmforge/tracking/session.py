@@ -3,10 +3,10 @@
 :func:`open_session` returns ``None`` (and imports nothing from MLflow) when no tracking URI is configured or
 the process is not rank 0. A :class:`Session` runs every MLflow call through :meth:`Session.call`: with the
 client's own retries off and a short request timeout, a call is tried ``attempts`` times with doubling
-waits; authentication and permission errors (401/403) are not retried, since waiting does not fix a
-credential. When a call still fails, the session warns once, naming the tracking URI (password redacted) and
-the reason, and is *broken*: later calls raise :class:`Unavailable` at once without touching the network, so
-a dead server costs one bounded retry sequence per session, not one per call.
+waits; refused credentials (401/403) and other rejected requests (4xx) are not retried, since waiting does
+not change them. When a call still fails, the session warns once, naming the tracking URI (password
+redacted) and the reason, and is *broken*: later calls raise :class:`Unavailable` at once without touching
+the network, so a dead server costs one bounded retry sequence per session, not one per call.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import contextlib
 import importlib.util
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -30,8 +31,16 @@ log = logging.getLogger("lmforge.tracking")
 
 T = TypeVar("T")
 DEFAULT_EXPERIMENT = "lmforge"
-_AUTH_STATUS = (401, 403)
-_AUTH_CODES = ("UNAUTHENTICATED", "PERMISSION_DENIED")
+# Answers that waiting does not change: refused credentials, and requests the server rejects as such.
+_PERMANENT_CODES = (
+    "UNAUTHENTICATED",
+    "PERMISSION_DENIED",
+    "INVALID_PARAMETER_VALUE",
+    "RESOURCE_DOES_NOT_EXIST",
+    "RESOURCE_ALREADY_EXISTS",
+    "BAD_REQUEST",
+)
+_RETRYABLE_4XX = (408, 429)
 
 
 class Unavailable(Exception):
@@ -151,7 +160,7 @@ class Session:
             except MlflowException as exc:
                 if exc.error_code in expected:
                     raise Expected(exc.error_code, str(exc)) from exc
-                final, reason = _is_auth(exc), _reason(exc)
+                final, reason = _permanent(exc), _reason(exc)
             except (RequestException, OSError) as exc:
                 final, reason = False, f"{type(exc).__name__}: {exc}"
             if final or attempt >= self.cfg.attempts:
@@ -226,14 +235,14 @@ class Expected(Exception):
         self.code = code
 
 
-def _is_auth(exc: Any) -> bool:
+def _permanent(exc: Any) -> bool:
+    """True for answers a retry cannot change (401/403, a rejected request); 5xx, 408, 429 and no answer are retried."""
+    if exc.error_code in _PERMANENT_CODES:
+        return True
     status = exc.get_http_status_code() if hasattr(exc, "get_http_status_code") else None
-    text = str(exc)
-    return (
-        status in _AUTH_STATUS
-        or exc.error_code in _AUTH_CODES
-        or any(f"error code {code}" in text for code in _AUTH_STATUS)
-    )
+    found = re.search(r"error code (\d{3})", str(exc))  # answers without MLflow's JSON error body
+    status = int(found.group(1)) if found else status
+    return isinstance(status, int) and 400 <= status < 500 and status not in _RETRYABLE_4XX
 
 
 def _reason(exc: Any) -> str:
