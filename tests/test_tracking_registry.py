@@ -37,7 +37,7 @@ def release(s3_env, tmp_path, model):
     def make(version: str, *, passed: bool = True, bits_per_byte: float = 1.0) -> tuple[str, dict]:
         student = tmp_path / "in" / version / "student"
         student.mkdir(parents=True)
-        (student / "config.json").write_text("{}")
+        (student / "config.json").write_text(json.dumps({"release": version}))  # distinct weights per release
         write_manifest(student, "model")
         evaluation = tmp_path / "in" / version / "evaluation"
         evaluation.mkdir()
