@@ -11,7 +11,6 @@ import pytest
 
 from lmforge import storage
 from lmforge.artifacts import write_manifest
-from lmforge.config import PromoteConfig
 from lmforge.config.tracking import TrackingConfig
 from lmforge.errors import TrackingError
 from lmforge.release import promote, release_fingerprint
@@ -46,7 +45,7 @@ def release(s3_env, tmp_path, model):
         (evaluation / "results.json").write_text(json.dumps(results))
         write_manifest(evaluation, "evaluation", metrics={"student_bits_per_byte": bits_per_byte, "passed": 1.0})
         done = promote(
-            PromoteConfig(model_name=model),
+            model_name=model,
             release_root=f"s3://{s3_env}/releases",
             version=version,
             artifacts={"student": student},
