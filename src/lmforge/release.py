@@ -66,6 +66,7 @@ from lmforge.errors import (
 )
 from lmforge.export.accuracy_gate import gate_result
 from lmforge.results import StageResult
+from lmforge.tracking.promotion import check_alias_baseline, from_alias, register_promoted
 
 log = logging.getLogger("lmforge.promote")
 
@@ -321,13 +322,29 @@ def production_summary(release_root: str | None, model_name: str) -> dict[str, A
     }
 
 
-def production_fingerprint(release_root: str | None, model_name: str) -> str:
-    """sha256 of :func:`production_summary`: changes whenever the release the gate compares against changes.
+def production_baseline(release_root: str | None, model_name: str, source: str = "registry") -> dict[str, Any]:
+    """The gate's baseline from ``source`` (``evaluate.production_source``), in :func:`production_summary`'s shape.
+
+    ``registry``: the release root's ``latest.json``; ``mlflow``: the model version the MLflow alias ``production``
+    of the registered model ``model_name`` names (:func:`lmforge.tracking.production_baseline_from_registry`,
+    which raises :class:`~lmforge.errors.TrackingError` when it cannot be read).
+    """
+    if source != "mlflow":
+        return production_summary(release_root, model_name)
+    if not model_name:
+        return {"status": "none", "reason": "no model name given", "source": "mlflow"}
+    from lmforge.tracking import production_baseline_from_registry
+
+    return production_baseline_from_registry(model_name)
+
+
+def production_fingerprint(release_root: str | None, model_name: str, source: str = "registry") -> str:
+    """sha256 of :func:`production_baseline`: changes whenever the release the gate compares against changes.
 
     ``preflight`` passes it to ``evaluate`` as a parameter, so a KFP cache key holds the production baseline
     and a scheduled run re-evaluates after a new release instead of reusing a gate decided against the old one.
     """
-    summary = production_summary(release_root, model_name)
+    summary = production_baseline(release_root, model_name, source)
     return hashlib.sha256(json.dumps(summary, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -411,7 +428,9 @@ def promote(
     target = storage.join(model_root, version)
     release_manifest_uri = storage.join(target, MANIFEST)
     baseline = results.get("production")
-    if isinstance(baseline, Mapping):
+    if from_alias(baseline):  # the MLflow alias is production: promote's caller checks it, latest.json only follows
+        baseline = None
+    elif isinstance(baseline, Mapping):
         now = _identity(production)
         if now != baseline_identity(baseline):
             raise GateBaselineMovedError(
@@ -482,17 +501,29 @@ def run(
     release_root: str,
     model_name: str,
     version: str = "",
+    run_id: str = "",
 ) -> StageResult:
-    """The ``promote`` stage: :func:`promote` the gated artifacts, each under its artifact name in the release."""
+    """The ``promote`` stage: :func:`promote` the gated artifacts, each under its artifact name in the release.
+
+    ``run_id`` (the pipeline run, from the stage's context) is recorded in the release manifest. With MLflow
+    tracking on, the release also becomes a model version and the alias ``production`` moves to it by the rule of
+    ``latest.json`` (:mod:`lmforge.tracking.promotion`); the summary then says what happened there.
+    """
     artifacts = {"student": student, "onnx_fp32": onnx_fp32, "int8_dynamic": int8_dynamic, "int8_qdq": int8_qdq}
     artifacts["engine"] = engine
-    return promote(
+    baseline = _read_results(Path(evaluation)).get("production")
+    if from_alias(baseline):
+        check_alias_baseline(release_root, model_name, baseline)
+    result = promote(
         model_name=model_name,
         release_root=release_root,
         version=version or default_version(),
         artifacts={name: Path(path) for name, path in artifacts.items()},
         evaluation_dir=evaluation,
+        run_id=run_id or None,
     )
+    result.summary.update(register_promoted(model_name, result.summary, baseline))
+    return result
 
 
 def _write_release(

@@ -38,7 +38,7 @@ from lmforge.evaluate.perplexity import (
     torch_logits_fn,
 )
 from lmforge.evaluate.report import comparison_rows, html_report, markdown_summary, read_history
-from lmforge.release import production_summary
+from lmforge.release import production_baseline
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.evaluate")
@@ -390,7 +390,8 @@ def evaluate_models(
         engine_dir: the TensorRT stage's output (with ``status.json``), or ``None``.
         output_dir: where the evaluation artifact is committed (manifest kind ``evaluation``).
         qa_uri: Q&A JSONL for generation metrics; ``None`` takes the one recorded in the teacher's manifest.
-        release_root: the model registry; its ``latest.json`` release is what the gate compares with.
+        release_root: the model registry; its ``latest.json`` release is what the gate compares with (or, with
+            ``cfg.production_source`` mlflow, the MLflow alias's release).
         model_name: release name in the registry whose production release is the gate's baseline.
         cleaned_dir: the ``clean`` stage's output, for the data summary in the report (``stats.json``).
         run_id, preset: named in the report (with the config every model's manifest records).
@@ -467,7 +468,7 @@ def evaluate_models(
         "served_model": served_model(evaluated),
         "tensorrt": trt,
         "generation": generation,
-        "production": production_summary(release_root, model_name or ""),
+        "production": production_baseline(release_root, model_name or "", cfg.production_source),
         "data": data_summary(Path(shards_dir), Path(cleaned_dir) if cleaned_dir is not None else None),
     }
     decision = check_gate(cfg.gate, results)

@@ -266,6 +266,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
             param("version", "str", "Release version; empty picks a UTC timestamp vYYYYMMDD-HHMMSS.", default=""),
         ),
         returns=(param("release_uri", "str", "The release URI."),),
+        context=("run_id",),
     ),
 )
 

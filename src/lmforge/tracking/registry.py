@@ -61,6 +61,8 @@ class Registration:
         alias_version: the MLflow version the alias names afterwards (``None``: none).
         moved: whether this call moved the alias to ``model_version``.
         reason: why it moved or did not.
+        baseline_moved: it did not move because the alias no longer names the gate's baseline (the candidate
+            must be evaluated again against the release it names now).
     """
 
     model_name: str
@@ -70,6 +72,7 @@ class Registration:
     alias_version: str | None
     moved: bool
     reason: str
+    baseline_moved: bool = False
 
 
 def register_release(
@@ -321,9 +324,9 @@ def _move_alias(
     release = _identity(candidate)[0]
     current = _alias_target(session, name, alias)
 
-    def outcome(moved: bool, reason: str) -> Registration:
+    def outcome(moved: bool, reason: str, *, baseline_moved: bool = False) -> Registration:
         now = candidate.version if moved else _num(current)
-        return Registration(name, str(candidate.version), release, alias, now, moved, reason)
+        return Registration(name, str(candidate.version), release, alias, now, moved, reason, baseline_moved)
 
     if current is not None and str(current.version) == str(candidate.version):
         return outcome(False, f"{alias} already names version {candidate.version}")
@@ -333,6 +336,7 @@ def _move_alias(
             False,
             f"the gate compared with {was[0] if was else 'no production release'}, but {alias} is now "
             f"{_describe(current)}; {alias} left there (evaluate again against it)",
+            baseline_moved=True,
         )
     if current is not None and _order(current) >= _order(candidate):
         return outcome(False, f"{alias} stays at {_describe(current)}, newer than {release}")
