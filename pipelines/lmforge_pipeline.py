@@ -32,6 +32,14 @@ PIPELINE_NAME = "lmforge"
 DEFAULT_GPU_NODE_SELECTOR = {"lmforge.io/pool": "gpu"}
 DEFAULT_GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 S3_ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")
+# The MLflow client's own variables: the server, its credentials, the experiment (docs/kubeflow.md).
+MLFLOW_ENV_KEYS = (
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_TRACKING_TOKEN",
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_EXPERIMENT_NAME",
+)
 
 
 def _with_requests(task: dsl.PipelineTask, cpu, memory) -> dsl.PipelineTask:
@@ -43,6 +51,15 @@ def _with_s3_credentials(task: dsl.PipelineTask, secret_name) -> dsl.PipelineTas
     """Expose the S3 Secret's keys as env vars (optional: with IRSA no Secret exists)."""
     return kubernetes.use_secret_as_env(
         task, secret_name=secret_name, secret_key_to_env={key: key for key in S3_ENV_KEYS}, optional=True
+    )
+
+
+def _with_mlflow(task: dsl.PipelineTask, secret_name) -> dsl.PipelineTask:
+    """Expose the MLflow Secret's keys as env vars, which turn tracking on (optional: without the Secret, or
+    without its MLFLOW_TRACKING_URI, nothing is tracked). A Secret and not a parameter: KFP cannot make a
+    parameter an env var (kubeflow/pipelines#10111), and a parameter on every step would join every cache key."""
+    return kubernetes.use_secret_as_env(
+        task, secret_name=secret_name, secret_key_to_env={key: key for key in MLFLOW_ENV_KEYS}, optional=True
     )
 
 
@@ -75,6 +92,7 @@ def clean_one_shard(
     cpu_request: str,
     memory_request: str,
     s3_secret_name: str,
+    mlflow_secret_name: str,
 ) -> Dataset:
     """One iteration of the cleaning fan-out: ``clean_shard`` with its requests and credentials.
 
@@ -92,6 +110,7 @@ def clean_one_shard(
     )
     shard.set_display_name("clean shard").set_retry(num_retries=2, backoff_duration="30s")
     _with_s3_credentials(_with_requests(shard, cpu_request, memory_request), s3_secret_name)
+    _with_mlflow(_with_run_id(shard), mlflow_secret_name)
     return shard.outputs["shard"]
 
 
@@ -109,6 +128,7 @@ def promote_release(
     cpu_request: str,
     memory_request: str,
     s3_secret_name: str,
+    mlflow_secret_name: str,
 ) -> str:
     """``promote`` with its requests and credentials, as a sub-pipeline for the reason given in
     :func:`clean_one_shard`: it runs inside the gate's ``dsl.If``, another DAG that the SDK would not pass the
@@ -126,6 +146,7 @@ def promote_release(
     )
     released.set_display_name("promote").set_caching_options(False).set_retry(num_retries=2, backoff_duration="30s")
     _with_s3_credentials(_with_requests(released, cpu_request, memory_request), s3_secret_name)
+    _with_mlflow(_with_run_id(released), mlflow_secret_name)
     return released.outputs["Output"]
 
 
@@ -172,6 +193,7 @@ def lmforge_pipeline(
     launch: str = "{}",
     staging_uri: str = "",
     s3_secret_name: str = "lmforge-s3",
+    mlflow_secret_name: str = "lmforge-mlflow",
 ):
     """Raw text to a cleaned corpus, pretrained, LoRA-tuned, distilled, INT8 and TensorRT model, evaluated and gated.
 
@@ -210,6 +232,9 @@ def lmforge_pipeline(
         staging_uri: s3://bucket/prefix where multi-node jobs read their inputs and write their outputs
             (<staging_uri>/<run id>/<task>/); needed only when launch sets num_nodes > 1.
         s3_secret_name: Secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL (optional with IRSA).
+        mlflow_secret_name: Secret with MLFLOW_TRACKING_URI (and MLFLOW_TRACKING_TOKEN or _USERNAME/_PASSWORD,
+            MLFLOW_EXPERIMENT_NAME): every step logs to that MLflow server and promote registers the release; no
+            such Secret: no tracking.
     """
     checked = preflight(
         corpus_uri=corpus_uri,
@@ -246,6 +271,7 @@ def lmforge_pipeline(
             cpu_request=cpu_request,
             memory_request=memory_request,
             s3_secret_name=s3_secret_name,
+            mlflow_secret_name=mlflow_secret_name,
         )
         shard.set_display_name("1b clean shard")
     deduped = dedup_shards(shards=dsl.Collected(shard.output), preset=preset, overrides=clean_overrides)
@@ -350,6 +376,7 @@ def lmforge_pipeline(
             cpu_request=cpu_request,
             memory_request=memory_request,
             s3_secret_name=s3_secret_name,
+            mlflow_secret_name=mlflow_secret_name,
         )
         released.set_display_name("10 promote release").set_caching_options(False)
 
@@ -361,3 +388,6 @@ def lmforge_pipeline(
         _with_requests(task, gpu_step_cpu_request, gpu_step_memory_request)
     for task in (*cpu_steps, *gpu_steps):
         _with_s3_credentials(task, s3_secret_name)
+        _with_mlflow(task, mlflow_secret_name)
+    for task in (checked, shard_indices, deduped, cleaned, tokens, exported, quantized, engine):
+        _with_run_id(task)  # the others have it already; every step's MLflow run finds its pipeline run by it
