@@ -79,3 +79,24 @@ def compare_runs(
         row |= {key: metrics[key] for key in sorted(metrics) if key not in row}
         rows.append(row)
     return rows
+
+
+IDENTITY = ("name", "kfp_run_id", "status", "started", "preset", "pipeline_version")
+
+
+def side_by_side(rows: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """``rows`` (from :func:`compare_runs`) as lines of a table with one column per run, as MLflow compares runs.
+
+    The lines: the runs' identity (:data:`IDENTITY`), then the :data:`KEY_FIGURES` any run has, then every
+    other figure whose value differs between the runs (with one run: none).
+    """
+    figures = [key for key in dict.fromkeys(k for row in rows for k in row) if key not in ("run_id", *IDENTITY)]
+    differing = [key for key in figures if key not in KEY_FIGURES and len({repr(row.get(key)) for row in rows}) > 1]
+    lines = [key for key in KEY_FIGURES if key in figures] + differing
+    return [(key, [_cell(row.get(key)) for row in rows]) for key in (*IDENTITY, *lines)]
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.5g}" if isinstance(value, float) else str(value)
