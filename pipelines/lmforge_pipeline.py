@@ -260,6 +260,7 @@ def lmforge_pipeline(
 
     shard_indices = plan_shards(shard_count=clean_shards)
     shard_indices.set_display_name("1a plan corpus shards")
+    shard_indices.after(checked)  # nothing starts before preflight, which also creates the run's MLflow parent run
     with dsl.ParallelFor(shard_indices.outputs["Output"], name="clean-fan-out") as shard_index:
         shard = clean_one_shard(
             corpus_uri=corpus_uri,

@@ -161,6 +161,18 @@ def test_every_stage_gets_the_mlflow_settings_from_an_optional_secret_and_the_ru
     assert root["mlflow_secret_name"]["defaultValue"] == "lmforge-mlflow"
 
 
+def test_preflight_runs_before_every_other_step():
+    """Nothing starts before preflight's checks, and the run's MLflow parent run is the one preflight creates."""
+    spec = next(yaml.safe_load_all((REPO_ROOT / "pipelines/compiled/lmforge_pipeline.yaml").read_text()))
+    tasks = spec["root"]["dag"]["tasks"]
+    after = {name: set(task.get("dependentTasks", [])) for name, task in tasks.items()}
+
+    def upstream(name: str) -> set[str]:
+        return after[name] | {u for d in after[name] for u in upstream(d)}
+
+    assert [name for name in tasks if name != "preflight" and "preflight" not in upstream(name)] == []
+
+
 def test_every_pipeline_parameter_is_documented():
     spec = yaml.safe_load_all((REPO_ROOT / "pipelines/compiled/lmforge_pipeline.yaml").read_text())
     params = next(spec)["root"]["inputDefinitions"]["parameters"]

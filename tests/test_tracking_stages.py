@@ -271,6 +271,20 @@ def test_with_production_source_mlflow_the_alias_is_the_baseline_a_moved_alias_s
     assert _alias(mlflow_server.uri, model) == result.summary["model_version"]
 
 
+def test_switching_to_production_source_mlflow_promotes_against_an_alias_that_names_nothing_yet(
+    tracking_env, mlflow_server, s3_env, tmp_path, monkeypatch
+):
+    model, root = f"lm-{uuid.uuid4().hex[:8]}", f"s3://{s3_env}/releases"
+    with monkeypatch.context() as untracked:  # a release made before the team tracked anything
+        untracked.delenv("MLFLOW_TRACKING_URI")
+        run_stage("promote", None, _promote_io(tmp_path / "v1", root, model, "v1", production_summary(root, model)))
+    baseline = production_baseline(root, model, "mlflow")
+    assert baseline["status"] == "none" and baseline["source"] == "mlflow"
+    result = run_stage("promote", None, _promote_io(tmp_path / "v2", root, model, "v2", baseline))
+    assert result.summary["status"] == "published" and result.summary["alias_moved"] is True
+    assert json.loads(storage.read_bytes(f"{root}/models/{model}/latest.json"))["version"] == "v2"
+
+
 def test_production_source_mlflow_without_tracking_or_with_a_local_root_fails_before_publishing(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     with pytest.raises(TrackingError, match="MLFLOW_TRACKING_URI"):

@@ -36,6 +36,11 @@ input fingerprints as the production release's, and none is missing or extra, it
 (summary ``status: unchanged``) without claiming a version. The check is made against production at the
 time of promotion: two concurrent promotions of one new model both publish.
 
+MLflow. With tracking on, the ``promote`` stage (:func:`run`) also registers the release as an MLflow model
+version and moves the alias ``production`` by the same rule (:mod:`lmforge.tracking.promotion`). When the gate's
+baseline came from that alias (``evaluate.production_source: mlflow``), the alias is production: it is re-checked
+instead of ``latest.json``, which then only moves forward.
+
 Conditional writes need an S3 server that implements them (AWS S3, MinIO, SeaweedFS ≥ 3.8x; the test
 server checks it).
 """
@@ -335,7 +340,7 @@ def production_baseline(release_root: str | None, model_name: str, source: str =
         return {"status": "none", "reason": "no model name given", "source": "mlflow"}
     from lmforge.tracking import production_baseline_from_registry
 
-    return production_baseline_from_registry(model_name)
+    return {**production_baseline_from_registry(model_name), "source": "mlflow"}  # also when there is none yet
 
 
 def production_fingerprint(release_root: str | None, model_name: str, source: str = "registry") -> str:

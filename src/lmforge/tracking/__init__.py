@@ -6,11 +6,15 @@ and imports nothing from MLflow. A tracking failure (server down, 401/403, timeo
 number of times, then reported once as a warning naming the tracking URI; it never raises into the stage.
 Credentials never reach MLflow (:mod:`lmforge.tracking.redact`).
 
-What a component needs is one call after the stage's ``run`` returns::
+Every stage is tracked in one place: :func:`lmforge.stages.run_stage` (what KFP components and ``lmforge stage``
+call) runs the entry point inside the stage's MLflow run (:mod:`~lmforge.tracking.stages`); :func:`track_stage`
+logs a finished stage by hand::
 
     from lmforge.tracking import track_stage
     track_stage("pretrain", cfg, result, run_id=kfp_run_id, outputs={"model": model.path}, preset=preset)
 
+* :mod:`~lmforge.tracking.stages` — the MLflow run around every stage run through the registry;
+* :mod:`~lmforge.tracking.promotion` — what ``promote`` checks and registers;
 * :mod:`~lmforge.tracking.runs` — :class:`Tracker`, parent/child runs, params, metrics, artifacts;
 * :mod:`~lmforge.tracking.registry` — releases as model versions and the ``production`` alias;
 * :mod:`~lmforge.tracking.compare` — the last runs side by side;
@@ -63,7 +67,7 @@ def track_stage(
 ) -> str | None:
     """Log a finished stage under the pipeline run ``run_id``; its MLflow run id, or ``None`` when off or failed.
 
-    See :meth:`Tracker.track_stage`; ``mlflow_tracking_uri`` (the pipeline parameter) overrides the env.
+    See :meth:`Tracker.track_stage`; ``mlflow_tracking_uri`` overrides ``MLFLOW_TRACKING_URI``.
     """
     tracker = Tracker(tracking, tracking_uri=mlflow_tracking_uri)
     run = PipelineRun(run_id, pipeline_version=pipeline_version, preset=preset, run_url=run_url)
