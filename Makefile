@@ -7,12 +7,20 @@ PIP := $(PYTHON) -m pip
 install:
 	# torch first: 2.13.0 resolves to the CPU build; an unpinned resolve pulls a multi-GB CUDA build.
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[dev,demo,deepspeed,train]'
+	$(PIP) install --quiet -e '.[dev,demo,deepspeed,train,tracking]'
 
 demo: install
 	$(PYTHON) -m lmforge run
 
-test: install
+# The tracking tests' `mlflow server` (tests/mlflow_server.py): the full mlflow package pins pyarrow below the version
+# lmforge uses, so the server gets a virtual environment of its own (the client, mlflow-skinny, is in the main one).
+MLFLOW_SERVER := .venv-mlflow-server/bin/mlflow
+
+$(MLFLOW_SERVER):
+	$(PYTHON) -m venv .venv-mlflow-server
+	.venv-mlflow-server/bin/pip install --quiet 'mlflow[auth]==3.17.2' boto3
+
+test: install $(MLFLOW_SERVER)
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
 	$(PYTHON) -m pytest
@@ -38,9 +46,9 @@ images:
 # unless UPGRADE=1. Needs uv (pip install uv). TORCH_CPU says where torch's CPU build is found: PyTorch's CPU index,
 # or offline a folder holding the wheel (TORCH_CPU='--find-links DIR').
 TORCH_CPU ?= --torch-backend cpu
-LOCK_cpu := --extra demo --python-version 3.11 --python-platform x86_64-manylinux_2_36 $(TORCH_CPU)
-LOCK_train := --extra deepspeed --extra demo --python-version 3.12 --python-platform x86_64-manylinux_2_39
-LOCK_tensorrt := --python-version 3.12 --python-platform x86_64-manylinux_2_39
+LOCK_cpu := --extra demo --extra tracking --python-version 3.11 --python-platform x86_64-manylinux_2_36 $(TORCH_CPU)
+LOCK_train := --extra deepspeed --extra demo --extra tracking --python-version 3.12 --python-platform x86_64-manylinux_2_39
+LOCK_tensorrt := --extra tracking --python-version 3.12 --python-platform x86_64-manylinux_2_39
 
 lock: lock-cpu lock-train lock-tensorrt
 

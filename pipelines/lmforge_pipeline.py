@@ -35,6 +35,14 @@ PIPELINE_NAME = "lmforge"
 DEFAULT_GPU_NODE_SELECTOR = {"lmforge.io/pool": "gpu"}
 DEFAULT_GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 S3_ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")
+# The MLflow client's own variables: the server, its credentials, the experiment (docs/kubeflow.md).
+MLFLOW_ENV_KEYS = (
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_TRACKING_TOKEN",
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_EXPERIMENT_NAME",
+)
 
 
 def _with_requests(task: dsl.PipelineTask, cpu, memory) -> dsl.PipelineTask:
@@ -46,6 +54,15 @@ def _with_s3_credentials(task: dsl.PipelineTask, secret_name) -> dsl.PipelineTas
     """Expose the S3 Secret's keys as env vars (optional: with IRSA no Secret exists)."""
     return kubernetes.use_secret_as_env(
         task, secret_name=secret_name, secret_key_to_env={key: key for key in S3_ENV_KEYS}, optional=True
+    )
+
+
+def _with_mlflow(task: dsl.PipelineTask, secret_name) -> dsl.PipelineTask:
+    """Expose the MLflow Secret's keys as env vars, which turn tracking on (optional: without the Secret, or
+    without its MLFLOW_TRACKING_URI, nothing is tracked). A Secret and not a parameter: KFP cannot make a
+    parameter an env var (kubeflow/pipelines#10111), and a parameter on every step would join every cache key."""
+    return kubernetes.use_secret_as_env(
+        task, secret_name=secret_name, secret_key_to_env={key: key for key in MLFLOW_ENV_KEYS}, optional=True
     )
 
 
@@ -78,6 +95,7 @@ def clean_one_shard(
     cpu_request: str,
     memory_request: str,
     s3_secret_name: str,
+    mlflow_secret_name: str,
 ) -> Dataset:
     """One iteration of the cleaning fan-out: ``clean_shard`` with its requests and credentials.
 
@@ -95,6 +113,7 @@ def clean_one_shard(
     )
     shard.set_display_name("clean shard").set_retry(num_retries=2, backoff_duration="30s")
     _with_s3_credentials(_with_requests(shard, cpu_request, memory_request), s3_secret_name)
+    _with_mlflow(_with_run_id(shard), mlflow_secret_name)
     return shard.outputs["shard"]
 
 
@@ -108,12 +127,14 @@ def dedup_exact_one_part(
     cpu_request: str,
     memory_request: str,
     s3_secret_name: str,
+    mlflow_secret_name: str,
 ) -> Artifact:
     """One iteration of the exact-dedup fan-out: ``dedup_exact_part`` with its requests and credentials (a
     sub-pipeline for the reason given in :func:`clean_one_shard`)."""
     exact = dedup_exact_part(shards=shards, part=part, parts=parts, preset=preset, overrides=overrides)
     exact.set_display_name("exact dedup part").set_retry(num_retries=2, backoff_duration="30s")
     _with_s3_credentials(_with_requests(exact, cpu_request, memory_request), s3_secret_name)
+    _with_mlflow(_with_run_id(exact), mlflow_secret_name)
     return exact.outputs["exact"]
 
 
@@ -127,6 +148,7 @@ def dedup_exact_fan_out(
     cpu_request: str,
     memory_request: str,
     s3_secret_name: str,
+    mlflow_secret_name: str,
 ) -> list[Artifact]:
     """``dedup_exact_part`` for every exact part (``dsl.ParallelFor``), collected.
 
@@ -144,6 +166,7 @@ def dedup_exact_fan_out(
             cpu_request=cpu_request,
             memory_request=memory_request,
             s3_secret_name=s3_secret_name,
+            mlflow_secret_name=mlflow_secret_name,
         )
     return dsl.Collected(exact.output)
 
@@ -160,6 +183,7 @@ def dedup_band_one_part(
     cpu_request: str,
     memory_request: str,
     s3_secret_name: str,
+    mlflow_secret_name: str,
 ) -> Artifact:
     """One iteration of the LSH band fan-out: ``dedup_band_part`` with its requests and credentials (a sub-pipeline
     for the reason given in :func:`clean_one_shard`)."""
@@ -174,6 +198,7 @@ def dedup_band_one_part(
     )
     pairs.set_display_name("LSH band part").set_retry(num_retries=2, backoff_duration="30s")
     _with_s3_credentials(_with_requests(pairs, cpu_request, memory_request), s3_secret_name)
+    _with_mlflow(_with_run_id(pairs), mlflow_secret_name)
     return pairs.outputs["pairs"]
 
 
@@ -189,6 +214,7 @@ def dedup_band_fan_out(
     cpu_request: str,
     memory_request: str,
     s3_secret_name: str,
+    mlflow_secret_name: str,
 ) -> list[Artifact]:
     """``dedup_band_part`` for every band task (band group × part, ``dsl.ParallelFor``), collected; a sub-pipeline
     for the reason given in :func:`dedup_exact_fan_out`."""
@@ -204,6 +230,7 @@ def dedup_band_fan_out(
             cpu_request=cpu_request,
             memory_request=memory_request,
             s3_secret_name=s3_secret_name,
+            mlflow_secret_name=mlflow_secret_name,
         )
     return dsl.Collected(pairs.output)
 
@@ -222,6 +249,7 @@ def promote_release(
     cpu_request: str,
     memory_request: str,
     s3_secret_name: str,
+    mlflow_secret_name: str,
 ) -> str:
     """``promote`` with its requests and credentials, as a sub-pipeline for the reason given in
     :func:`clean_one_shard`: it runs inside the gate's ``dsl.If``, another DAG that the SDK would not pass the
@@ -239,6 +267,7 @@ def promote_release(
     )
     released.set_display_name("promote").set_caching_options(False).set_retry(num_retries=2, backoff_duration="30s")
     _with_s3_credentials(_with_requests(released, cpu_request, memory_request), s3_secret_name)
+    _with_mlflow(_with_run_id(released), mlflow_secret_name)
     return released.outputs["Output"]
 
 
@@ -287,6 +316,7 @@ def lmforge_pipeline(
     launch: str = "{}",
     staging_uri: str = "",
     s3_secret_name: str = "lmforge-s3",
+    mlflow_secret_name: str = "lmforge-mlflow",
 ):
     """Raw text to a cleaned corpus, pretrained, LoRA-tuned, distilled, INT8 and TensorRT model, evaluated and gated.
 
@@ -331,6 +361,9 @@ def lmforge_pipeline(
         staging_uri: s3://bucket/prefix where multi-node jobs read their inputs and write their outputs
             (<staging_uri>/<run id>/<task>/); needed only when launch sets num_nodes > 1.
         s3_secret_name: Secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL (optional with IRSA).
+        mlflow_secret_name: Secret with MLFLOW_TRACKING_URI (and MLFLOW_TRACKING_TOKEN or _USERNAME/_PASSWORD,
+            MLFLOW_EXPERIMENT_NAME): every step logs to that MLflow server and promote registers the release; no
+            such Secret: no tracking.
     """
     checked = preflight(
         corpus_uri=corpus_uri,
@@ -354,8 +387,9 @@ def lmforge_pipeline(
     checked.set_display_name("0 preflight checks").set_caching_options(False)
     gpu = (gpu_accelerator_type, checked.outputs["gpu_limit"], gpu_node_selector, gpu_tolerations)
 
-    shard_indices = plan_shards(shard_count=clean_shards).after(checked)  # nothing runs before the checks
+    shard_indices = plan_shards(shard_count=clean_shards)
     shard_indices.set_display_name("1a plan corpus shards")
+    shard_indices.after(checked)  # nothing starts before preflight, which also creates the run's MLflow parent run
     with dsl.ParallelFor(shard_indices.outputs["Output"], name="clean-fan-out") as shard_index:
         shard = clean_one_shard(
             corpus_uri=corpus_uri,
@@ -367,11 +401,17 @@ def lmforge_pipeline(
             cpu_request=cpu_request,
             memory_request=memory_request,
             s3_secret_name=s3_secret_name,
+            mlflow_secret_name=mlflow_secret_name,
         )
         shard.set_display_name("1b clean shard")
     dedup_plan = plan_dedup(band_groups=dedup_band_groups, parts=dedup_parts, preset=preset, overrides=clean_overrides)
     dedup_plan.set_display_name("1c.1 plan dedup parts")
-    requests = {"cpu_request": cpu_request, "memory_request": memory_request, "s3_secret_name": s3_secret_name}
+    requests = {
+        "cpu_request": cpu_request,
+        "memory_request": memory_request,
+        "s3_secret_name": s3_secret_name,
+        "mlflow_secret_name": mlflow_secret_name,
+    }
     exact = dedup_exact_fan_out(
         shards=dsl.Collected(shard.output),
         exact_parts=dedup_plan.outputs["exact_parts"],
@@ -500,6 +540,7 @@ def lmforge_pipeline(
             cpu_request=cpu_request,
             memory_request=memory_request,
             s3_secret_name=s3_secret_name,
+            mlflow_secret_name=mlflow_secret_name,
         )
         released.set_display_name("10 promote release").set_caching_options(False)
 
@@ -511,3 +552,6 @@ def lmforge_pipeline(
         _with_requests(task, gpu_step_cpu_request, gpu_step_memory_request)
     for task in (*cpu_steps, *gpu_steps):
         _with_s3_credentials(task, s3_secret_name)
+        _with_mlflow(task, mlflow_secret_name)
+    for task in (checked, shard_indices, deduped, cleaned, tokens, exported, quantized, engine):
+        _with_run_id(task)  # the others have it already; every step's MLflow run finds its pipeline run by it

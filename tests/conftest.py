@@ -19,6 +19,8 @@ from lmforge.model.build import build_model, save_model_dir
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/s3server.py
 
+from mlflow_fixtures import mlflow_executable, mlflow_server, tracking_env  # noqa: F401 - shared fixtures
+
 TINY_MODEL = ModelConfig(arch="gpt2", n_layer=2, n_head=2, n_embd=32, block_size=64)
 
 

@@ -122,9 +122,8 @@ def test_every_stage_gets_s3_credentials_by_secret_reference_only():
     docs = list(yaml.safe_load_all(text))
     k8s = docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     for stage in PIPELINE_STAGES:
-        (secret,) = k8s[f"exec-{stage.replace('_', '-')}"]["secretAsEnv"]
-        assert secret["secretNameParameter"]["componentInputParameter"].endswith("s3_secret_name")
-        assert {k["envVar"] for k in secret["keyToEnv"]} == {
+        secrets = _secrets_by_parameter(k8s[f"exec-{stage.replace('_', '-')}"])
+        assert {k["envVar"] for k in secrets["s3_secret_name"]["keyToEnv"]} == {
             "AWS_ACCESS_KEY_ID",
             "AWS_SECRET_ACCESS_KEY",
             "AWS_ENDPOINT_URL",
@@ -135,6 +134,44 @@ def test_every_stage_gets_s3_credentials_by_secret_reference_only():
         assert value not in text
     for path in COMPONENT_YAMLS:
         assert SECRET_KEY not in path.read_text()
+
+
+def _secrets_by_parameter(executor: dict) -> dict[str, dict]:
+    """An executor's Secrets (as env), by the pipeline parameter that names each."""
+    secrets = {}
+    for secret in executor["secretAsEnv"]:
+        parameter = secret["secretNameParameter"]["componentInputParameter"].rpartition("--")[2]
+        assert parameter not in secrets, f"two Secrets from {parameter}"
+        secrets[parameter] = secret
+    return secrets
+
+
+def test_every_stage_gets_the_mlflow_settings_from_an_optional_secret_and_the_run_id():
+    docs = list(yaml.safe_load_all((REPO_ROOT / "pipelines/compiled/lmforge_pipeline.yaml").read_text()))
+    k8s = docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    for stage in PIPELINE_STAGES:
+        executor = k8s[f"exec-{stage.replace('_', '-')}"]
+        secrets = _secrets_by_parameter(executor)
+        assert set(secrets) == {"s3_secret_name", "mlflow_secret_name"}, stage
+        mlflow = secrets["mlflow_secret_name"]
+        assert mlflow["optional"] is True, stage  # no Secret: the step runs, untracked
+        assert {k["envVar"] for k in mlflow["keyToEnv"]} >= {"MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN"}
+        (run_id,) = executor["fieldPathAsEnv"]  # each stage's MLflow run finds its pipeline run by it
+        assert run_id == {"name": "LMFORGE_RUN_ID", "fieldPath": "metadata.labels['pipeline/runid']"}, stage
+    root = docs[0]["root"]["inputDefinitions"]["parameters"]
+    assert root["mlflow_secret_name"]["defaultValue"] == "lmforge-mlflow"
+
+
+def test_preflight_runs_before_every_other_step():
+    """Nothing starts before preflight's checks, and the run's MLflow parent run is the one preflight creates."""
+    spec = next(yaml.safe_load_all((REPO_ROOT / "pipelines/compiled/lmforge_pipeline.yaml").read_text()))
+    tasks = spec["root"]["dag"]["tasks"]
+    after = {name: set(task.get("dependentTasks", [])) for name, task in tasks.items()}
+
+    def upstream(name: str) -> set[str]:
+        return after[name] | {u for d in after[name] for u in upstream(d)}
+
+    assert [name for name in tasks if name != "preflight" and "preflight" not in upstream(name)] == []
 
 
 def test_every_pipeline_parameter_is_documented():

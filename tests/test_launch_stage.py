@@ -127,7 +127,7 @@ def test_every_training_stage_runs_under_torchrun_or_as_a_job_as_the_launch_says
 def test_a_stage_that_does_not_train_runs_here_with_a_warning_whatever_the_launch_says(monkeypatch, caplog):
     calls = []
 
-    def fake_run_stage(name, cfg, paths):
+    def fake_run_stage(name, cfg, paths, context=None):
         calls.append((name, paths))
         return StageResult(metrics={"max_abs_diff": 0.0})
 

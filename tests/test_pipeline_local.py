@@ -1,9 +1,14 @@
-"""End to end: the compiled DAG runs under kfp.local and leaves every artifact a user expects."""
+"""End to end: the compiled DAG runs under kfp.local and leaves every artifact a user expects.
+
+With an MLflow server available (tests/mlflow_server.py) the two runs here are tracked, releasing into the S3 test
+server (MLflow's registry takes only remote releases): the tests at the end check what MLflow holds of them.
+"""
 
 from __future__ import annotations
 
 import io
 import json
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +17,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lmforge.artifacts import read_manifest
+from lmforge import storage
+from lmforge.artifacts import MANIFEST, read_manifest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # ~2 min on an idle 2-core machine
 
@@ -53,14 +59,39 @@ def small_corpus(tmp_path_factory, shakespeare_docs) -> Path:
 
 
 @pytest.fixture(scope="module")
-def local_run(tmp_path_factory, small_corpus):
+def tracking(request, tmp_path_factory):
+    """MLflow tracking for this module's runs, when a server can run here; else ``None`` (the runs go untracked).
+
+    Yields ``(server, experiment, release_root)``: the release root is a bucket on the S3 test server then.
+    """
+    try:
+        server = request.getfixturevalue("mlflow_server")
+    except pytest.skip.Exception:
+        yield None
+        return
+    import boto3
+
+    s3 = request.getfixturevalue("s3_server")
+    bucket, experiment = f"e2e-{uuid.uuid4().hex[:10]}", f"e2e-{uuid.uuid4().hex[:10]}"
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in {**s3.env(), "MLFLOW_TRACKING_URI": server.uri, "MLFLOW_EXPERIMENT_NAME": experiment}.items():
+            env.setenv(key, value)  # the kfp.local tasks inherit them
+        storage.s3_client.cache_clear()
+        boto3.client("s3", endpoint_url=s3.endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
+        yield server, experiment, f"s3://{bucket}/releases"
+    storage.s3_client.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory, small_corpus, tracking):
     from lmforge_kfp.pipelines.local_run import run_pipeline_locally
 
     out = tmp_path_factory.mktemp("e2e")
+    root = tracking[2] if tracking else str(out / "registry")
     params = {
         "corpus_uri": str(small_corpus),
         "qa_uri": "demo://chatterbot",
-        "release_root": str(out / "registry"),
+        "release_root": root,
         "release_version": "v-test",
         "clean_shards": 2,
         "dedup_band_groups": 3,
@@ -69,8 +100,12 @@ def local_run(tmp_path_factory, small_corpus):
     }
     shown = io.StringIO()
     run = run_pipeline_locally(params, out / "runs", console="default", out=shown)
-    (out / "console.txt").write_text(shown.getvalue(), encoding="utf-8")  # what `lmforge run` showed
-    return run, out
+    (run.logs / "console.txt").write_text(shown.getvalue(), encoding="utf-8")  # what `lmforge run` showed
+    return run, root
+
+
+def _release(root: str, *parts: str) -> str:
+    return storage.join(root, "models", "scenes", *parts)
 
 
 ARTIFACTS = [
@@ -99,7 +134,7 @@ def test_every_stage_leaves_a_complete_artifact(local_run, task, name, kind):
 
 
 def test_report_and_gate_and_release(local_run):
-    run, out = local_run
+    run, root = local_run
     evaluation = run.output("evaluate", "evaluation")
     html = (evaluation / "report.html").read_text(encoding="utf-8")
     assert "<img" in html and "perplexity" in html.lower()
@@ -108,9 +143,8 @@ def test_report_and_gate_and_release(local_run):
         assert np.isfinite(results["models"][model]["perplexity"]), model
     assert results["passed"] is True
     assert run.promoted
-    release = out / "registry" / "models" / "scenes" / "v-test"
-    manifest = read_manifest(release)
-    assert manifest["version"] == "v-test"
+    manifest = json.loads(storage.read_bytes(_release(root, "v-test", MANIFEST)))
+    assert manifest["version"] == "v-test" and manifest["run_id"] == run.run_dir.parent.name
     status = json.loads((run.output("build-tensorrt", "engine") / "status.json").read_text())
     assert status["status"] == "skipped" and status["reason"]
 
@@ -149,37 +183,45 @@ def test_onnx_models_load_in_onnxruntime(local_run, task, name):
     assert logits.shape[:2] == (1, 4) and np.isfinite(logits).all()
 
 
-def test_a_candidate_worse_than_production_is_not_promoted(local_run, small_corpus):
-    """Second run into the same registry with a barely trained student: the gate compares it with the
-    release the first run promoted and stops it before promote."""
+@pytest.fixture(scope="module")
+def worse_run(local_run, small_corpus, tracking, tmp_path_factory):
+    """Second run into the same registry with a barely trained student (its gate baseline from the MLflow alias
+    when tracked)."""
     from lmforge_kfp.pipelines.local_run import run_pipeline_locally
 
-    _, out = local_run
+    _, root = local_run
     worse_student = {**SMALL["distill_overrides"], "init": "random", "train.max_steps": 2, "train.warmup_steps": 1}
-    worse = {**SMALL, "distill_overrides": worse_student}
+    evaluate = {**SMALL["evaluate_overrides"], **({"production_source": "mlflow"} if tracking else {})}
+    worse = {**SMALL, "distill_overrides": worse_student, "evaluate_overrides": evaluate}
     params = {
         "corpus_uri": str(small_corpus),
         "qa_uri": "demo://chatterbot",
-        "release_root": str(out / "registry"),
+        "release_root": root,
         "release_version": "v-worse",
         **{k: json.dumps(v) for k, v in worse.items()},
     }
-    run = run_pipeline_locally(params, out / "runs")
-    results = json.loads((run.output("evaluate", "evaluation") / "results.json").read_text())
+    return run_pipeline_locally(params, tmp_path_factory.mktemp("e2e-worse"))
+
+
+def test_a_candidate_worse_than_production_is_not_promoted(local_run, worse_run):
+    """The gate compares the second run with the release the first run promoted and stops it before promote."""
+    _, root = local_run
+    results = json.loads((worse_run.output("evaluate", "evaluation") / "results.json").read_text())
     assert results["passed"] is False
     failed = [c["name"] for c in results["gate"]["checks"] if not c["passed"]]
     assert any("production" in name or "regression" in name or "bits_per_byte" in name for name in failed), failed
-    assert not run.promoted
-    assert not (out / "registry" / "models" / "scenes" / "v-worse").exists()
-    latest = json.loads((out / "registry" / "models" / "scenes" / "latest.json").read_text())
+    assert results["production"]["version"] == "v-test"
+    assert not worse_run.promoted
+    assert not storage.exists(_release(root, "v-worse", MANIFEST))
+    latest = json.loads(storage.read_bytes(_release(root, "latest.json")))
     assert latest["version"] == "v-test"
 
 
 def test_a_person_sees_a_line_per_stage_the_progress_and_what_was_made(local_run):
     from lmforge_kfp.pipelines.summary import summary_lines
 
-    run, out = local_run
-    lines = (out / "console.txt").read_text(encoding="utf-8").splitlines()
+    run, root = local_run
+    lines = (run.logs / "console.txt").read_text(encoding="utf-8").splitlines()
     assert len(lines) < 150
     for stage in (
         "preflight",
@@ -196,9 +238,8 @@ def test_a_person_sees_a_line_per_stage_the_progress_and_what_was_made(local_run
     assert not any("executor_input" in line or "Streamed logs" in line for line in lines)
 
     summary = summary_lines(run)
-    release = out / "registry" / "models" / "scenes" / "v-test"
     assert "release: scenes v-test (published by this run)" in summary
-    assert f"  {release}" in summary  # a path on its own line, never wrapped inside a sentence
+    assert f"  {_release(root, 'v-test')}" in summary  # a path on its own line, never wrapped inside a sentence
     served = [line for line in summary if line.startswith("served model: ")]
     assert served and "MB" in served[0]
     assert "gate: passed" in "\n".join(summary)
@@ -235,3 +276,106 @@ def test_the_dags_partitioned_dedup_cleans_as_the_single_pod_clean_does(local_ru
     removed = json.loads((dag / "stats.json").read_text())["removed"]
     assert removed == json.loads((tmp_path / "single" / "stats.json").read_text())["removed"]
     assert (removed["exact_dedup"], removed["near_dedup"]) == (3, 3)
+
+
+DAG_STAGES = {
+    "preflight": 1,
+    "plan_shards": 1,
+    "clean_shard": 2,  # clean_shards=2: one run per shard
+    "plan_dedup": 1,
+    "dedup_exact_part": 2,  # dedup_parts=2
+    "dedup_band_part": 6,  # dedup_band_groups=3 x dedup_parts=2
+    "dedup_union": 1,
+    "merge_shards": 1,
+    "tokenize": 1,
+    "pretrain": 1,
+    "finetune_lora": 1,
+    "distill": 1,
+    "export_onnx": 1,
+    "quantize_int8": 1,
+    "build_tensorrt": 1,
+    "evaluate": 1,
+}
+
+
+def _tracked(tracking) -> tuple:
+    if tracking is None:
+        pytest.skip("no MLflow server: see tests/mlflow_server.py")
+    from mlflow import MlflowClient
+
+    server, experiment, _ = tracking
+    client = MlflowClient(server.uri, server.uri)
+    return client, client.get_experiment_by_name(experiment).experiment_id
+
+
+def _pipeline_runs(tracking, run) -> tuple:
+    """The parent MLflow run of a local run and its children."""
+    client, experiment = _tracked(tracking)
+    runs = client.search_runs([experiment], f"tags.`kfp.pipeline_run_id` = '{run.run_dir.parent.name}'")
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    return client, parent, [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+
+
+def test_the_tracked_run_has_one_parent_and_a_child_per_stage_with_params_metrics_history_and_gate(local_run, tracking):
+    run, _ = local_run
+    client, parent, children = _pipeline_runs(tracking, run)
+    by_stage: dict[str, list] = {}
+    for child in children:
+        by_stage.setdefault(child.data.tags["lmforge.stage"], []).append(child)
+    assert {stage: len(runs) for stage, runs in by_stage.items()} == {**DAG_STAGES, "promote": 1}
+    assert all(child.info.status == "FINISHED" and child.data.params for child in children)
+    assert parent.info.status == "FINISHED"  # ended by promote
+    assert parent.data.tags["lmforge.preset"] == "tiny-cpu" and parent.data.tags["lmforge.pipeline_version"]
+
+    (pretrain,) = by_stage["pretrain"]
+    assert pretrain.data.params["train.max_steps"] == "30"
+    history = json.loads((run.output("pretrain", "model") / "training_history.json").read_text())
+    logged = client.get_metric_history(pretrain.info.run_id, "train_loss")
+    assert sorted(m.step for m in logged) == history["step"]
+    (evaluate,) = by_stage["evaluate"]
+    results = json.loads((run.output("evaluate", "evaluation") / "results.json").read_text())
+    for check in results["gate"]["checks"]:
+        assert evaluate.data.metrics[f"gate.{check['name']}.passed"] == float(check["passed"]), check["name"]
+    assert parent.data.metrics["evaluate.student_perplexity"] == pytest.approx(
+        results["models"]["student"]["perplexity"]
+    )
+
+
+def test_the_tracked_report_downloads_equal_to_the_evaluation_output(local_run, tracking, tmp_path):
+    run, _ = local_run
+    client, _, children = _pipeline_runs(tracking, run)
+    (evaluate,) = [c for c in children if c.data.tags["lmforge.stage"] == "evaluate"]
+    downloaded = client.download_artifacts(evaluate.info.run_id, "evaluation/report.html", str(tmp_path))
+    local = run.output("evaluate", "evaluation") / "report.html"
+    assert Path(downloaded).read_bytes() == local.read_bytes()
+
+
+def test_the_release_is_a_registered_model_version_and_a_failed_gate_leaves_the_alias(local_run, worse_run, tracking):
+    _, root = local_run
+    client, _ = _tracked(tracking)
+    (version,) = client.search_model_versions("name='scenes'")
+    assert version.source == _release(root, "v-test")
+    assert version.tags["lmforge.version"] == "v-test" and version.tags["gate.passed"] == "true"
+    assert client.get_registered_model("scenes").aliases == {"production": version.version}
+    # The second run's gate read its baseline from that alias, failed, and promote did not run.
+    results = json.loads((worse_run.output("evaluate", "evaluation") / "results.json").read_text())
+    assert results["production"]["source"] == "mlflow"
+    _, parent, children = _pipeline_runs(tracking, worse_run)
+    assert "promote" not in {c.data.tags["lmforge.stage"] for c in children}
+    assert parent.info.status == "FINISHED"  # ended by the failed gate
+
+
+def test_no_credential_reaches_any_param_tag_or_artifact_of_the_tracked_runs(local_run, worse_run, tracking, tmp_path):
+    from s3server import ACCESS_KEY, SECRET_KEY
+
+    client, experiment = _tracked(tracking)
+    runs = client.search_runs([experiment], max_results=1000)
+    assert len(runs) > 2 * len(DAG_STAGES)
+    texts = [json.dumps({**r.data.params, **r.data.tags}) for r in runs]
+    for r in runs:
+        folder = Path(client.download_artifacts(r.info.run_id, "", str(tmp_path / r.info.run_id)))
+        texts += [p.read_bytes().decode("utf-8", "replace") for p in folder.rglob("*") if p.is_file()]
+    (version,) = client.search_model_versions("name='scenes'")
+    texts.append(json.dumps(version.tags))
+    for secret in (SECRET_KEY, ACCESS_KEY):
+        assert not [t for t in texts if secret in t]

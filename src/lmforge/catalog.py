@@ -148,11 +148,27 @@ def production_summary(release_root: str | None, model_name: str) -> dict[str, A
     }
 
 
-def production_fingerprint(release_root: str | None, model_name: str) -> str:
-    """sha256 of :func:`production_summary`: changes whenever the release the gate compares against changes.
+def production_baseline(release_root: str | None, model_name: str, source: str = "registry") -> dict[str, Any]:
+    """The gate's baseline from ``source`` (``evaluate.production_source``), in :func:`production_summary`'s shape.
+
+    ``registry``: the release root's ``latest.json``; ``mlflow``: the model version the MLflow alias ``production``
+    of the registered model ``model_name`` names (:func:`lmforge.tracking.production_baseline_from_registry`,
+    which raises :class:`~lmforge.errors.TrackingError` when it cannot be read).
+    """
+    if source != "mlflow":
+        return production_summary(release_root, model_name)
+    if not model_name:
+        return {"status": "none", "reason": "no model name given", "source": "mlflow"}
+    from lmforge.tracking import production_baseline_from_registry
+
+    return {**production_baseline_from_registry(model_name), "source": "mlflow"}  # also when there is none yet
+
+
+def production_fingerprint(release_root: str | None, model_name: str, source: str = "registry") -> str:
+    """sha256 of :func:`production_baseline`: changes whenever the release the gate compares against changes.
 
     ``preflight`` passes it to ``evaluate`` as a parameter, so a KFP cache key holds the production baseline
     and a scheduled run re-evaluates after a new release instead of reusing a gate decided against the old one.
     """
-    summary = production_summary(release_root, model_name)
+    summary = production_baseline(release_root, model_name, source)
     return hashlib.sha256(json.dumps(summary, sort_keys=True, default=str).encode()).hexdigest()

@@ -52,6 +52,13 @@ class ReleaseExistsError(StorageError):
     """The release version already exists (completely or partly); releases are never overwritten."""
 
 
+class TrackingError(LmforgeError):
+    """MLflow could not answer where its answer is needed (the gate's baseline from the registry, a run comparison).
+
+    Logging to MLflow never raises this: a tracking failure is a warning and the stage goes on.
+    """
+
+
 class UnsafeCheckpointError(ArtifactIncompleteError):
     """A checkpoint file is not a plain tensor file: loading it could run code, so it is never loaded."""
 

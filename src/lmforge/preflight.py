@@ -290,15 +290,18 @@ def run_checks(
     records each) with the stages' readers; the corpus reader takes its settings from ``clean``, else from the
     resolved clean config, else :class:`CleanConfig`'s defaults. With ``launch`` asking for more than one node,
     also check that the cluster serves its job kind. With ``model_name``, also fingerprint the production
-    release of that name (``fingerprints["production"]``), the baseline ``evaluate`` compares against.
+    release of that name (``fingerprints["production"]``), the baseline ``evaluate`` compares against: from the
+    source the resolved evaluate config names (``evaluate.production_source``: ``latest.json`` or the MLflow alias).
     """
     report = PreflightReport()
+    production_source = "registry"
     if preset:
         configs, problems = resolve_stage_configs(preset, stage_overrides or {})
         report.checks["stage_configs"] = "; ".join(problems) or "ok"
         resolved = configs.get("clean")
         if clean is None and isinstance(resolved, CleanConfig):
             clean = resolved
+        production_source = getattr(configs.get("evaluate"), "production_source", production_source)
     clean = clean or CleanConfig()
     s3_checks: set[str] = set()
 
@@ -343,10 +346,13 @@ def run_checks(
         if model_name:
 
             def production() -> str:
-                report.fingerprints["production"] = catalog.production_fingerprint(release_root, model_name)
+                report.fingerprints["production"] = catalog.production_fingerprint(
+                    release_root, model_name, production_source
+                )
                 return "ok"
 
-            attempt("production_release_readable", f"{release_root} ({model_name})", production)
+            where = f"MLflow alias production of {model_name}" if production_source == "mlflow" else None
+            attempt("production_release_readable", where or f"{release_root} ({model_name})", production)
     for name, result in report.checks.items():
         log.info("preflight %s: %s", name, result)
     if report.failed:

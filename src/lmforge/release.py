@@ -36,6 +36,11 @@ input fingerprints as the production release's, and none is missing or extra, it
 (summary ``status: unchanged``) without claiming a version. The check is made against production at the
 time of promotion: two concurrent promotions of one new model both publish.
 
+MLflow. With tracking on, the ``promote`` stage (:func:`run`) also registers the release as an MLflow model
+version and moves the alias ``production`` by the same rule (:mod:`lmforge.tracking.promotion`). When the gate's
+baseline came from that alias (``evaluate.production_source: mlflow``), the alias is production: it is re-checked
+instead of ``latest.json``, which then only moves forward.
+
 Conditional writes need an S3 server that implements them (AWS S3, MinIO, SeaweedFS ≥ 3.8x; the test
 server checks it).
 """
@@ -76,6 +81,7 @@ from lmforge.errors import (
     StorageError,
 )
 from lmforge.results import StageResult
+from lmforge.tracking.promotion import check_alias_baseline, from_alias, register_promoted
 
 log = logging.getLogger("lmforge.promote")
 
@@ -240,7 +246,9 @@ def promote(
     target = storage.join(model_root, version)
     release_manifest_uri = storage.join(target, MANIFEST)
     baseline = results.get("production")
-    if isinstance(baseline, Mapping):
+    if from_alias(baseline):  # the MLflow alias is production: promote's caller checks it, latest.json only follows
+        baseline = None
+    elif isinstance(baseline, Mapping):
         now = release_identity(production)
         if now != baseline_identity(baseline):
             raise GateBaselineMovedError(
@@ -315,10 +323,16 @@ def run(
 ) -> StageResult:
     """The ``promote`` stage: :func:`promote` the gated artifacts, each under its artifact name in the release.
 
-    ``run_id`` (the run's, from the stage's context) is recorded in the release manifest."""
+    ``run_id`` (the pipeline run, from the stage's context) is recorded in the release manifest. With MLflow
+    tracking on, the release also becomes a model version and the alias ``production`` moves to it by the rule of
+    ``latest.json`` (:mod:`lmforge.tracking.promotion`); the summary then says what happened there.
+    """
     artifacts = {"student": student, "onnx_fp32": onnx_fp32, "int8_dynamic": int8_dynamic, "int8_qdq": int8_qdq}
     artifacts["engine"] = engine
-    return promote(
+    baseline = read_results(Path(evaluation)).get("production")
+    if from_alias(baseline):
+        check_alias_baseline(release_root, model_name, baseline)
+    result = promote(
         model_name=model_name,
         release_root=release_root,
         version=version or default_version(),
@@ -326,6 +340,8 @@ def run(
         evaluation_dir=evaluation,
         run_id=run_id or None,
     )
+    result.summary.update(register_promoted(model_name, result.summary, baseline))
+    return result
 
 
 def _write_release(

@@ -313,16 +313,41 @@ def schedule(
 
 
 def runs(
-    host: HostOpt,
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host",
+            help="KFP API server URL, e.g. http://localhost:8080 (port-forward of ml-pipeline-ui); not with --mlflow.",
+        ),
+    ] = "",
     limit: Annotated[int, typer.Option("--limit", min=1, max=1000, help="How many recent runs to show.")] = 20,
-    experiment: Annotated[str, typer.Option("--experiment", help="Only runs of this experiment.")] = "",
+    experiment: Annotated[
+        str, typer.Option("--experiment", help="Only runs of this experiment (with --mlflow: the MLflow experiment).")
+    ] = "",
     namespace: NamespaceOpt = "",
     token: TokenOpt = None,
+    mlflow: Annotated[
+        bool,
+        typer.Option(
+            "--mlflow",
+            help="Compare the last runs' key figures side by side from MLflow (the pipeline runs lmforge tracked) "
+            "instead of listing the KFP server's runs.",
+        ),
+    ] = False,
+    tracking_uri: Annotated[
+        str | None,
+        typer.Option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", help="MLflow tracking server (with --mlflow)."),
+    ] = None,
     verbose: VerboseOpt = False,
 ) -> None:
-    """List the most recent runs on a Kubeflow Pipelines server with their state."""
+    """List the most recent runs on a Kubeflow Pipelines server with their state, or compare them from MLflow."""
     _setup_remote_logging(verbose)
+    if mlflow:
+        _mlflow_runs(tracking_uri, experiment, limit)
+        return
     try:
+        if not host:
+            raise LmforgeError("--host: the KFP API server to list runs from (or --mlflow to compare them from MLflow)")
         from lmforge_kfp.pipelines.remote import Remote, check_host
 
         check_host(host)
@@ -339,6 +364,26 @@ def runs(
             _when(row.created_at), f"[link={row.url}]{row.name}[/link]", state, _when(row.finished_at), row.run_id
         )
     Console(width=max(Console().width, 140)).print(table)
+
+
+def _mlflow_runs(tracking_uri: str | None, experiment: str, limit: int) -> None:
+    """The last ``limit`` pipeline runs tracked in MLflow, one column each (:func:`lmforge.tracking.compare_runs`)."""
+    from lmforge.tracking.compare import compare_runs, side_by_side
+
+    try:
+        rows = compare_runs(tracking_uri, experiment or None, limit)
+    except LmforgeError as exc:
+        fail(exc)
+    if not rows:
+        console.print(f"no lmforge pipeline runs in MLflow experiment {experiment or '(default)'}", highlight=False)
+        return
+    table = Table(title="pipeline runs in MLflow" + (f" — experiment {experiment}" if experiment else ""))
+    table.add_column("")
+    for row in rows:
+        table.add_column(str(row["run_id"])[:8], justify="right")
+    for key, cells in side_by_side(rows):
+        table.add_row(key, *cells)
+    Console(width=max(Console().width, 40 + 24 * len(rows))).print(table)
 
 
 def _when(moment: Any) -> str:

@@ -5,6 +5,10 @@ against the registry by the tests) names the artifacts and parameters, and this 
 the stage's entry point — artifacts to their local ``path``, ``preset``/``overrides`` to the stage's
 config, the launch parameters of a distributed stage to :func:`lmforge.launch.run_training_stage` —
 then writes the stage's ``Metrics``/``HTML``/``Markdown`` outputs and returns its output parameters.
+
+The stage's context is the run's ``preset``, the KFP run id (``$LMFORGE_RUN_ID``, from the pod label) and the
+pipeline version (the image tag, also exported as ``$LMFORGE_PIPELINE_VERSION`` for the processes the step
+starts, such as torchrun's workers): what the stage's MLflow run is tagged with when tracking is on.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from lmforge.exit_codes import exit_on_input_error
 from lmforge.launch.stage_runner import RUN_ID_ENV
 from lmforge.stages import get_stage, resolve_stage_config, run_stage
 from lmforge.stages.spec import StageSpec
+from lmforge.tracking.stages import PIPELINE_VERSION_ENV
 
 log = logging.getLogger("lmforge.stage")
 METRICS = "metrics"  # the Output[Metrics] every component has
@@ -48,11 +53,11 @@ def _run(stage: str, args: Mapping[str, Any]) -> Any:
         for port in spec.outputs:
             args[port.name].metadata[key.name] = args[key.name]
     io = {port.name: _local(args[port.name]) for port in spec.ports if args.get(port.name) is not None}
+    context = _context(args)
     if spec.distributed:
-        result = _run_distributed(spec, args, io)
+        result = _run_distributed(spec, args, io, context)
     else:
         cfg = resolve_stage_config(stage, args["preset"], args["overrides"]) if spec.config else None
-        context = {"preset": args.get("preset", ""), "run_id": os.environ.get(RUN_ID_ENV, "")}
         result = run_stage(stage, cfg, io, context=context)
     publish(
         result,
@@ -80,6 +85,14 @@ def headline(spec: StageSpec, result: Any) -> list[str]:
     return figures
 
 
+def _context(args: Mapping[str, Any]) -> dict[str, str]:
+    """The run's facts a stage may take (``StageSpec.context``) and its MLflow run is tagged with."""
+    from lmforge_kfp.components.images import image_tag
+
+    version = os.environ.setdefault(PIPELINE_VERSION_ENV, image_tag())
+    return {"preset": args.get("preset", ""), "run_id": os.environ.get(RUN_ID_ENV, ""), "pipeline_version": version}
+
+
 def _local(value: Any) -> Any:
     """An artifact's local path (a list of them for a collected fan-out); a parameter as it is."""
     if isinstance(value, list):
@@ -87,7 +100,7 @@ def _local(value: Any) -> Any:
     return getattr(value, "path", value)
 
 
-def _run_distributed(spec: StageSpec, args: Mapping[str, Any], io: dict[str, Any]) -> Any:
+def _run_distributed(spec: StageSpec, args: Mapping[str, Any], io: dict[str, Any], context: dict[str, str]) -> Any:
     from lmforge.launch import parse_launch, run_training_stage
     from lmforge_kfp.components.images import image_for
 
@@ -99,4 +112,5 @@ def _run_distributed(spec: StageSpec, args: Mapping[str, Any], io: dict[str, Any
         overrides=args["overrides"],
         image=args["job_image"] or image_for(spec.name),
         staging_uri=args["staging_uri"],
+        context=context,
     )

@@ -89,6 +89,12 @@ class EvaluateConfig(StrictModel):
         default_factory=GenerationEvalConfig, description="Generation metrics on held-out Q&A."
     )
     gate: GateConfig = Field(default_factory=GateConfig, description="Promotion thresholds.")
+    production_source: Literal["registry", "mlflow"] = Field(
+        "registry",
+        description="Where the gate's production baseline comes from: registry = the release root's latest.json; "
+        "mlflow = the model version the MLflow Model Registry alias names (registered model = the release name, "
+        "alias 'production'; needs MLflow tracking on), so promoting and rolling back can be done in MLflow.",
+    )
 
     @model_validator(mode="after")
     def _stride_within_context(self) -> EvaluateConfig:

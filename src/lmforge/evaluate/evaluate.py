@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from lmforge.artifacts import MANIFEST, input_record, read_json_file, read_manifest, staged_output, write_manifest
-from lmforge.catalog import production_summary
+from lmforge.catalog import production_baseline
 from lmforge.config import EvaluateConfig
 from lmforge.contracts import (
     QA_HELDOUT_FRACTION,
@@ -367,7 +367,8 @@ def evaluate_models(
         engine_dir: the TensorRT stage's output (with ``status.json``), or ``None``.
         output_dir: where the evaluation artifact is committed (manifest kind ``evaluation``).
         qa_uri: Q&A JSONL for generation metrics; ``None`` takes the one recorded in the teacher's manifest.
-        release_root: the model registry; its ``latest.json`` release is what the gate compares with.
+        release_root: the model registry; its ``latest.json`` release is what the gate compares with (or, with
+            ``cfg.production_source`` mlflow, the MLflow alias's release).
         model_name: release name in the registry whose production release is the gate's baseline.
         cleaned_dir: the ``clean`` stage's output, for the data summary in the report (``stats.json``).
         run_id, preset: named in the report (with the config every model's manifest records).
@@ -444,7 +445,7 @@ def evaluate_models(
         "served_model": served_model(evaluated),
         "tensorrt": trt,
         "generation": generation,
-        "production": production_summary(release_root, model_name or ""),
+        "production": production_baseline(release_root, model_name or "", cfg.production_source),
         "data": data_summary(Path(shards_dir), Path(cleaned_dir) if cleaned_dir is not None else None),
     }
     decision = check_gate(cfg.gate, results)

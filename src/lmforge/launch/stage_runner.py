@@ -49,6 +49,7 @@ from lmforge.launch.manifests import describe_command, single_pod_command, stage
 from lmforge.results import StageResult
 from lmforge.scratch import scratch_dir
 from lmforge.stages import STAGES, get_stage, resolve_stage_config, run_stage
+from lmforge.tracking.stages import tracked_stage
 
 log = logging.getLogger("lmforge.launch")
 
@@ -93,6 +94,7 @@ def run_training_stage(
     task: str = "",
     staging_uri: str = "",
     api_client: Any = None,
+    context: Mapping[str, str] | None = None,
 ) -> StageResult:
     """Run ``stage`` in this process, under torchrun in this pod, or as a multi-node job, as ``cfg`` says.
 
@@ -106,6 +108,10 @@ def run_training_stage(
             the job, so a retried step adopts the job its earlier attempt submitted.
         staging_uri: ``s3://`` prefix for the job's inputs and outputs (``num_nodes > 1`` only).
         api_client: Kubernetes API client; default: in-cluster service account, else ``~/.kube/config``.
+        context: the run's ``preset``, ``run_id`` and ``pipeline_version`` (:func:`~lmforge.stages.run_stage`).
+            With MLflow tracking on, the stage's run is logged where its result is: by rank 0 of torchrun's
+            workers, which inherit this process's environment, or here for a multi-node job, whose pods do not
+            (:mod:`lmforge.tracking.stages`).
 
     Returns:
         The stage's result, read back from the workers or the job when it ran elsewhere; its summary gains
@@ -130,12 +136,16 @@ def run_training_stage(
                 cfg.num_nodes,
                 cfg.gpus_per_node,
             )
-        return _in_process(stage, stage_cfg, io)
+        return _in_process(stage, stage_cfg, io, context)
     if cfg.num_nodes > 1:
-        return _as_job(stage, cfg, io, flat, preset, image, run_id, task or stage, staging_uri, api_client)
+        with tracked_stage(spec, stage_cfg, io, context) as tracked:
+            tracked.result = _as_job(
+                stage, cfg, io, flat, preset, image, run_id, task or stage, staging_uri, api_client
+            )
+        return tracked.result
     if cfg.gpus_per_node > 1:
         return _in_pod(stage, cfg, io, flat, preset)
-    return _in_process(stage, stage_cfg, io)
+    return _in_process(stage, stage_cfg, io, context)
 
 
 def _flat_overrides(overrides: str | Mapping[str, Any] | None) -> dict[str, Any]:
@@ -144,8 +154,8 @@ def _flat_overrides(overrides: str | Mapping[str, Any] | None) -> dict[str, Any]
     return dict(overrides or {})
 
 
-def _in_process(stage: str, stage_cfg: Any, io: Mapping[str, str]) -> StageResult:
-    result = run_stage(stage, stage_cfg, dict(io))
+def _in_process(stage: str, stage_cfg: Any, io: Mapping[str, str], context: Mapping[str, str] | None) -> StageResult:
+    result = run_stage(stage, stage_cfg, dict(io), context=context)
     result.summary["launch"] = {"mode": "in-process"}
     return result
 

@@ -10,6 +10,7 @@ from lmforge.errors import ConfigError, did_you_mean
 from lmforge.results import StageResult
 from lmforge.stages.registry import get_stage
 from lmforge.stages.spec import Port, StageSpec
+from lmforge.tracking.stages import tracked_stage
 
 
 def run_stage(name: str, cfg: Any, io: Mapping[str, Any], *, context: Mapping[str, str] | None = None) -> StageResult:
@@ -17,16 +18,20 @@ def run_stage(name: str, cfg: Any, io: Mapping[str, Any], *, context: Mapping[st
 
     Values may be strings as typed on a command line: an integer parameter ``"3"`` becomes ``3``, a list
     of artifacts ``"a,b"`` becomes ``["a", "b"]``. Empty values count as not given. ``context`` holds the
-    run's ``preset`` and ``run_id``; a stage gets those its ``StageSpec.context`` names.
+    run's ``preset`` and ``run_id`` (and ``pipeline_version``); a stage gets those its ``StageSpec.context``
+    names. With MLflow tracking on, the stage runs inside its MLflow run (:mod:`lmforge.tracking.stages`).
 
     Raises:
         ConfigError: an unknown name (the nearest valid one is named), a missing required input or output
             (named with its description), or a value of the wrong type; nothing has run.
     """
     spec = get_stage(name)
-    kwargs = bind(spec, io) | {key: value for key, value in (context or {}).items() if key in spec.context}
+    ports = bind(spec, io)
+    kwargs = ports | {key: value for key, value in (context or {}).items() if key in spec.context}
     function = spec.function()
-    return function(cfg, **kwargs) if spec.config is not None else function(**kwargs)
+    with tracked_stage(spec, cfg, ports, context) as tracked:
+        tracked.result = function(cfg, **kwargs) if spec.config is not None else function(**kwargs)
+    return tracked.result
 
 
 def bind(spec: StageSpec, io: Mapping[str, Any]) -> dict[str, Any]:
