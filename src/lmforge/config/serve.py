@@ -121,7 +121,7 @@ class ServeConfig(StrictModel):
     )
     triton_preferred_batch_sizes: list[int] = Field(
         default_factory=lambda: [4, 8],
-        description="Triton dynamic batching: batch sizes it prefers to form (each <= max_batch_size).",
+        description="Triton dynamic batching: batch sizes it prefers to form (those above max_batch_size are dropped).",
     )
     apply: bool = Field(
         False,
@@ -138,10 +138,8 @@ class ServeConfig(StrictModel):
             )
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas {self.min_replicas} exceeds max_replicas {self.max_replicas}")
-        if bad := [s for s in self.triton_preferred_batch_sizes if not 1 <= s <= self.max_batch_size]:
-            raise ValueError(
-                f"triton_preferred_batch_sizes {bad} must lie in 1..max_batch_size ({self.max_batch_size})"
-            )
+        if bad := [s for s in self.triton_preferred_batch_sizes if s < 1]:
+            raise ValueError(f"triton_preferred_batch_sizes must be positive, got {bad}")
         return self
 
     @property

@@ -67,7 +67,7 @@ class BatchStats:
 
     batches: int = 0
     requests: int = 0
-    max_batch_size: int = 0
+    largest_batch: int = 0
     batch_sizes: collections.Counter[int] = field(default_factory=collections.Counter)
 
     def as_dict(self) -> dict[str, Any]:
@@ -75,7 +75,7 @@ class BatchStats:
         return {
             "batches": self.batches,
             "requests": self.requests,
-            "max_batch_size": self.max_batch_size,
+            "largest_batch": self.largest_batch,
             "batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())},
         }
 
@@ -138,7 +138,7 @@ class DynamicBatcher:
             size = len(batch)
             self.stats.batches += 1
             self.stats.requests += size
-            self.stats.max_batch_size = max(self.stats.max_batch_size, size)
+            self.stats.largest_batch = max(self.stats.largest_batch, size)
             self.stats.batch_sizes[size] += 1
 
             def on_token(index: int, token: int, batch: list[_Pending] = batch) -> None:

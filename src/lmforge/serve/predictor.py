@@ -223,6 +223,8 @@ class LmforgePredictor(Model):
             raise HTTPException(status_code=503, detail=str(exc)) from exc
 
     async def _predict_v1(self, payload: Any) -> dict[str, Any]:
+        if isinstance(payload, bytes):
+            raise RequestError("the request body must be JSON sent with Content-Type: application/json")
         if not isinstance(payload, dict):
             raise RequestError(f"the request body must be a JSON object, got {type(payload).__name__}")
         if unknown := sorted(set(payload) - {"instances", "parameters"}):
