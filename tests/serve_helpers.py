@@ -1,4 +1,7 @@
-"""Start ``python -m lmforge.serve`` (the real kserve ModelServer) on a free loopback port, for tests and bench."""
+"""Helpers of the serve tests and bench/serve_bench.py: a predictor subprocess on loopback, a varied tiny model.
+
+:class:`ServeProcess` starts ``python -m lmforge.serve`` (the real kserve ModelServer) on a free 127.0.0.1 port.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import torch
+
+from lmforge.artifacts import write_manifest
+from lmforge.model.build import load_causal_lm, load_tokenizer, save_model_dir
 
 READY_TIMEOUT_S = 180.0
 
@@ -77,3 +84,20 @@ def serving(model_path: Path, log_file: Path, overrides: dict[str, Any] | None =
         yield server
     finally:
         server.stop()
+
+
+def redraw_weights(model_dir: Path, out: Path, *, std: float = 0.3, seed: int = 0) -> Path:
+    """Save ``model_dir`` with every matrix redrawn ~ N(0, std²) into ``out``.
+
+    A freshly initialized tiny GPT-2 (std 0.02, tied embedding) greedily repeats one token, which cannot tell a
+    right decoder from a wrong one; with larger weights its continuations vary and argmax margins are clear.
+    """
+    model = load_causal_lm(model_dir)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.copy_(torch.randn(param.shape, generator=gen) * std)
+    save_model_dir(model, load_tokenizer(model_dir), out)
+    write_manifest(out, "model")
+    return out
