@@ -58,7 +58,6 @@ def serve_model(
         server.model_repository_extension,
         port,
         grace_period=grace_period_s,
-        event_loop="asyncio",
     )
     rest.config.host = host
     log.info(
