@@ -7,17 +7,19 @@ the PyTorch peer), else one of the demo's served shape is built: the ``tiny-cpu`
 ``export_onnx`` stage and quantized by ``quantize_int8`` (the dynamic INT8 model is what a CPU release serves).
 Random weights rarely emit EOS, so nearly every request generates ``--max-tokens`` tokens: the worst case.
 
-For each mode and concurrency (1, 8, 32 by default) a closed loop of ``concurrency`` clients sends prompts from the
-demo text to ``/openai/v1/completions`` (greedy, ``max_tokens``) until ``--requests`` requests are answered or
-``--duration-s`` has passed, whichever is first. Modes:
+For each round, mode and concurrency (1, 8, 32 by default) a closed loop of ``concurrency`` clients sends
+prompts from the demo text to ``/openai/v1/completions`` (greedy, ``max_tokens``) until ``--requests`` requests
+are answered or ``--duration-s`` has passed, whichever is first. Modes:
 
 * ``batched`` — the predictor with dynamic batching (``--max-batch-size``, ``--max-wait-ms``);
 * ``unbatched`` — the same predictor with ``max_batch_size`` 1 (one request at a time, in arrival order);
 * ``transformers`` — the HF model (FP32 PyTorch) in this process, ``concurrency`` threads each calling
   ``generate(do_sample=False)`` for one prompt at a time (no server, no HTTP).
 
-Client and server share the machine's cores: on 2 cores the load generator's own work is in the figures.
-Reports per row p50/p90/p99 request latency, generated tokens/s and requests/s; prints a table and writes JSON.
+Client and server share the machine's cores: on 2 cores the load generator's own work is in the figures. The
+modes take turns for ``--rounds`` rounds (a fresh server each time), so a change in the machine's other load
+falls on all of them; the table shows, per mode and concurrency, the round with the median tokens/s, and the JSON
+keeps every round. Reports p50/p90/p99 request latency, generated tokens/s and requests/s.
 
     python bench/serve_bench.py --out bench/results/serve_bench.json
 """
@@ -223,6 +225,16 @@ def transformers_rows(hf_model: Path, levels: list[int], texts: list[str], args:
     return rows
 
 
+def median_rows(every: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (mode, concurrency), the round with the median tokens/s (the lower middle one for an even count)."""
+    keys = list(dict.fromkeys((r["mode"], r["concurrency"]) for r in every))
+    out = []
+    for key in keys:
+        runs = sorted((r for r in every if (r["mode"], r["concurrency"]) == key), key=lambda r: r["tokens_per_s"])
+        out.append(runs[(len(runs) - 1) // 2])
+    return out
+
+
 def print_table(rows: list[dict[str, Any]]) -> None:
     """One line per mode and concurrency."""
     head = (
@@ -249,6 +261,7 @@ def main() -> None:
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
     parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: all)")
     parser.add_argument("--modes", nargs="+", default=["batched", "unbatched", "transformers"])
+    parser.add_argument("--rounds", type=int, default=3, help="times every mode runs, taking turns")
     parser.add_argument("--out", type=Path, default=Path("bench/results/serve_bench.json"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -266,15 +279,18 @@ def main() -> None:
             "unbatched": {**common, "max_batch_size": 1},
         }
         load_before = os.getloadavg()
-        rows: list[dict[str, Any]] = []
-        for mode in args.modes:
-            if mode == "transformers":
-                if hf_model is None:
-                    log.warning("no --hf-model: skipping the transformers peer")
-                    continue
-                rows += transformers_rows(hf_model, args.concurrency, texts, args)
-            else:
-                rows += server_rows(served, mode, modes[mode], args.concurrency, texts, args)
+        every: list[dict[str, Any]] = []
+        for round_ in range(1, args.rounds + 1):
+            for mode in args.modes:
+                if mode == "transformers":
+                    if hf_model is None:
+                        log.warning("no --hf-model: skipping the transformers peer")
+                        continue
+                    new = transformers_rows(hf_model, args.concurrency, texts, args)
+                else:
+                    new = server_rows(served, mode, modes[mode], args.concurrency, texts, args)
+                every += [{**row, "round": round_} for row in new]
+    rows = median_rows(every)
     print_table(rows)
     by = {(r["mode"], r["concurrency"]): r for r in rows}
     speedup = {
@@ -288,6 +304,7 @@ def main() -> None:
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_average_before": load_before},
         "rows": rows,
+        "every_round": every,
         "batching_speedup_tokens_per_s": speedup,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

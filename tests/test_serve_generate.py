@@ -85,7 +85,7 @@ def test_batcher_runs_requests_queued_together_as_one_batch_up_to_its_size(decod
 
     async def scenario(max_batch_size: int) -> tuple[dict, list[list[int]], list[int]]:
         batcher = DynamicBatcher(run, max_batch_size=max_batch_size, max_wait_ms=50.0, max_queue=8)
-        queues = [batcher.submit(GenerationRequest(p, 4)) for p in PROMPTS[:3]]
+        queues = [batcher.submit(GenerationRequest(p, 4), stream=True) for p in PROMPTS[:3]]
         tokens, sizes = [], []
         for queue in queues:
             row = []

@@ -3,7 +3,8 @@
 A request waits in a queue; the scheduler takes the oldest, then up to ``max_batch_size - 1`` more, waiting at
 most ``max_wait_ms`` after the oldest one arrived, and decodes the batch in a worker thread (ONNX Runtime releases
 the GIL, so the event loop keeps accepting requests meanwhile). One batch runs at a time; requests that arrive
-during it form the next one. Every new token is handed to its request's event queue at once (streaming).
+during it form the next one. A streaming request gets every new token on its event queue at once. A request
+whose client went away is still decoded to its end (at most ``max_tokens``).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ Event = TokenEvent | DoneEvent | ErrorEvent
 class _Pending:
     request: GenerationRequest
     events: asyncio.Queue[Event]
+    stream: bool
     enqueued: float = field(default_factory=time.monotonic)
 
 
@@ -101,8 +103,9 @@ class DynamicBatcher:
         self._task: asyncio.Task[None] | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmforge-decode")
 
-    def submit(self, request: GenerationRequest) -> asyncio.Queue[Event]:
-        """Queue ``request``; its tokens, then a :class:`DoneEvent` (or an :class:`ErrorEvent`), arrive on the queue.
+    def submit(self, request: GenerationRequest, *, stream: bool = False) -> asyncio.Queue[Event]:
+        """Queue ``request``; a :class:`DoneEvent` (or an :class:`ErrorEvent`) arrives on the returned queue,
+        after a :class:`TokenEvent` per new token if ``stream`` (only then: each one wakes the event loop).
 
         Must be called from the event loop that serves the requests; the scheduler starts on the first call.
         """
@@ -111,7 +114,7 @@ class DynamicBatcher:
         if self._task is None or self._task.done():
             self._wakeup = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._schedule(), name="lmforge-batcher")
-        pending = _Pending(request, asyncio.Queue())
+        pending = _Pending(request, asyncio.Queue(), stream)
         self._queue.append(pending)
         assert self._wakeup is not None
         self._wakeup.set()
@@ -142,7 +145,8 @@ class DynamicBatcher:
             self.stats.batch_sizes[size] += 1
 
             def on_token(index: int, token: int, batch: list[_Pending] = batch) -> None:
-                loop.call_soon_threadsafe(batch[index].events.put_nowait, TokenEvent(token))
+                if batch[index].stream:
+                    loop.call_soon_threadsafe(batch[index].events.put_nowait, TokenEvent(token))
 
             try:
                 results = await loop.run_in_executor(

@@ -42,6 +42,7 @@ TRITON_FORMAT = {"name": "triton", "version": "2"}
 ENGINE = "engine"
 PREDICTOR_OPTIONS = (
     "threads",
+    "ort_spinning",
     "max_batch_size",
     "max_wait_ms",
     "max_queue",

@@ -120,7 +120,7 @@ class LmforgePredictor(Model):
 
     def load(self) -> bool:
         """Open the ONNX Runtime session and the tokenizer; set ``ready``."""
-        self.decoder = OrtDecoderWithPast(self.served.path, threads=self.cfg.threads)
+        self.decoder = OrtDecoderWithPast(self.served.path, threads=self.cfg.threads, spinning=self.cfg.ort_spinning)
         self.tokenizer = load_tokenizer(self.served.path)
         self.eos_token_id = self.tokenizer.eos_token_id
         pad = self.tokenizer.pad_token_id
@@ -163,19 +163,22 @@ class LmforgePredictor(Model):
 
     # ---- requests -------------------------------------------------------------------------------------------
 
-    def prepare(self, prompt: Any, raw: Mapping[str, Any], where: str = "prompt") -> Prepared:
-        """Validate and tokenize one prompt with its sampling keys; raise :class:`RequestError` if invalid."""
+    def prepare(self, prompt: Any, raw: Mapping[str, Any], where: str = "prompt", params_at: str = "") -> Prepared:
+        """Validate and tokenize one prompt with its sampling keys; raise :class:`RequestError` if invalid.
+
+        ``where`` names the prompt and ``params_at`` the object holding the sampling keys in error messages.
+        """
         assert self.limits is not None
         text = check_prompt(prompt, where)
-        sampling = parse_sampling(raw, self.limits, where=where if where != "prompt" else "")
+        sampling = parse_sampling(raw, self.limits, where=params_at)
         ids = tuple(int(i) for i in self.tokenizer(text)["input_ids"])
         check_length(len(ids), sampling, self.limits, where)
         return Prepared(ids, sampling)
 
-    def submit(self, prepared: Prepared) -> asyncio.Queue[Event]:
-        """Queue a prepared prompt; its events arrive on the returned queue."""
+    def submit(self, prepared: Prepared, *, stream: bool = False) -> asyncio.Queue[Event]:
+        """Queue a prepared prompt; its events (token events only if ``stream``) arrive on the returned queue."""
         assert self.batcher is not None
-        return self.batcher.submit(prepared.request())
+        return self.batcher.submit(prepared.request(), stream=stream)
 
     async def complete(self, prepared: Sequence[Prepared]) -> list[Completion]:
         """Generate every prompt (queued together, so they may share batches); results in order."""
@@ -195,7 +198,7 @@ class LmforgePredictor(Model):
     async def stream(self, prepared: Prepared) -> AsyncIterator[tuple[str, DoneEvent | None]]:
         """Text deltas of one prompt as its tokens arrive; the last item carries the :class:`DoneEvent`."""
         stream = TextStream(self.tokenizer)
-        events = self.submit(prepared)
+        events = self.submit(prepared, stream=True)
         while True:
             event = await events.get()
             if isinstance(event, TokenEvent):
@@ -240,9 +243,10 @@ class LmforgePredictor(Model):
             if isinstance(instance, dict):
                 if unknown := sorted(set(instance) - {"prompt", *SAMPLING_KEYS}):
                     raise RequestError(f"{where}: unknown field(s) {unknown}")
-                prepared.append(self.prepare(instance.get("prompt"), {**defaults, **instance}, f"{where}.prompt"))
+                merged = {**defaults, **instance}
+                prepared.append(self.prepare(instance.get("prompt"), merged, f"{where}.prompt", where))
             else:
-                prepared.append(self.prepare(instance, defaults, where))
+                prepared.append(self.prepare(instance, defaults, where, "parameters"))
         completions = await self.complete(prepared)
         return {
             "predictions": [
@@ -274,7 +278,7 @@ class LmforgePredictor(Model):
         params = dict(request.parameters or {})
         raw = {k: params[k] for k in SAMPLING_KEYS if k in params}
         prompts = [v.decode("utf-8") if isinstance(v, bytes) else v for v in values]
-        prepared = [self.prepare(p, raw, f"{TEXT_INPUT}[{i}]") for i, p in enumerate(prompts)]
+        prepared = [self.prepare(p, raw, f"{TEXT_INPUT}[{i}]", "parameters") for i, p in enumerate(prompts)]
         completions = await self.complete(prepared)
         longest = max(len(c.token_ids) for c in completions)
         ids = np.full((len(completions), longest), -1, dtype=np.int64)
