@@ -154,6 +154,7 @@ def test_openai_completion_and_its_stream_carry_the_same_text(server, expected) 
         ("openai", {"prompt": "hi", "temperature": "hot"}, "temperature must be a number"),
         ("openai", {"prompt": "hi", "max_tokens": LIMIT + 1}, f"exceeds this server's limit of {LIMIT}"),
         ("openai", {"prompt": "word " * 60, "max_tokens": 10}, "exceeds the model's context of 64"),
+        ("openai", {"prompt": "x" * 5000}, "characters, far more than the model's context"),
         ("openai", {"prompt": "hi", "n": 2}, "n=2 is not supported"),
         ("v2", {"inputs": [{"name": "text", "datatype": "INT64", "shape": [1], "data": [3]}]}, "must have datatype"),
         ("v2", {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [""]}]}, "text[0] is empty"),

@@ -77,11 +77,14 @@ def service_name(cfg: ServeConfig, model_name: str) -> str:
     return name
 
 
-def served_artifact(release_manifest: Mapping[str, Any], cfg: ServeConfig) -> str:
-    """The release folder the runtime serves: see the module docstring; raise if the release has none."""
+def served_artifact(release_manifest: Mapping[str, Any], cfg: ServeConfig, *, engine_built: bool = True) -> str:
+    """The release folder the runtime serves: see the module docstring; raise if the release has none.
+
+    ``engine_built`` False (the engine's ``status.json`` says skipped) leaves the engine out for Triton.
+    """
     artifacts = release_manifest.get("artifacts") or {}
     if cfg.resolved_runtime == "triton":
-        order = [ENGINE, ONNX_FP32]
+        order = [ENGINE, ONNX_FP32] if engine_built else [ONNX_FP32]
     else:
         order = [INT8_DYNAMIC, ONNX_FP32] if cfg.prefer_int8 and cfg.device == "cpu" else [ONNX_FP32]
     for name in order:

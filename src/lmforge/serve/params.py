@@ -13,6 +13,9 @@ from typing import Any
 from lmforge.errors import LmforgeError
 
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed")
+# A prompt longer than this many characters per context token cannot fit (no BPE token is that long), so it is
+# refused before it is tokenized on the event loop.
+MAX_CHARS_PER_TOKEN = 64
 
 
 class RequestError(LmforgeError):
@@ -75,12 +78,17 @@ def parse_sampling(raw: Mapping[str, Any], limits: Limits, *, where: str = "") -
     return Sampling(max_tokens, float(temperature), float(top_p), seed)
 
 
-def check_prompt(prompt: Any, where: str = "prompt") -> str:
-    """``prompt`` if it is a non-empty string; else raise :class:`RequestError`."""
+def check_prompt(prompt: Any, limits: Limits, where: str = "prompt") -> str:
+    """``prompt`` if it is a non-empty string of plausible length; else raise :class:`RequestError`."""
     if not isinstance(prompt, str):
         raise RequestError(f"{where} must be a string, got {type(prompt).__name__}", "prompt")
     if not prompt:
         raise RequestError(f"{where} is empty", "prompt")
+    if len(prompt) > MAX_CHARS_PER_TOKEN * limits.context:
+        raise RequestError(
+            f"{where} has {len(prompt)} characters, far more than the model's context of {limits.context} tokens",
+            "prompt",
+        )
     return prompt
 
 

@@ -169,7 +169,7 @@ class LmforgePredictor(Model):
         ``where`` names the prompt and ``params_at`` the object holding the sampling keys in error messages.
         """
         assert self.limits is not None
-        text = check_prompt(prompt, where)
+        text = check_prompt(prompt, self.limits, where)
         sampling = parse_sampling(raw, self.limits, where=params_at)
         ids = tuple(int(i) for i in self.tokenizer(text)["input_ids"])
         check_length(len(ids), sampling, self.limits, where)
