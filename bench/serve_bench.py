@@ -14,7 +14,9 @@ are answered or ``--duration-s`` has passed, whichever is first. Modes:
 * ``batched`` — the predictor with dynamic batching (``--max-batch-size``, ``--max-wait-ms``);
 * ``unbatched`` — the same predictor with ``max_batch_size`` 1 (one request at a time, in arrival order);
 * ``transformers`` — the HF model (FP32 PyTorch) in this process, ``concurrency`` threads each calling
-  ``generate(do_sample=False)`` for one prompt at a time (no server, no HTTP).
+  ``generate(do_sample=False)`` for one prompt at a time (no server, no HTTP);
+* ``decode`` — the predictor's batched decoding alone (``generate_batch`` on the served ONNX model in this
+  process, batch = concurrency, no HTTP, no queue): what batching buys where HTTP and tokenizing cost nothing.
 
 Client and server share the machine's cores: on 2 cores the load generator's own work is in the figures. The
 modes take turns for ``--rounds`` rounds (a fresh server each time), so a change in the machine's other load
@@ -54,6 +56,9 @@ from lmforge.data.shards import ShardWriter
 from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
 from lmforge.export import onnx_export, quantize
 from lmforge.model.build import build_model, load_causal_lm, load_tokenizer, save_model_dir
+from lmforge.onnx_runtime import OrtDecoderWithPast
+from lmforge.serve.generate import GenerationRequest, generate_batch
+from lmforge.serve.model_dir import resolve_served_model
 
 log = logging.getLogger("bench.serve")
 STUDENT = ModelConfig(arch="gpt2", n_layer=2, n_head=4, n_embd=128, block_size=128)
@@ -235,6 +240,39 @@ def median_rows(every: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def decode_rows(served: Path, levels: list[int], texts: list[str], args: argparse.Namespace) -> list[dict]:
+    """Batches of ``concurrency`` prompts through ``generate_batch``; every request's latency is its batch's."""
+    model_dir = resolve_served_model(served).path
+    tok = load_tokenizer(model_dir)
+    decoder = OrtDecoderWithPast(model_dir, threads=args.threads, spinning=False)
+    requests = [GenerationRequest(tuple(tok(t)["input_ids"]), args.max_tokens) for t in texts]
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    generate_batch(decoder, requests[:8], eos_token_id=eos, pad_token_id=pad)  # warm up
+    rows = []
+    for concurrency in levels:
+        latencies: list[float] = []
+        tokens = 0
+        start = time.perf_counter()
+        for first in range(0, args.requests, concurrency):
+            batch = [requests[i % len(requests)] for i in range(first, min(first + concurrency, args.requests))]
+            t = time.perf_counter()
+            results = generate_batch(decoder, batch, eos_token_id=eos, pad_token_id=pad)
+            latencies += [time.perf_counter() - t] * len(batch)
+            tokens += sum(len(r.token_ids) for r in results)
+            if time.perf_counter() - start > args.duration_s:
+                break
+        row = {
+            "mode": "decode",
+            "concurrency": concurrency,
+            **summarize(latencies, tokens, time.perf_counter() - start),
+        }
+        row["mean_batch"] = float(concurrency)
+        row["load_1m_after"] = os.getloadavg()[0]
+        log.info("%s", row)
+        rows.append(row)
+    return rows
+
+
 def print_table(rows: list[dict[str, Any]]) -> None:
     """One line per mode and concurrency."""
     head = (
@@ -260,7 +298,7 @@ def main() -> None:
     parser.add_argument("--max-batch-size", type=int, default=8)
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
     parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: all)")
-    parser.add_argument("--modes", nargs="+", default=["batched", "unbatched", "transformers"])
+    parser.add_argument("--modes", nargs="+", default=["batched", "unbatched", "transformers", "decode"])
     parser.add_argument("--rounds", type=int, default=3, help="times every mode runs, taking turns")
     parser.add_argument("--out", type=Path, default=Path("bench/results/serve_bench.json"))
     args = parser.parse_args()
@@ -287,6 +325,8 @@ def main() -> None:
                         log.warning("no --hf-model: skipping the transformers peer")
                         continue
                     new = transformers_rows(hf_model, args.concurrency, texts, args)
+                elif mode == "decode":
+                    new = decode_rows(served, args.concurrency, texts, args)
                 else:
                     new = server_rows(served, mode, modes[mode], args.concurrency, texts, args)
                 every += [{**row, "round": round_} for row in new]
