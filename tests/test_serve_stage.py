@@ -1,0 +1,82 @@
+"""The serve stage on a real release (made by ``promote``): manifests written, apply skipped, Triton repository."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from crd_schema import CRDS, strict_validator
+from serve_helpers import serving
+
+from lmforge.artifacts import write_manifest
+from lmforge.config import ExportConfig, PromoteConfig
+from lmforge.config.base import validate_config
+from lmforge.config.serve import ServeConfig
+from lmforge.errors import InputDataError
+from lmforge.export.onnx_export import run as export_onnx
+from lmforge.release import promote
+from lmforge.serve.stage import run as serve
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def release(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("release")
+    export_onnx(ExportConfig(), model=tiny_model_dir, onnx_model=root / "onnx")
+    evaluation = root / "evaluation"
+    evaluation.mkdir()
+    (evaluation / "results.json").write_text(json.dumps({"passed": True, "gate": {"checks": []}}))
+    write_manifest(evaluation, "evaluation")
+    promote(
+        PromoteConfig(model_name="lmforge-demo"),
+        release_root=str(root / "registry"),
+        version="v1",
+        artifacts={"student": tiny_model_dir, "onnx_fp32": root / "onnx"},
+        evaluation_dir=evaluation,
+    )
+    return root / "registry" / "models" / "lmforge-demo" / "v1"
+
+
+def _cfg(**fields) -> ServeConfig:
+    return validate_config(ServeConfig, fields)
+
+
+def test_serve_stage_writes_the_lmforge_runtime_objects_and_skips_the_apply(release, tmp_path) -> None:
+    result = serve(_cfg(apply=True), release=str(release), serving=tmp_path / "serving")
+    out = tmp_path / "serving"
+    isvc = yaml.safe_load((out / "inferenceservice.yaml").read_text())
+    runtime = yaml.safe_load((out / "servingruntime.yaml").read_text())
+    assert isvc["spec"]["predictor"]["model"]["storageUri"] == str(release / "onnx_fp32")
+    assert isvc["spec"]["predictor"]["model"]["runtime"] == runtime["metadata"]["name"]
+    for version in ("v0.15.2", "v0.20.0"):
+        crd = CRDS / "kserve" / version / "serving.kserve.io_inferenceservices.yaml"
+        assert not list(strict_validator(crd, "v1beta1").iter_errors(isvc))
+    status = json.loads((out / "status.json").read_text())
+    assert (status["status"], status["reason"]) == ("skipped", "no cluster")
+    assert result.summary["artifact"] == "onnx_fp32" and (out / "manifest.json").is_file()
+
+
+def test_serve_stage_with_triton_puts_the_model_repository_into_the_release(release, tmp_path) -> None:
+    cfg = _cfg(device="gpu")
+    serve(cfg, release=str(release), serving=tmp_path / "a")
+    isvc = yaml.safe_load((tmp_path / "a" / "inferenceservice.yaml").read_text())
+    assert isvc["spec"]["predictor"]["model"]["storageUri"] == str(release / "triton")
+    assert (release / "triton" / "lmforge-demo" / "config.pbtxt").is_file()
+    assert (release / "triton" / "lmforge-demo" / "1" / "model.onnx").is_file()
+    assert not (tmp_path / "a" / "servingruntime.yaml").exists()
+    serve(cfg, release=str(release), serving=tmp_path / "b")  # the same repository again: accepted
+    with pytest.raises(InputDataError, match="never overwritten"):
+        serve(_cfg(device="gpu", max_batch_size=4), release=str(release), serving=tmp_path / "c")
+
+
+def test_the_predictor_serves_a_release_directory(release, tmp_path) -> None:
+    with serving(release, tmp_path / "serve.log", {"max_tokens_limit": 8, "default_max_tokens": 8}) as server:
+        resp = httpx.post(f"{server.url}/v1/models/lmforge-demo:predict", json={"instances": ["O Romeo"]}, timeout=60)
+        stats = httpx.get(f"{server.url}/lmforge/v1/models/lmforge-demo/stats", timeout=10).json()
+    assert resp.status_code == 200, resp.text
+    assert len(resp.json()["predictions"][0]["token_ids"]) <= 8
+    assert stats["artifact"] == "onnx_fp32" and stats["served"] == str(release / "onnx_fp32")
