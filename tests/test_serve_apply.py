@@ -151,7 +151,7 @@ def fake():
 
 
 def _objects(**fields) -> list[dict[str, Any]]:
-    cfg = validate_config(ServeConfig, {"namespace": "team-a", **fields})
+    cfg = validate_config(ServeConfig, {"namespace": "team-a", "image": "registry.example/lmforge-serve:1", **fields})
     isvc = build_inference_service(cfg, storage_uri="s3://b/models/demo/v1/int8_dynamic", model_name="demo")
     return [build_serving_runtime(cfg), isvc]
 
@@ -196,9 +196,12 @@ def test_a_service_that_never_gets_ready_fails_after_the_timeout_with_its_condit
         server.close()
 
 
-def test_without_apply_or_without_a_cluster_nothing_is_written(monkeypatch, tmp_path) -> None:
-    assert apply_and_wait(_objects(), apply=False, timeout_s=1).status == "skipped"
+def test_without_apply_or_without_a_cluster_nothing_is_written(fake, monkeypatch, tmp_path) -> None:
+    off = apply_and_wait(_objects(), apply=False, timeout_s=1, api_client=fake.client())
+    assert off.status == "skipped" and "serve.apply is off" in off.reason
+    assert fake.calls == []
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
-    result = apply_and_wait(_objects(), apply=True, timeout_s=1)
-    assert (result.status, result.reason) == ("skipped", "no cluster")
+    for apply in (True, False):  # no cluster is the reason either way (a kfp.local run says so)
+        result = apply_and_wait(_objects(), apply=apply, timeout_s=1)
+        assert (result.status, result.reason) == ("skipped", "no cluster")

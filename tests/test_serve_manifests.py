@@ -120,6 +120,11 @@ def test_lmforge_serving_runtime_validates_and_runs_the_predictor_entry_point() 
     assert container["args"][:2] == ["/mnt/models", "--host"] and '"max_batch_size":4' in container["args"][-1]
 
 
+def test_a_serving_runtime_without_an_image_is_refused_naming_where_to_set_it() -> None:
+    with pytest.raises(ConfigError, match="set serve.image"):
+        build_serving_runtime(_cfg())
+
+
 def test_served_artifact_prefers_int8_on_cpu_and_the_engine_for_triton() -> None:
     assert served_artifact(RELEASE, _cfg()) == "int8_dynamic"
     assert served_artifact(RELEASE, _cfg(prefer_int8=False)) == "onnx_fp32"

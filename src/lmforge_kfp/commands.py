@@ -94,6 +94,15 @@ def _print_summary(local_run: Any) -> None:
     out.print(f"gate: {verdict}; promoted: {'yes' if local_run.promoted else 'no'}")
     out.print(f"report: {evaluation / 'report.html'}")
     out.print(f"run directory: {local_run.run_dir}")
+    out.print(_serve_hint(local_run), highlight=False, soft_wrap=True)
+
+
+def _serve_hint(local_run: Any) -> str:
+    """How to start the predictor for the new release (the serve step's ``local_command``), or why there is none."""
+    status = local_run.output("serve", "serving") / "status.json"
+    if not status.is_file():
+        return "serve: nothing released, nothing to serve"
+    return f"serve it: {json.loads(status.read_text(encoding='utf-8'))['local_command']}"
 
 
 def _fmt(value: Any) -> str:

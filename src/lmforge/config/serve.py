@@ -6,21 +6,23 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from lmforge.config.base import StrictModel
-from lmforge.config.launch import _DNS_LABEL, _DNS_SUBDOMAIN, _QUANTITY, TolerationConfig
+from lmforge.config.base import DNS_LABEL, DNS_SUBDOMAIN, QUANTITY, StrictModel
+from lmforge.config.launch import TolerationConfig
 
-
-def _gpu_tolerations() -> list[TolerationConfig]:
-    return [TolerationConfig(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")]
+# Where a GPU predictor goes when neither serve.node_selector/tolerations nor the pipeline say: the GPU steps' pool.
+DEFAULT_GPU_NODE_SELECTOR: dict[str, str] = {"lmforge.io/pool": "gpu"}
+DEFAULT_GPU_TOLERATIONS: tuple[TolerationConfig, ...] = (
+    TolerationConfig(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"),
+)
 
 
 class ResourcesConfig(StrictModel):
     """CPU and memory of one predictor replica (Kubernetes resource quantities)."""
 
-    cpu_request: str = Field("1", pattern=_QUANTITY, description="CPU request per replica, e.g. '2' or '500m'.")
-    memory_request: str = Field("1Gi", pattern=_QUANTITY, description="Memory request per replica, e.g. '2Gi'.")
-    cpu_limit: str | None = Field("2", pattern=_QUANTITY, description="CPU limit per replica (null: none).")
-    memory_limit: str | None = Field("2Gi", pattern=_QUANTITY, description="Memory limit per replica (null: none).")
+    cpu_request: str = Field("1", pattern=QUANTITY, description="CPU request per replica, e.g. '2' or '500m'.")
+    memory_request: str = Field("1Gi", pattern=QUANTITY, description="Memory request per replica, e.g. '2Gi'.")
+    cpu_limit: str | None = Field("2", pattern=QUANTITY, description="CPU limit per replica (null: none).")
+    memory_limit: str | None = Field("2Gi", pattern=QUANTITY, description="Memory limit per replica (null: none).")
 
 
 class ServeConfig(StrictModel):
@@ -79,38 +81,42 @@ class ServeConfig(StrictModel):
     device: Literal["cpu", "gpu"] = Field(
         "cpu", description="Where the predictor runs; gpu adds the GPU limit, node selector and tolerations."
     )
-    image: str = Field(
-        "ghcr.io/lmforge/lmforge-serve:dev",
+    image: str | None = Field(
+        None,
         min_length=1,
-        description="Container image of the lmforge predictor (images/serve); the lmforge ServingRuntime runs it.",
+        description="Container image of the lmforge predictor (images/serve) the lmforge ServingRuntime runs; null: "
+        "the one the pipeline was compiled with (the serve step's predictor_image).",
     )
     namespace: str | None = Field(
         None,
-        pattern=_DNS_LABEL,
+        pattern=DNS_LABEL,
         max_length=63,
         description="Namespace of the InferenceService; null: the step's own namespace.",
     )
     service_name: str | None = Field(
         None,
-        pattern=_DNS_LABEL,
+        pattern=DNS_LABEL,
         max_length=45,
         description="InferenceService name; null: the release's model name. KServe derives host names from it, "
         "so it stays short.",
     )
     service_account: str | None = Field(
         None,
-        pattern=_DNS_SUBDOMAIN,
+        pattern=DNS_SUBDOMAIN,
         description="Service account of the predictor pods; it carries the S3 credentials KServe's storage "
         "initializer uses to download the model (null: the namespace's default).",
     )
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="CPU and memory per replica.")
     gpu_count: int = Field(1, ge=1, description="nvidia.com/gpu per replica when device is gpu.")
-    node_selector: dict[str, str] = Field(
-        default_factory=lambda: {"lmforge.io/pool": "gpu"},
-        description="Node labels a GPU predictor needs (ignored on CPU).",
+    node_selector: dict[str, str] | None = Field(
+        None,
+        description="Node labels a GPU predictor needs (ignored on CPU); null: the pipeline's gpu_node_selector "
+        "(the GPU steps' pool), else {'lmforge.io/pool': 'gpu'}.",
     )
-    tolerations: list[TolerationConfig] = Field(
-        default_factory=_gpu_tolerations, description="Taints of the GPU node pool a GPU predictor tolerates."
+    tolerations: list[TolerationConfig] | None = Field(
+        None,
+        description="Taints of the GPU node pool a GPU predictor tolerates; null: the pipeline's gpu_tolerations, "
+        "else nvidia.com/gpu (Exists, NoSchedule).",
     )
     min_replicas: int = Field(1, ge=0, description="Fewest predictor replicas (0 lets Knative scale to zero).")
     max_replicas: int = Field(1, ge=1, description="Most predictor replicas the autoscaler may start.")

@@ -7,9 +7,10 @@ field the cluster's KServe does not know fails the write instead of being droppe
 read until its ``Ready`` condition is ``True`` for the generation we wrote (``status.observedGeneration``), or
 it reports a failure, or ``timeout_s`` passes.
 
-Outside a cluster (no service account, no kubeconfig) nothing is written: the result says ``skipped: no cluster``,
-as ``build_tensorrt`` does without a GPU. RBAC needed: ``inferenceservices`` and ``servingruntimes`` in
-``serving.kserve.io``: get, create, update.
+Outside a cluster (no service account, no kubeconfig) nothing is written, whatever ``apply`` says: the result says
+``skipped: no cluster``, as ``build_tensorrt`` does without a GPU (so a ``kfp.local`` run reports that). In a cluster
+with ``apply`` off it says ``skipped`` because ``serve.apply`` is off. RBAC needed (manifests/base/role.yaml):
+``inferenceservices`` and ``servingruntimes`` in ``serving.kserve.io``: get, create, update.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from lmforge.errors import LmforgeError
-from lmforge.launch.client import _api_message, kube_api_client
+from lmforge.launch.client import api_message, kube_api_client
 
 log = logging.getLogger("lmforge.serve")
 
@@ -98,7 +99,7 @@ def create_or_replace(custom: Any, obj: Mapping[str, Any]) -> dict[str, Any]:
             if exc.status == 409:  # created or changed since we read it: read again
                 continue
             raise ServeApplyError(
-                f"{kind} {namespace}/{name}: write failed: HTTP {exc.status} {exc.reason}: {_api_message(exc)}"
+                f"{kind} {namespace}/{name}: write failed: HTTP {exc.status} {exc.reason}: {api_message(exc)}"
             ) from exc
     raise ServeApplyError(f"{kind} {namespace}/{name}: still conflicting after {_CONFLICT_RETRIES} attempts")
 
@@ -129,11 +130,11 @@ def apply_and_wait(
     Raises:
         ServeApplyError: a write failed, the model failed to load, or ``timeout_s`` passed before Ready.
     """
+    if api_client is None and not cluster_available():
+        return ApplyResult("skipped", "no cluster")
     if not apply:
         return ApplyResult("skipped", "serve.apply is off; the manifests were only written")
     if api_client is None:
-        if not cluster_available():
-            return ApplyResult("skipped", "no cluster")
         api_client = kube_api_client()
     custom = k8s.CustomObjectsApi(api_client)
     isvc = objects[-1]

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import onnx
 
-from lmforge.config.serve import ServeConfig
+from lmforge.config.serve import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_GPU_TOLERATIONS, ServeConfig
 from lmforge.errors import ConfigError, InputDataError
 from lmforge.onnx_runtime import external_data_files
 from lmforge.serve.model_dir import INT8_DYNAMIC, ONNX_FP32
@@ -151,8 +151,10 @@ def build_inference_service(
     if cfg.service_account:
         predictor["serviceAccountName"] = cfg.service_account
     if cfg.device == "gpu":
-        predictor["nodeSelector"] = dict(cfg.node_selector)
-        predictor["tolerations"] = [t.model_dump(exclude_none=True) for t in cfg.tolerations]
+        selector = DEFAULT_GPU_NODE_SELECTOR if cfg.node_selector is None else cfg.node_selector
+        tolerations = DEFAULT_GPU_TOLERATIONS if cfg.tolerations is None else cfg.tolerations
+        predictor["nodeSelector"] = dict(selector)
+        predictor["tolerations"] = [t.model_dump(exclude_none=True) for t in tolerations]
     return {
         "apiVersion": API_VERSION,
         "kind": "InferenceService",
@@ -166,6 +168,11 @@ def build_serving_runtime(cfg: ServeConfig) -> dict[str, Any]:
 
     KServe fills ``{{.Name}}`` with the InferenceService name, so the routes are ``/v2/models/<service>/infer``.
     """
+    if cfg.image is None:
+        raise ConfigError(
+            "serve.image: no predictor image for the lmforge runtime; set serve.image or pass the serve stage's "
+            "predictor_image (the pipeline passes the images/serve image it was compiled with)"
+        )
     options = json.dumps({k: getattr(cfg, k) for k in PREDICTOR_OPTIONS}, sort_keys=True, separators=(",", ":"))
     container = {
         "name": "kserve-container",

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lmforge import storage
 from lmforge.artifacts import MANIFEST, read_json_file
 from lmforge.errors import InputDataError
 from lmforge.onnx_runtime import WITH_PAST_FILE
@@ -86,6 +87,29 @@ def resolve_served_model(path: str | Path, *, prefer_int8: bool = True) -> Serve
         f"release {path}: no servable ONNX model ({' or '.join(order)} with {WITH_PAST_FILE}); "
         f"it holds {sorted(artifacts)}"
     )
+
+
+def fetch_release(uri: str, workdir: str | Path, *, prefer_int8: bool = True) -> Path:
+    """A local copy of what the predictor reads from an ``s3://`` release or model directory ``uri``.
+
+    A release is fetched as its manifest and the one ONNX folder :func:`resolve_served_model` will pick (not the
+    student, the Q/DQ model or the engine); any other prefix as a whole. A local ``uri`` is returned as it is.
+    """
+    if not storage.is_s3(uri):
+        return Path(uri)
+    manifest_uri = storage.join(uri, MANIFEST)
+    if not storage.is_file(manifest_uri):
+        return storage.localize(uri, workdir)
+    local = storage.localize(manifest_uri, workdir).parent
+    manifest = read_json_file(local / MANIFEST)
+    if not isinstance(manifest, dict) or manifest.get("kind") != RELEASE_KIND:
+        return storage.localize(uri, workdir)
+    artifacts = manifest.get("artifacts") or {}
+    for artifact in [INT8_DYNAMIC, ONNX_FP32] if prefer_int8 else [ONNX_FP32]:
+        if artifact in artifacts and storage.is_file(storage.join(uri, artifact, WITH_PAST_FILE)):
+            storage.localize(storage.join(uri, artifact), workdir)
+            break
+    return local
 
 
 def context_length(model_dir: str | Path) -> int:

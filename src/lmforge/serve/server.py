@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 from pathlib import Path
 
 from lmforge.config.serve import ServeConfig
 from lmforge.serve._kserve import FASTAPI_APP_IMPORT_STRING, ModelServer, RESTServer, app
-from lmforge.serve.model_dir import resolve_served_model
+from lmforge.serve.model_dir import fetch_release, resolve_served_model
 from lmforge.serve.predictor import LmforgePredictor
 from lmforge.serve.routes import build_router
 
@@ -41,14 +42,20 @@ def serve_model(
     """Serve ``path`` on ``host:port`` until SIGINT/SIGTERM (blocks).
 
     Args:
-        path: a release directory ``models/<name>/<version>/`` or an ONNX model directory.
+        path: a release directory ``models/<name>/<version>/`` or an ONNX model directory, local or ``s3://`` (then
+            the served ONNX folder is downloaded into a temporary directory first).
         host: address to listen on; 127.0.0.1 for a laptop, 0.0.0.0 in a pod.
         port: HTTP port.
         cfg: batching, limits and threads (default: :class:`ServeConfig` defaults).
         grace_period_s: how long a shutdown waits for requests in flight.
     """
     cfg = cfg or ServeConfig()
-    predictor = load_predictor(path, cfg)
+    with tempfile.TemporaryDirectory(prefix="lmforge-serve-") as work:
+        predictor = load_predictor(fetch_release(str(path), work, prefer_int8=cfg.prefer_int8), cfg)
+        _serve_until_stopped(predictor, host=host, port=port, grace_period_s=grace_period_s)
+
+
+def _serve_until_stopped(predictor: LmforgePredictor, *, host: str, port: int, grace_period_s: int) -> None:
     server = ModelServer(http_port=port, enable_grpc=False, workers=1, grace_period=grace_period_s)
     server.register_model(predictor)
     app.include_router(build_router({predictor.name: predictor}))

@@ -9,7 +9,8 @@ wrote. Output directory ``serving``:
   only), also copied to ``<release>/triton/``, where the ``storageUri`` points: a release gains that folder, nothing
   in it is overwritten (a second serve of the same release refuses a different repository);
 * ``status.json`` — the apply: ``applied`` (Ready, with the URL) or ``skipped`` with the reason (``no cluster``
-  under ``kfp.local``, or ``serve.apply`` off);
+  under ``kfp.local``, or ``serve.apply`` off), and ``local_command``: the ``lmforge serve`` line that starts the
+  same predictor on this machine;
 * ``manifest.json``.
 
 The lmforge runtime serves ``<release>/int8_dynamic`` (CPU, when the release has it) or ``<release>/onnx_fp32``; the
@@ -28,6 +29,8 @@ import yaml
 
 from lmforge import storage
 from lmforge.artifacts import MANIFEST, staged_output, write_manifest
+from lmforge.config.base import validate_config
+from lmforge.config.launch import TolerationConfig
 from lmforge.config.serve import ServeConfig
 from lmforge.errors import InputDataError
 from lmforge.onnx_runtime import MODEL_FILE
@@ -98,27 +101,76 @@ def _triton_repository(cfg: ServeConfig, release: str, artifact: str, name: str,
     return target
 
 
-def run(cfg: ServeConfig, *, release: str, serving: str | Path) -> StageResult:
-    """Write (and with ``cfg.apply``, apply) the serving objects for ``release`` into ``serving``."""
+def placed(
+    cfg: ServeConfig,
+    *,
+    predictor_image: str = "",
+    gpu_node_selector: dict[str, str] | None = None,
+    gpu_tolerations: list[dict[str, Any]] | None = None,
+) -> ServeConfig:
+    """``cfg`` with what the pipeline passes filled in where the serve section leaves it null.
+
+    The serve section wins: ``serve.image``, ``serve.node_selector`` and ``serve.tolerations`` set by the user are
+    kept; null ones take the pipeline's predictor image and its GPU pool (``gpu_node_selector``, ``gpu_tolerations``,
+    what the GPU steps are placed with).
+
+    Raises:
+        ConfigError: a toleration is not a valid :class:`TolerationConfig` (named by its index).
+    """
+    update: dict[str, Any] = {}
+    if cfg.image is None and predictor_image:
+        update["image"] = predictor_image
+    if cfg.node_selector is None and gpu_node_selector:
+        update["node_selector"] = {str(k): str(v) for k, v in gpu_node_selector.items()}
+    if cfg.tolerations is None and gpu_tolerations:
+        update["tolerations"] = [
+            validate_config(TolerationConfig, t, prefix=f"gpu_tolerations[{i}]") for i, t in enumerate(gpu_tolerations)
+        ]
+    return cfg.model_copy(update=update) if update else cfg
+
+
+def run(
+    cfg: ServeConfig,
+    *,
+    release: str,
+    serving: str | Path,
+    predictor_image: str = "",
+    gpu_node_selector: dict[str, str] | None = None,
+    gpu_tolerations: list[dict[str, Any]] | None = None,
+) -> StageResult:
+    """Write (and with ``cfg.apply``, apply) the serving objects for ``release`` into ``serving``.
+
+    ``predictor_image``, ``gpu_node_selector`` and ``gpu_tolerations`` fill the serve section's null fields
+    (:func:`placed`).
+    """
+    cfg = placed(
+        cfg, predictor_image=predictor_image, gpu_node_selector=gpu_node_selector, gpu_tolerations=gpu_tolerations
+    )
     manifest = _read_json(storage.join(release, MANIFEST))
     if manifest.get("kind") != "release":
         raise InputDataError(f"{release}: manifest kind {manifest.get('kind')!r}, expected 'release'")
     model_name, version = str(manifest.get("model_name")), manifest.get("version")
     artifact = served_artifact(manifest, cfg, engine_built=_engine_built(release, manifest))
     name = service_name(cfg, model_name)
+    objects = [] if cfg.resolved_runtime == "triton" else [build_serving_runtime(cfg)]  # checks the image first
     with staged_output(serving) as out, tempfile.TemporaryDirectory(prefix="lmforge-serve-") as work:
-        objects = []
         if cfg.resolved_runtime == "triton":
             storage_uri = _triton_repository(cfg, release, artifact, name, out, Path(work))
         else:
             storage_uri = storage.join(release, artifact)
-            objects.append(build_serving_runtime(cfg))
             (out / "servingruntime.yaml").write_text(yaml.safe_dump(objects[0], sort_keys=False), encoding="utf-8")
         isvc = build_inference_service(cfg, storage_uri=storage_uri, model_name=model_name, version=version)
         objects.append(isvc)
         (out / "inferenceservice.yaml").write_text(yaml.safe_dump(isvc, sort_keys=False), encoding="utf-8")
         applied = apply_and_wait(objects, apply=cfg.apply, timeout_s=cfg.apply_timeout_s)
-        status = {"status": applied.status, "reason": applied.reason, "url": applied.url, "written": applied.written}
+        local_command = f"lmforge serve {release} --port 8080"
+        status = {
+            "status": applied.status,
+            "reason": applied.reason,
+            "url": applied.url,
+            "written": applied.written,
+            "local_command": local_command,
+        }
         (out / STATUS_FILE).write_text(json.dumps(status, indent=2), encoding="utf-8")
         write_manifest(
             out,
@@ -136,6 +188,6 @@ def run(cfg: ServeConfig, *, release: str, serving: str | Path) -> StageResult:
             "artifact": artifact,
             "storage_uri": storage_uri,
             "apply": status,
-            "local_command": f"lmforge serve {release} --port 8080",
+            "local_command": local_command,
         },
     )
