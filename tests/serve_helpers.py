@@ -1,6 +1,7 @@
 """Helpers of the serve tests and bench/serve_bench.py: a predictor subprocess on loopback, a varied tiny model.
 
-:class:`ServeProcess` starts ``python -m lmforge.serve`` (the real kserve ModelServer) on a free 127.0.0.1 port.
+:class:`ServeProcess` starts ``python -m lmforge.serve`` (the real kserve ModelServer), or ``lmforge serve``, on a free
+127.0.0.1 port.
 """
 
 from __future__ import annotations
@@ -34,18 +35,26 @@ def free_port() -> int:
 class ServeProcess:
     """A predictor subprocess; ``url`` once :meth:`start` returned."""
 
-    def __init__(self, model_path: Path, log_file: Path, overrides: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, model_path: Path, log_file: Path, overrides: dict[str, Any] | None = None, *, cli: bool = False
+    ) -> None:
         self.model_path = model_path
         self.log_file = log_file
         self.overrides = overrides or {}
+        self.cli = cli  # start it as `lmforge serve PATH --set serve.K=V` instead of the image's entry point
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ServeProcess:
         """Start the server and wait (bounded) until its v2 readiness route answers."""
-        cmd = [sys.executable, "-m", "lmforge.serve", str(self.model_path), "--host", "127.0.0.1"]
-        cmd += ["--port", str(self.port), "--overrides", json.dumps(self.overrides)]
+        if self.cli:
+            cmd = [sys.executable, "-m", "lmforge", "serve", str(self.model_path), "--port", str(self.port)]
+            for key, value in self.overrides.items():
+                cmd += ["--set", f"serve.{key}={json.dumps(value)}"]
+        else:
+            cmd = [sys.executable, "-m", "lmforge.serve", str(self.model_path), "--host", "127.0.0.1"]
+            cmd += ["--port", str(self.port), "--overrides", json.dumps(self.overrides)]
         with open(self.log_file, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -77,9 +86,11 @@ class ServeProcess:
 
 
 @contextlib.contextmanager
-def serving(model_path: Path, log_file: Path, overrides: dict[str, Any] | None = None) -> Iterator[ServeProcess]:
+def serving(
+    model_path: Path, log_file: Path, overrides: dict[str, Any] | None = None, *, cli: bool = False
+) -> Iterator[ServeProcess]:
     """A started :class:`ServeProcess`, stopped on exit."""
-    server = ServeProcess(model_path, log_file, overrides).start()
+    server = ServeProcess(model_path, log_file, overrides, cli=cli).start()
     try:
         yield server
     finally:
