@@ -1,10 +1,11 @@
 """Serving benchmark: the lmforge predictor under load on loopback, with and without dynamic batching, and
 ``transformers`` ``generate`` in a loop at the same concurrency.
 
-Model: ``--model`` (a release ``models/<name>/<version>/`` or an ONNX model directory, with ``--hf-model`` for
-the PyTorch peer), else one of the demo's served shape is built: the ``tiny-cpu`` student (GPT-2, 2 layers,
-4 heads, 128 wide, 128 context, 2048-token BPE trained on the demo text), random weights, exported by the real
-``export_onnx`` stage and quantized by ``quantize_int8`` (the dynamic INT8 model is what a CPU release serves).
+Model: ``--model`` (a release ``models/<name>/<version>/``, whose ``student`` is the PyTorch peer, or an ONNX model
+directory with ``--hf-model`` for the peer), else one of the demo's served shape is built: the ``tiny-cpu`` student
+(GPT-2, 2 layers, 4 heads, 128 wide, 128 context, 2048-token BPE trained on the demo text), random weights, exported
+by the real ``export_onnx`` stage and quantized by ``quantize_int8`` (the dynamic INT8 model is what a CPU release
+serves).
 Random weights rarely emit EOS, so nearly every request generates ``--max-tokens`` tokens: the worst case.
 
 For each round, mode and concurrency (1, 8, 32 by default) a closed loop of ``concurrency`` clients sends
@@ -23,7 +24,10 @@ modes take turns for ``--rounds`` rounds (a fresh server each time), so a change
 falls on all of them; the table shows, per mode and concurrency, the round with the median tokens/s, and the JSON
 keeps every round. Reports p50/p90/p99 request latency, generated tokens/s and requests/s.
 
-    python bench/serve_bench.py --out bench/results/serve_bench.json
+    python -m bench.serve_bench                                          # the built model
+    python -m bench.serve_bench --model lmforge-out/registry/models/lmforge-demo/<version>   # the demo's release
+
+The record (``bench/results/serve_bench.json`` unless ``--out``) carries the machine's facts (``bench.common``).
 """
 
 from __future__ import annotations
@@ -31,10 +35,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import logging
 import os
-import platform
 import sys
 import tempfile
 import threading
@@ -49,6 +51,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from serve_helpers import serving
 
+from bench.common import load_average, machine_facts, result_path, text_table, write_results
 from lmforge.artifacts import write_manifest
 from lmforge.config import ExportConfig, ModelConfig, QuantizeConfig, load_preset
 from lmforge.data.demo import shakespeare_documents
@@ -58,7 +61,7 @@ from lmforge.export import onnx_export, quantize
 from lmforge.model.build import build_model, load_causal_lm, load_tokenizer, save_model_dir
 from lmforge.onnx_runtime import OrtDecoderWithPast
 from lmforge.serve.generate import GenerationRequest, generate_batch
-from lmforge.serve.model_dir import resolve_served_model
+from lmforge.serve.model_dir import is_release, resolve_served_model
 
 log = logging.getLogger("bench.serve")
 STUDENT = ModelConfig(arch="gpt2", n_layer=2, n_head=4, n_embd=128, block_size=128)
@@ -275,22 +278,25 @@ def decode_rows(served: Path, levels: list[int], texts: list[str], args: argpars
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     """One line per mode and concurrency."""
-    head = (
-        f"{'mode':<13}{'conc':>5}{'reqs':>6}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'tok/s':>9}{'req/s':>8}{'batch':>7}"
-    )
-    print(head)
-    for r in rows:
-        print(
-            f"{r['mode']:<13}{r['concurrency']:>5}{r['requests']:>6}{r['p50_ms']:>9.1f}{r['p90_ms']:>9.1f}"
-            f"{r['p99_ms']:>9.1f}{r['tokens_per_s']:>9.0f}{r['requests_per_s']:>8.1f}{r['mean_batch']:>7.2f}"
-        )
+    header = ["mode", "conc", "reqs", "p50 ms", "p90 ms", "p99 ms", "tok/s", "req/s", "batch"]
+    cells = [
+        [
+            *(r["mode"], r["concurrency"], r["requests"]),
+            *(f"{r[key]:.1f}" for key in ("p50_ms", "p90_ms", "p99_ms")),
+            *(f"{r['tokens_per_s']:.0f}", f"{r['requests_per_s']:.1f}", f"{r['mean_batch']:.2f}"),
+        ]
+        for r in rows
+    ]
+    print(text_table(header, cells))
 
 
 def main() -> None:
     """Build or take the model, run every mode, print and write the results."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, help="release dir or ONNX model dir to serve (default: build one)")
-    parser.add_argument("--hf-model", type=Path, help="HF model dir for the transformers peer (with --model)")
+    parser.add_argument(
+        "--hf-model", type=Path, help="HF model dir for the transformers peer (default: a release's student)"
+    )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--requests", type=int, default=96, help="requests per mode and concurrency, at most")
     parser.add_argument("--duration-s", type=float, default=60.0, help="seconds per mode and concurrency, at most")
@@ -300,7 +306,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: all)")
     parser.add_argument("--modes", nargs="+", default=["batched", "unbatched", "transformers", "decode"])
     parser.add_argument("--rounds", type=int, default=3, help="times every mode runs, taking turns")
-    parser.add_argument("--out", type=Path, default=Path("bench/results/serve_bench.json"))
+    parser.add_argument("--out", type=Path, default=result_path("serve_bench"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
@@ -308,7 +314,8 @@ def main() -> None:
         if args.model is None:
             hf_model, served = build_demo_model(Path(tmp))
         else:
-            hf_model, served = args.hf_model, args.model
+            release_student = args.model / "student" if is_release(args.model) else None
+            hf_model, served = args.hf_model or release_student, args.model
         tok = load_tokenizer(hf_model or served)
         texts = prompts(tok, max_tokens=args.max_tokens)
         common = {"model_name": MODEL_NAME, "max_tokens_limit": max(256, args.max_tokens), "threads": args.threads}
@@ -316,7 +323,7 @@ def main() -> None:
             "batched": {**common, "max_batch_size": args.max_batch_size, "max_wait_ms": args.max_wait_ms},
             "unbatched": {**common, "max_batch_size": 1},
         }
-        load_before = os.getloadavg()
+        machine = machine_facts()
         every: list[dict[str, Any]] = []
         for round_ in range(1, args.rounds + 1):
             for mode in args.modes:
@@ -341,15 +348,14 @@ def main() -> None:
     print("batching speed-up (tokens/s, batched / unbatched):", {k: round(v, 2) for k, v in speedup.items()})
     result = {
         "model": str(args.model) if args.model else f"built: tiny-cpu student shape {STUDENT.model_dump()}, INT8",
+        "served": str(resolve_served_model(served).reason) if args.model else "int8_dynamic (built)",
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_average_before": load_before},
         "rows": rows,
         "every_round": every,
         "batching_speedup_tokens_per_s": speedup,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
+    machine = {**machine, "load_average_before": machine["load_average"], "load_average_after": load_average()}
+    print(f"wrote {write_results('serve_bench', result, path=args.out, machine=machine)}")
 
 
 if __name__ == "__main__":

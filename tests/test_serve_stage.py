@@ -99,6 +99,29 @@ def test_a_gpu_predictor_is_placed_on_the_pipelines_gpu_pool(release, tmp_path) 
     assert predictor["model"]["resources"]["limits"]["nvidia.com/gpu"] == "1"
 
 
+def test_the_serve_component_hands_its_dict_and_list_parameters_to_the_stage(release, tmp_path, no_cluster) -> None:
+    """The component's body maps artifacts to paths and passes parameters (a dict, a list of dicts) as they are."""
+    from kfp import dsl
+
+    from lmforge_kfp.components import load_component
+
+    serving_dir = dsl.Artifact(name="serving", uri=str(tmp_path / "serving"), metadata={})
+    metrics = dsl.Metrics(name="metrics", uri=str(tmp_path / "metrics"), metadata={})
+    taint = [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    load_component("serve").python_func(
+        release=str(release),
+        serving=serving_dir,
+        metrics=metrics,
+        predictor_image="",
+        gpu_node_selector={"pool": "l4"},
+        gpu_tolerations=taint,
+        preset="tiny-cpu",
+        overrides='{"device": "gpu"}',
+    )
+    predictor = yaml.safe_load((tmp_path / "serving" / "inferenceservice.yaml").read_text())["spec"]["predictor"]
+    assert predictor["nodeSelector"] == {"pool": "l4"} and predictor["tolerations"] == taint
+
+
 def test_serve_stage_with_triton_puts_the_model_repository_into_the_release(release, tmp_path) -> None:
     cfg = _cfg(device="gpu")
     serve(cfg, release=str(release), serving=tmp_path / "a")

@@ -131,9 +131,9 @@ def compile_(
 def images(
     tag: Annotated[bool, typer.Option("--tag", help="Print only the tag (what `make images` builds under).")] = False,
 ) -> None:
-    """The runtime images the compiled pipeline pulls: <registry>/lmforge-<runtime>:<version>-<source hash>."""
+    """The images the compiled pipeline pulls or deploys: <registry>/lmforge-<runtime>:<version>-<source hash>."""
     from lmforge.stages import STAGES
-    from lmforge_kfp.components.images import image_for, image_tag
+    from lmforge_kfp.components.images import SERVICE_IMAGES, image_for, image_tag, service_image
 
     if tag:
         typer.echo(image_tag())
@@ -141,6 +141,8 @@ def images(
     for runtime in sorted({spec.runtime for spec in STAGES.values()}):
         stage = next(name for name, spec in STAGES.items() if spec.runtime == runtime)
         typer.echo(f"{runtime}\t{image_for(stage)}")
+    for name in SERVICE_IMAGES:  # no step runs in these; the serve step's InferenceService does
+        typer.echo(f"{name}\t{service_image(name)}")
 
 
 # -- Kubeflow Pipelines server: submit, schedule, runs ---------------------------------------------------------------
