@@ -354,7 +354,7 @@ def main() -> None:
         "every_round": every,
         "batching_speedup_tokens_per_s": speedup,
     }
-    machine = {**machine, "load_average_before": machine["load_average"], "load_average_after": load_average()}
+    machine = {**machine, "load_average_after": load_average()}  # load_average: at the start
     print(f"wrote {write_results('serve_bench', result, path=args.out, machine=machine)}")
 
 
