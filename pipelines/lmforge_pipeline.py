@@ -1,5 +1,5 @@
 """The lmforge DAG: raw text → cleaned corpus → tokens → pretrain → LoRA → distill → ONNX → INT8
-→ TensorRT → evaluate → (gate) promote.
+→ TensorRT → evaluate → (gate) promote → serve.
 
 Only wiring lives here: data passing, GPU placement for the GPU stages, retries, caching and display
 names. Every stage's behaviour comes from its component and the ``lmforge`` library.
@@ -11,7 +11,7 @@ from kfp.dsl import Artifact, Dataset, Input, Model
 from lmforge.launch.stage_runner import RUN_ID_ENV
 from lmforge.stages import overrides_help
 from lmforge_kfp.components import load_component
-from lmforge_kfp.components.images import image_for
+from lmforge_kfp.components.images import image_for, service_image
 
 preflight = load_component("preflight")
 plan_shards = load_component("plan_shards")
@@ -30,6 +30,7 @@ quantize_int8 = load_component("quantize_int8")
 build_tensorrt = load_component("build_tensorrt")
 evaluate = load_component("evaluate")
 promote = load_component("promote")
+serve = load_component("serve")
 
 PIPELINE_NAME = "lmforge"
 DEFAULT_GPU_NODE_SELECTOR = {"lmforge.io/pool": "gpu"}
@@ -271,6 +272,34 @@ def promote_release(
     return released.outputs["Output"]
 
 
+@dsl.pipeline(name="serve-release")
+def serve_release(
+    release: str,
+    predictor_image: str,
+    gpu_node_selector: dict,
+    gpu_tolerations: list,
+    preset: str,
+    overrides: str,
+    cpu_request: str,
+    memory_request: str,
+    s3_secret_name: str,
+) -> Artifact:
+    """``serve`` with its requests and credentials, a sub-pipeline inside the gate's ``dsl.If`` for the reason given
+    in :func:`clean_one_shard`. The step itself needs no GPU: a GPU predictor's placement goes into the
+    InferenceService it writes (``gpu_node_selector``, ``gpu_tolerations``)."""
+    served = serve(
+        release=release,
+        predictor_image=predictor_image,
+        gpu_node_selector=gpu_node_selector,
+        gpu_tolerations=gpu_tolerations,
+        preset=preset,
+        overrides=overrides,
+    )
+    served.set_display_name("serve").set_caching_options(False).set_retry(num_retries=2, backoff_duration="30s")
+    _with_s3_credentials(_with_requests(served, cpu_request, memory_request), s3_secret_name)
+    return served.outputs["serving"]
+
+
 def _with_fields_in_overrides_help(func):
     """Append every field (type, default) of a section to its ``<section>_overrides`` parameter's description, so
     the Kubeflow UI shows what each JSON object may hold (the field help itself: ``lmforge config --explain``)."""
@@ -304,6 +333,7 @@ def lmforge_pipeline(
     quantize_int8_overrides: str = "{}",
     build_tensorrt_overrides: str = "{}",
     evaluate_overrides: str = "{}",
+    serve_overrides: str = "{}",
     model_name: str = "",
     gpu_accelerator_type: str = "nvidia.com/gpu",
     gpu_count: int = 1,
@@ -342,13 +372,14 @@ def lmforge_pipeline(
         quantize_int8_overrides: JSON object of INT8 settings, e.g. {"calibrate_method": "entropy"}.
         build_tensorrt_overrides: JSON object of TensorRT build settings, e.g. {"max_seq": 2048}.
         evaluate_overrides: JSON object of evaluation and gate settings, e.g. {"gate.max_student_perplexity": 50.0}.
+        serve_overrides: JSON object of serving settings (predictor, InferenceService, apply), e.g. {"apply": true}.
         model_name: Release name: releases land in <release_root>/models/<model_name>/<version>/; empty: derived from
             the corpus (lmforge-demo for the demo corpus).
         gpu_accelerator_type: Accelerator resource for the GPU stages (pretrain, LoRA, distill, TensorRT).
         gpu_count: GPUs per GPU-stage pod; pretrain, LoRA and distill run one process per GPU (torchrun) when it is
             above 1.
-        gpu_node_selector: Node selector (JSON object) that pins GPU stages to the GPU node pool.
-        gpu_tolerations: Tolerations (JSON list) for the GPU node pool's taints.
+        gpu_node_selector: Node selector (JSON object) that pins GPU stages (and a GPU predictor) to the GPU node pool.
+        gpu_tolerations: Tolerations (JSON list) for the GPU node pool's taints (GPU stages and a GPU predictor).
         cpu_request: CPU request of every CPU step (Kubernetes quantity, e.g. "2" or "500m").
         memory_request: Memory request of every CPU step (Kubernetes quantity, e.g. "8Gi").
         gpu_step_cpu_request: CPU request of the GPU steps; the default fits gpt2-124m on one GPU with its data
@@ -383,6 +414,7 @@ def lmforge_pipeline(
         quantize_int8_overrides=quantize_int8_overrides,
         build_tensorrt_overrides=build_tensorrt_overrides,
         evaluate_overrides=evaluate_overrides,
+        serve_overrides=serve_overrides,
     )
     checked.set_display_name("0 preflight checks").set_caching_options(False)
     gpu = (gpu_accelerator_type, checked.outputs["gpu_limit"], gpu_node_selector, gpu_tolerations)
@@ -543,6 +575,18 @@ def lmforge_pipeline(
             mlflow_secret_name=mlflow_secret_name,
         )
         released.set_display_name("10 promote release").set_caching_options(False)
+        served = serve_release(
+            release=released.output,
+            predictor_image=service_image("serve"),
+            gpu_node_selector=gpu_node_selector,
+            gpu_tolerations=gpu_tolerations,
+            preset=preset,
+            overrides=serve_overrides,
+            cpu_request=cpu_request,
+            memory_request=memory_request,
+            s3_secret_name=s3_secret_name,
+        )
+        served.set_display_name("11 serve release").set_caching_options(False)
 
     gpu_steps = (base, tuned, student, engine)
     cpu_steps = (checked, shard_indices, dedup_plan, deduped, cleaned, tokens, exported, quantized, evaluated)

@@ -19,10 +19,19 @@ import yaml
 from lmforge import __version__
 from lmforge.stages import RUNTIMES as RUNTIME_GPU
 from lmforge.stages import STAGES
-from lmforge_kfp.components.images import DEFAULT_REGISTRY, IMAGE_SOURCES, computed_tag, image_for
+from lmforge_kfp.components.images import (
+    DEFAULT_REGISTRY,
+    IMAGE_SOURCES,
+    SERVICE_IMAGES,
+    computed_tag,
+    image_for,
+    service_image,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNTIMES = sorted({spec.runtime for spec in STAGES.values()})
+# Every image built from images/<name>/Dockerfile: the steps' runtimes and the images no step runs in (the predictor).
+IMAGES = sorted({*RUNTIMES, *SERVICE_IMAGES})
 
 
 @dataclass(frozen=True)
@@ -90,13 +99,23 @@ def test_every_component_folder_is_a_registered_stage_and_every_runtime_is_known
 
 
 def test_every_runtime_has_a_dockerfile_and_every_dockerfile_a_runtime() -> None:
-    for runtime in RUNTIMES:
+    for runtime in IMAGES:
         assert _dockerfile(runtime).is_file(), f"images/{runtime}/Dockerfile missing"
     on_disk = {p.parent.name for p in (ROOT / "images").glob("*/Dockerfile")}
-    assert on_disk == set(RUNTIMES), f"Dockerfiles no component uses: {sorted(on_disk - set(RUNTIMES))}"
+    assert on_disk == set(IMAGES), f"Dockerfiles no component or service uses: {sorted(on_disk - set(IMAGES))}"
+    assert not set(SERVICE_IMAGES) & set(RUNTIME_GPU), "a service image is not a step runtime"
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_the_pipeline_hands_the_serve_step_the_predictor_image_it_builds() -> None:
+    """The serve image is used: the compiled pipeline passes its reference (same registry and tag) to serve."""
+    compiled = (ROOT / "pipelines" / "compiled" / "lmforge_pipeline.yaml").read_text()
+    assert f"constant: {service_image('serve')}" in compiled
+    assert service_image("serve") == image_for("pretrain").replace("lmforge-train:", "lmforge-serve:")
+    with pytest.raises(KeyError, match="not a service image"):
+        service_image("cpu")
+
+
+@pytest.mark.parametrize("runtime", IMAGES)
 def test_base_images_are_pinned_to_a_version(runtime: str) -> None:
     stage_names: set[str] = set()
     for stage in _stages(_instructions(_dockerfile(runtime))):
@@ -114,7 +133,7 @@ def test_base_images_are_pinned_to_a_version(runtime: str) -> None:
         assert "$" not in image, f"{runtime}: base {image} comes from a build argument, so it is not pinned here"
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("runtime", IMAGES)
 def test_final_image_runs_as_a_non_root_numeric_user(runtime: str) -> None:
     final = _stages(_instructions(_dockerfile(runtime)))[-1]
     users = [ins.args for ins in final if ins.keyword.upper() == "USER"]
@@ -126,7 +145,7 @@ def test_final_image_runs_as_a_non_root_numeric_user(runtime: str) -> None:
     assert last == "USER", f"{runtime}: {last} after the final USER (runs as root or is misplaced)"
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("runtime", IMAGES)
 def test_copy_sources_exist_and_are_in_the_build_context(runtime: str) -> None:
     ignored = _dockerignore_patterns()
     copies = 0
@@ -144,7 +163,7 @@ def test_copy_sources_exist_and_are_in_the_build_context(runtime: str) -> None:
     assert copies, f"{runtime}: copies nothing from the repository"
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("runtime", IMAGES)
 def test_mounts_and_copies_from_stages_name_a_defined_stage(runtime: str) -> None:
     defined: set[str] = set()
     for stage in _stages(_instructions(_dockerfile(runtime))):
@@ -177,7 +196,7 @@ def test_bake_defaults_match_the_package_version_and_image_registry() -> None:
     assert _bake_default("REGISTRY") == DEFAULT_REGISTRY
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("runtime", IMAGES)
 def test_bake_target_builds_the_runtime_dockerfile_under_the_mapped_name(runtime: str) -> None:
     body = _bake_targets().get(runtime)
     assert body is not None, f"docker-bake.hcl has no target {runtime}"

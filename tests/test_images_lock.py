@@ -20,7 +20,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
-from test_images import RUNTIMES, _dockerfile, _instructions, _stages
+from test_images import IMAGES, _dockerfile, _instructions, _stages
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK_IN_IMAGE = "/opt/lmforge/requirements.lock"
@@ -124,7 +124,7 @@ def _make_lock_args(runtime: str) -> list[str]:
     return shlex.split(match.group(1))
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("runtime", IMAGES)
 def test_each_lock_pins_every_direct_dependency_of_its_image_with_hashes(runtime: str) -> None:
     lock = _lock(runtime)
     assert lock_problems(lock, _pyproject()) == [], "run `make lock`"
@@ -132,7 +132,7 @@ def test_each_lock_pins_every_direct_dependency_of_its_image_with_hashes(runtime
     assert lock.option("--excludes") == [f"images/{runtime}/excludes.txt"]
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("runtime", IMAGES)
 def test_each_lock_was_made_with_the_extras_python_and_platform_make_lock_passes(runtime: str) -> None:
     lock, make = _lock(runtime), _make_lock_args(runtime)
     for option in ("--extra", "--python-version", "--python-platform"):
@@ -143,6 +143,8 @@ def test_each_lock_was_made_with_the_extras_python_and_platform_make_lock_passes
 
 def test_the_cpu_image_locks_torch_s_cpu_build_and_the_gpu_images_never_the_cpu_one() -> None:
     assert str(_lock("cpu").pins["torch"]).endswith("+cpu")
+    assert str(_lock("serve").pins["torch"]).endswith("+cpu")
+    assert "kserve" in _lock("serve").pins and "kserve" not in _lock("cpu").pins  # only the predictor needs it
     assert "torch" not in _lock("train").pins  # the NGC PyTorch base image's CUDA build
     assert _lock("tensorrt").pins["torch"].local is None  # PyPI's CUDA build
     assert "tensorrt" not in _lock("tensorrt").pins  # the NGC TensorRT base image's
@@ -193,7 +195,7 @@ def _pip_installs(runtime: str) -> list[list[str]]:
     return installs
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("runtime", IMAGES)
 def test_each_image_installs_its_lock_with_hashes_then_lmforge_without_dependencies(runtime: str) -> None:
     final = _stages(_instructions(_dockerfile(runtime)))[-1]
     copies = [ins.args.split() for ins in final if ins.keyword.upper() == "COPY"]
@@ -203,7 +205,8 @@ def test_each_image_installs_its_lock_with_hashes_then_lmforge_without_dependenc
     options = dict(itertools.pairwise(locked))
     assert options["-r"] == LOCK_IN_IMAGE
     indexes = [options[w] for w in locked if w.endswith("index-url")]
-    assert indexes == (["https://download.pytorch.org/whl/cpu"] if runtime == "cpu" else [])  # torch's CPU build
+    cpu_torch = runtime in ("cpu", "serve")  # torch's CPU build
+    assert indexes == (["https://download.pytorch.org/whl/cpu"] if cpu_torch else [])
     rest = [w for w in locked if w not in ("--require-hashes", "--no-deps", "-r", "--extra-index-url", *indexes)]
     assert rest == [LOCK_IN_IMAGE]  # nothing installed besides the lock, pinned or not
     assert lmforge == ["--no-deps", "/wheels/lmforge-*.whl"]  # no extras: their packages are in the lock

@@ -156,6 +156,8 @@ def test_role_grants_exactly_what_lmforge_does(rendered: dict[str, list[dict[str
         ("", "configmaps"): ({"get"}, {"kfp-launcher"}),
         ("", "secrets"): ({"get"}, {SECRET_NAME}),
         ("argoproj.io", "workflowtaskresults"): ({"create", "patch"}, set()),
+        ("serving.kserve.io", "inferenceservices"): ({"get", "create", "update"}, set()),  # serve.apply
+        ("serving.kserve.io", "servingruntimes"): ({"get", "create", "update"}, set()),
     }
 
 

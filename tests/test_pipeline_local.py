@@ -11,10 +11,12 @@ import json
 import uuid
 from pathlib import Path
 
+import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lmforge import storage
@@ -38,6 +40,7 @@ SMALL = {
     "distill_overrides": {"train.max_steps": 15, "train.warmup_steps": 2, "train.seq_len": 64, "train.batch_size": 8},
     "quantize_int8_overrides": {"calibration_sequences": 8, "calibration_seq_len": 32},
     "evaluate_overrides": {"context": 64, "max_eval_tokens": 2048, "latency_runs": 3},
+    "serve_overrides": {"apply": True},  # asked to apply, yet kfp.local has no cluster: skipped, and says why
 }
 
 
@@ -99,7 +102,10 @@ def local_run(tmp_path_factory, small_corpus, tracking):
         **{k: json.dumps(v) for k, v in SMALL.items()},
     }
     shown = io.StringIO()
-    run = run_pipeline_locally(params, out / "runs", console="default", out=shown)
+    with pytest.MonkeyPatch.context() as env:  # no cluster for serve's apply, whatever kubeconfig this machine has
+        env.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        env.setenv("KUBECONFIG", str(out / "no-kubeconfig"))
+        run = run_pipeline_locally(params, out / "runs", console="default", out=shown)
     (run.logs / "console.txt").write_text(shown.getvalue(), encoding="utf-8")  # what `lmforge run` showed
     return run, root
 
@@ -122,6 +128,7 @@ ARTIFACTS = [
     ("quantize-int8", "int8_qdq", "onnx-model"),
     ("build-tensorrt", "engine", "tensorrt-engine"),
     ("evaluate", "evaluation", "evaluation"),
+    ("serve", "serving", "serving"),
 ]
 
 
@@ -147,6 +154,42 @@ def test_report_and_gate_and_release(local_run):
     assert manifest["version"] == "v-test" and manifest["run_id"] == run.run_dir.parent.name
     status = json.loads((run.output("build-tensorrt", "engine") / "status.json").read_text())
     assert status["status"] == "skipped" and status["reason"]
+
+
+def test_serve_writes_the_inference_service_of_the_release_and_skips_the_apply_without_a_cluster(local_run):
+    from lmforge_kfp.commands import _serve_hint
+    from lmforge_kfp.components.images import service_image
+
+    run, root = local_run
+    release = _release(root, "v-test")  # local, or on the S3 test server when the runs are tracked
+    serving = run.output("serve", "serving")
+    artifacts = json.loads(storage.read_bytes(storage.join(release, MANIFEST)))["artifacts"]
+    served = "int8_dynamic" if "int8_dynamic" in artifacts else "onnx_fp32"
+    isvc = yaml.safe_load((serving / "inferenceservice.yaml").read_text())
+    assert (isvc["kind"], isvc["metadata"]["name"]) == ("InferenceService", "scenes")
+    assert isvc["spec"]["predictor"]["model"]["storageUri"] == storage.join(release, served)
+    runtime = yaml.safe_load((serving / "servingruntime.yaml").read_text())
+    assert runtime["spec"]["containers"][0]["image"] == service_image("serve")  # the image the pipeline builds
+    status = json.loads((serving / "status.json").read_text())
+    assert (status["status"], status["reason"], status["written"]) == ("skipped", "no cluster", [])
+    assert _serve_hint(run) == f"serve it: lmforge serve {release} --port 8080"  # the demo summary's last line
+
+
+def test_the_serve_command_of_the_summary_serves_the_new_release(local_run, tmp_path):
+    from serve_helpers import serving
+
+    run, _ = local_run
+    command = json.loads((run.output("serve", "serving") / "status.json").read_text())["local_command"].split()
+    assert command[:2] == ["lmforge", "serve"] and command[3:] == ["--port", "8080"]
+    limits = {"max_tokens_limit": 4, "default_max_tokens": 4}
+    release = command[2] if command[2].startswith("s3://") else Path(command[2])
+    with serving(release, tmp_path / "serve.log", limits, cli=True) as server:  # on a free port, not 8080
+        body = {"model": "scenes", "prompt": "ROMEO:", "max_tokens": 4}
+        resp = httpx.post(f"{server.url}/openai/v1/completions", json=body, timeout=60)
+        too_many = httpx.post(f"{server.url}/openai/v1/completions", json={**body, "max_tokens": 5}, timeout=60)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["usage"]["completion_tokens"] <= 4 and isinstance(resp.json()["choices"][0]["text"], str)
+    assert too_many.status_code == 400 and "max_tokens" in too_many.text  # --set serve.max_tokens_limit=4 applied
 
 
 @pytest.mark.parametrize(
@@ -212,6 +255,7 @@ def test_a_candidate_worse_than_production_is_not_promoted(local_run, worse_run)
     assert any("production" in name or "regression" in name or "bits_per_byte" in name for name in failed), failed
     assert results["production"]["version"] == "v-test"
     assert not worse_run.promoted
+    assert not (worse_run.run_dir / "serve").exists()  # serve sits under the same gate
     assert not storage.exists(_release(root, "v-worse", MANIFEST))
     latest = json.loads(storage.read_bytes(_release(root, "latest.json")))
     assert latest["version"] == "v-test"

@@ -30,6 +30,7 @@ def preflight(
     quantize_int8_overrides: str = "{}",
     build_tensorrt_overrides: str = "{}",
     evaluate_overrides: str = "{}",
+    serve_overrides: str = "{}",
 ) -> NamedTuple(
     "Outputs",
     [

@@ -2,7 +2,8 @@
 
 The library's own commands live here: ``stage`` runs one stage without KFP (``lmforge stage NAME --help``
 lists its inputs, outputs and config fields from the stage registry), ``presets`` and ``config`` show what
-a run would use (``config --explain`` every field), ``registry gc`` maintains a release registry. Commands
+a run would use (``config --explain`` every field), ``serve`` starts the predictor for a release on this
+machine, ``registry gc`` maintains a release registry. Commands
 of other installed packages plug in through the ``lmforge.commands`` entry point group: the KFP layer
 (``lmforge_kfp``) adds ``run``, ``compile``, ``images``, ``submit``, ``schedule`` and ``runs``. Importing
 this module imports no plugin (and so no ``kfp``); :func:`main` loads them.
@@ -219,6 +220,50 @@ def config(
     except LmforgeError as exc:
         fail(exc)
     typer.echo(yaml.safe_dump(resolved.model_dump(), sort_keys=False))
+
+
+@app.command()
+def serve(
+    path: Annotated[
+        str,
+        typer.Argument(
+            help="A release models/<name>/<version>/ (local or s3://) or an ONNX model directory "
+            "(export_onnx / quantize_int8 output)."
+        ),
+    ],
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="HTTP port.")] = 8080,
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on; 0.0.0.0 also answers other machines.")
+    ] = "127.0.0.1",
+    preset: PresetOpt = "tiny-cpu",
+    set_: SetOpt = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Serve a release on this machine with the lmforge predictor (KServe's ModelServer, ONNX Runtime, KV cache,
+    dynamic batching) until Ctrl-C: /v1/models/NAME:predict, /v2/models/NAME/infer, /openai/v1/completions.
+
+    `--set serve.max_batch_size=16` sets its fields (`lmforge config --explain serve`); curl examples: docs/serve.md.
+    """
+    from lmforge import storage
+    from lmforge.serve.model_dir import resolve_served_model
+
+    setup_cli_logging(verbose)
+    try:
+        by_section = overrides_by_section(parse_assignments(set_, "--set"))
+        if other := sorted(set(by_section) - {"serve"}):
+            raise LmforgeError(f"--set {other[0]}.…: lmforge serve reads only the serve section (--set serve.FIELD=V)")
+        cfg = resolve_stage_config("serve", preset, by_section.get("serve", {}))
+        if not storage.is_s3(path):  # a wrong path fails now, not after kserve and ONNX Runtime have loaded
+            resolve_served_model(path, prefer_int8=cfg.prefer_int8)
+        try:
+            from lmforge.serve.server import serve_model
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").partition(".")[0] != "kserve":
+                raise
+            raise LmforgeError("lmforge serve needs the serve extra: pip install 'lmforge[serve]'") from exc
+        serve_model(path, host=host, port=port, cfg=cfg)
+    except LmforgeError as exc:
+        fail(exc)
 
 
 registry_app = typer.Typer(no_args_is_help=True, help="Maintain a release registry (or a staging prefix).")

@@ -67,8 +67,12 @@ def model_size_bytes(model_file: str | Path) -> int:
     return model_file.stat().st_size + sum(f.stat().st_size for f in external_data_files(model_file) if f.is_file())
 
 
-def cpu_session(path: Path, threads: int | None = None) -> ort.InferenceSession:
-    """An ONNX Runtime CPU session for ``path`` after ``onnx.checker`` accepted the file."""
+def cpu_session(path: Path, threads: int | None = None, *, spinning: bool = True) -> ort.InferenceSession:
+    """An ONNX Runtime CPU session for ``path`` after ``onnx.checker`` accepted the file.
+
+    ``spinning=False`` stops the intra-op threads from busy-waiting after each run: a server that does Python work
+    between short runs (one decode step each) gets the cores back instead of competing with idle spinners.
+    """
     try:
         # Checking by path also validates external data and models over 2 GB.
         onnx.checker.check_model(str(path))
@@ -80,6 +84,8 @@ def cpu_session(path: Path, threads: int | None = None) -> ort.InferenceSession:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
@@ -127,14 +133,15 @@ class OrtDecoderWithPast:
     Args:
         model_dir_or_file: an ONNX model directory (holding ``decoder_with_past.onnx``) or the file.
         threads: intra-op threads; ``None`` lets ONNX Runtime choose.
+        spinning: let idle intra-op threads busy-wait for the next run (see :func:`cpu_session`).
     """
 
-    def __init__(self, model_dir_or_file: str | Path, *, threads: int | None = None) -> None:
+    def __init__(self, model_dir_or_file: str | Path, *, threads: int | None = None, spinning: bool = True) -> None:
         path = Path(model_dir_or_file)
         self.path = path / WITH_PAST_FILE if path.is_dir() else path
         if not self.path.is_file():
             raise InputDataError(f"ONNX decoder with KV cache not found: {self.path}")
-        self.session = cpu_session(self.path, threads)
+        self.session = cpu_session(self.path, threads, spinning=spinning)
         inputs = {i.name: i for i in self.session.get_inputs()}
         self.layers = sum(name.startswith("past_key_values.") for name in inputs) // 2
         self.past_names = past_input_names(self.layers)

@@ -110,6 +110,15 @@ def _print_summary(local_run: Any, *, quiet: bool) -> None:
         Console().print(table)
     for line in summary_lines(local_run):
         typer.echo(line)
+    typer.echo(_serve_hint(local_run))
+
+
+def _serve_hint(local_run: Any) -> str:
+    """How to start the predictor for the new release (the serve step's ``local_command``), or why there is none."""
+    status = local_run.output("serve", "serving") / "status.json"
+    if not status.is_file():
+        return "serve: nothing released, nothing to serve"
+    return f"serve it: {json.loads(status.read_text(encoding='utf-8'))['local_command']}"
 
 
 def compile_(
@@ -134,9 +143,9 @@ def compile_(
 def images(
     tag: Annotated[bool, typer.Option("--tag", help="Print only the tag (what `make images` builds under).")] = False,
 ) -> None:
-    """The runtime images the compiled pipeline pulls: <registry>/lmforge-<runtime>:<version>-<source hash>."""
+    """The images the compiled pipeline pulls or deploys: <registry>/lmforge-<runtime>:<version>-<source hash>."""
     from lmforge.stages import STAGES
-    from lmforge_kfp.components.images import image_for, image_tag
+    from lmforge_kfp.components.images import SERVICE_IMAGES, image_for, image_tag, service_image
 
     if tag:
         typer.echo(image_tag())
@@ -144,6 +153,8 @@ def images(
     for runtime in sorted({spec.runtime for spec in STAGES.values()}):
         stage = next(name for name, spec in STAGES.items() if spec.runtime == runtime)
         typer.echo(f"{runtime}\t{image_for(stage)}")
+    for name in SERVICE_IMAGES:  # no step runs in these; the serve step's InferenceService does
+        typer.echo(f"{name}\t{service_image(name)}")
 
 
 # -- Kubeflow Pipelines server: submit, schedule, runs ---------------------------------------------------------------

@@ -52,7 +52,11 @@ def _run(stage: str, args: Mapping[str, Any]) -> Any:
     for key in spec.cache_keys:  # the fingerprint is in the cache key already; record it for people too
         for port in spec.outputs:
             args[port.name].metadata[key.name] = args[key.name]
-    io = {port.name: _local(args[port.name]) for port in spec.ports if args.get(port.name) is not None}
+    io = {
+        port.name: _local(args[port.name]) if port.is_artifact else args[port.name]
+        for port in spec.ports
+        if args.get(port.name) is not None
+    }
     context = _context(args)
     if spec.distributed:
         result = _run_distributed(spec, args, io, context)
@@ -94,10 +98,10 @@ def _context(args: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _local(value: Any) -> Any:
-    """An artifact's local path (a list of them for a collected fan-out); a parameter as it is."""
+    """An artifact's local path (a list of them for a collected fan-out)."""
     if isinstance(value, list):
         return [item.path for item in value]
-    return getattr(value, "path", value)
+    return value.path
 
 
 def _run_distributed(spec: StageSpec, args: Mapping[str, Any], io: dict[str, Any], context: dict[str, str]) -> Any:

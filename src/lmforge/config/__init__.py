@@ -6,7 +6,8 @@ the CLI (``lmforge config --explain``), in ``docs/config.md`` and in the pipelin
 documentation in the Kubeflow UI.
 
 One module per stage family (:mod:`~lmforge.config.data`, :mod:`~lmforge.config.train`,
-:mod:`~lmforge.config.export`, :mod:`~lmforge.config.evaluate`, :mod:`~lmforge.config.launch`);
+:mod:`~lmforge.config.export`, :mod:`~lmforge.config.evaluate`, :mod:`~lmforge.config.launch`,
+:mod:`~lmforge.config.serve`);
 :mod:`~lmforge.config.presets` reads the presets. A preset is a YAML
 file in ``lmforge/presets/`` holding one section per stage config; :mod:`lmforge.stages.configs` builds
 the whole pipeline's config from the sections the stage registry declares and resolves presets with
@@ -37,6 +38,7 @@ from lmforge.config.evaluate import EvaluateConfig, GateConfig, GenerationEvalCo
 from lmforge.config.export import ExportConfig, QuantizeConfig, TensorRTConfig
 from lmforge.config.launch import LaunchConfig, SecretEnvConfig, TolerationConfig
 from lmforge.config.presets import describe_preset, list_presets, load_preset
+from lmforge.config.serve import ResourcesConfig, ServeConfig
 from lmforge.config.train import (
     LORA_PRESETS,
     MIN_CHUNK_TOKENS,
@@ -81,7 +83,9 @@ __all__ = [
     "Precision",
     "PretrainConfig",
     "QuantizeConfig",
+    "ResourcesConfig",
     "SecretEnvConfig",
+    "ServeConfig",
     "StrictModel",
     "TensorRTConfig",
     "TokenizeConfig",

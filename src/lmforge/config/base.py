@@ -10,6 +10,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from lmforge.errors import ConfigError, did_you_mean
 
 Precision = Literal["fp32", "bf16", "fp16"]
+# Kubernetes name and quantity syntax, for the fields that end up in a manifest (launch, serve).
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 
 
 class StrictModel(BaseModel):

@@ -7,12 +7,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from lmforge.config.base import StrictModel
+from lmforge.config.base import DNS_LABEL, DNS_SUBDOMAIN, QUANTITY, StrictModel
 
-_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
-_QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 # An env var whose name says it holds a credential must come from a Secret, never as a literal in a manifest.
 _SECRET_LIKE = ("SECRET", "PASSWORD", "TOKEN", "ACCESS_KEY", "PRIVATE_KEY", "CREDENTIAL")
 
@@ -37,7 +34,7 @@ class TolerationConfig(StrictModel):
 class SecretEnvConfig(StrictModel):
     """Environment variables read from a Kubernetes Secret by reference (the value never enters a manifest)."""
 
-    name: str = Field("lmforge-s3", pattern=_DNS_SUBDOMAIN, description="Secret name in the job's namespace.")
+    name: str = Field("lmforge-s3", pattern=DNS_SUBDOMAIN, description="Secret name in the job's namespace.")
     keys: list[str] = Field(
         default_factory=lambda: ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"],
         min_length=1,
@@ -76,14 +73,14 @@ class LaunchConfig(StrictModel):
     )
     namespace: str | None = Field(
         None,
-        pattern=_DNS_LABEL,
+        pattern=DNS_LABEL,
         max_length=63,
         description="Namespace of the job; null: the step's own namespace (its service account's, e.g. the "
         "Kubeflow profile the run belongs to), outside a pod the kubeconfig context's.",
     )
     service_account: str | None = Field(
         "lmforge-worker",
-        pattern=_DNS_SUBDOMAIN,
+        pattern=DNS_SUBDOMAIN,
         description="Service account of the training pods (null: the namespace's default). manifests/ creates "
         "lmforge-worker with no API token mounted and no RBAC: the pods only need S3.",
     )
@@ -95,10 +92,10 @@ class LaunchConfig(StrictModel):
     )
     num_nodes: int = Field(1, ge=1, description="Training nodes (pods); more than 1 launches a job.")
     gpus_per_node: int = Field(1, ge=0, description="nvidia.com/gpu per node; also the processes per node.")
-    cpu_per_node: str | None = Field(None, pattern=_QUANTITY, description="CPU request per node, e.g. '32'.")
-    memory_per_node: str | None = Field(None, pattern=_QUANTITY, description="Memory request per node, e.g. '200Gi'.")
+    cpu_per_node: str | None = Field(None, pattern=QUANTITY, description="CPU request per node, e.g. '32'.")
+    memory_per_node: str | None = Field(None, pattern=QUANTITY, description="Memory request per node, e.g. '200Gi'.")
     shm_size: str | None = Field(
-        "16Gi", pattern=_QUANTITY, description="Size of the in-memory /dev/shm (NCCL, data loaders); null: none."
+        "16Gi", pattern=QUANTITY, description="Size of the in-memory /dev/shm (NCCL, data loaders); null: none."
     )
     node_selector: dict[str, str] = Field(
         default_factory=lambda: {"lmforge.io/pool": "gpu"}, description="Node labels the training pods need."
@@ -108,7 +105,7 @@ class LaunchConfig(StrictModel):
     )
     priority_class: str | None = Field(
         "lmforge-training",
-        pattern=_DNS_SUBDOMAIN,
+        pattern=DNS_SUBDOMAIN,
         description="PriorityClass of PyTorchJob pods (a TrainJob takes it from its runtime: its patches "
         "cannot set it).",
     )

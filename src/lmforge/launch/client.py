@@ -77,7 +77,7 @@ class LaunchResult:
     log_tail: dict[str, list[str]] = field(default_factory=dict)
 
 
-def _api_message(exc: ApiException) -> str:
+def api_message(exc: ApiException) -> str:
     """The ``message`` of the API server's ``Status`` answer, else its raw body."""
     try:
         return str(json.loads(exc.body)["message"])
@@ -214,7 +214,7 @@ class _Launch:
                 if existing is not None:
                     self.adopted = True
                     return existing
-            reason = f"HTTP {exc.status} {exc.reason}: {_api_message(exc)}"
+            reason = f"HTTP {exc.status} {exc.reason}: {api_message(exc)}"
             raise LaunchError(f"{self.ref}: create failed: {reason}") from exc
         log.info("%s: created", self.ref)
         return job

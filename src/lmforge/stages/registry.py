@@ -15,6 +15,7 @@ from lmforge.config import (
     LoraConfig,
     PretrainConfig,
     QuantizeConfig,
+    ServeConfig,
     TensorRTConfig,
     TokenizeConfig,
 )
@@ -360,6 +361,44 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         returns=(param("release_uri", "str", "The release URI."),),
         context=("run_id",),
         headline=("version", "status"),
+    ),
+    StageSpec(
+        name="serve",
+        summary="Write the KServe InferenceService for the release (lmforge predictor, or Triton on a GPU) and, with "
+        "serve.apply in a cluster, create or update it and wait for Ready; otherwise record why it was skipped.",
+        entry="lmforge.serve.stage:run",
+        config=ServeConfig,
+        inputs=(
+            param("release", "str", "The release URI <release_root>/models/<name>/<version> (promote's release_uri)."),
+            param(
+                "predictor_image",
+                "str",
+                "Image of the lmforge predictor (images/serve) when serve.image is null; the pipeline passes the one "
+                "it was compiled with.",
+                default="",
+            ),
+            param(
+                "gpu_node_selector",
+                "dict",
+                "Node selector of a GPU predictor when serve.node_selector is null (the pipeline's, as for its GPU "
+                "steps).",
+                default={},
+            ),
+            param(
+                "gpu_tolerations",
+                "list",
+                "Tolerations of a GPU predictor when serve.tolerations is null (the pipeline's, as for its GPU steps).",
+                default=[],
+            ),
+        ),
+        outputs=(
+            artifact(
+                "serving",
+                "Artifact",
+                "inferenceservice.yaml, servingruntime.yaml (lmforge runtime) or the Triton repository, and "
+                "status.json: applied, or skipped and why, with the local `lmforge serve` command.",
+            ),
+        ),
     ),
 )
 

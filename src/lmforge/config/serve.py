@@ -1,0 +1,161 @@
+"""Config of the ``serve`` stage and of ``lmforge serve``: the predictor, its batching, and the InferenceService."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from lmforge.config.base import DNS_LABEL, DNS_SUBDOMAIN, QUANTITY, StrictModel
+from lmforge.config.launch import TolerationConfig
+
+# Where a GPU predictor goes when neither serve.node_selector/tolerations nor the pipeline say: the GPU steps' pool.
+DEFAULT_GPU_NODE_SELECTOR: dict[str, str] = {"lmforge.io/pool": "gpu"}
+DEFAULT_GPU_TOLERATIONS: tuple[TolerationConfig, ...] = (
+    TolerationConfig(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"),
+)
+
+
+class ResourcesConfig(StrictModel):
+    """CPU and memory of one predictor replica (Kubernetes resource quantities)."""
+
+    cpu_request: str = Field("1", pattern=QUANTITY, description="CPU request per replica, e.g. '2' or '500m'.")
+    memory_request: str = Field("1Gi", pattern=QUANTITY, description="Memory request per replica, e.g. '2Gi'.")
+    cpu_limit: str | None = Field("2", pattern=QUANTITY, description="CPU limit per replica (null: none).")
+    memory_limit: str | None = Field("2Gi", pattern=QUANTITY, description="Memory limit per replica (null: none).")
+
+
+class ServeConfig(StrictModel):
+    """The lmforge predictor (ONNX Runtime, KV cache, dynamic batching) and its KServe ``InferenceService``."""
+
+    model_name: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9][a-z0-9._-]*$",
+        description="Name in the routes (/v2/models/<name>/infer, the OpenAI 'model' field); null: the release's "
+        "model name, else the model directory's name.",
+    )
+    prefer_int8: bool = Field(
+        True,
+        description="On CPU serve the release's dynamic INT8 model (int8_dynamic) when it has one; else the FP32 "
+        "ONNX model (onnx_fp32). A release holds an INT8 model only if its accuracy gate accepted it.",
+    )
+    threads: int | None = Field(
+        None, ge=1, description="ONNX Runtime intra-op threads per predictor; null: ONNX Runtime's default (all cores)."
+    )
+    ort_spinning: bool = Field(
+        False,
+        description="Let ONNX Runtime's idle threads busy-wait between decode steps; off leaves the cores to the "
+        "HTTP server and tokenizer in between (faster on a few shared cores).",
+    )
+    max_batch_size: int = Field(
+        8, ge=1, le=256, description="Most requests generated together in one batch; 1 turns dynamic batching off."
+    )
+    max_wait_ms: float = Field(
+        5.0,
+        ge=0.0,
+        le=1000.0,
+        description="How long the first queued request waits for others to join its batch before it starts.",
+    )
+    max_queue: int = Field(
+        256, ge=1, description="Requests waiting for a batch at most; more are refused with 503 until it drains."
+    )
+    default_max_tokens: int = Field(
+        32, ge=1, description="New tokens per request when the request names none (max_tokens)."
+    )
+    max_tokens_limit: int = Field(
+        256, ge=1, description="Largest max_tokens a request may ask for; more is refused with 400."
+    )
+    default_temperature: float = Field(
+        0.0,
+        ge=0.0,
+        le=2.0,
+        description="Sampling temperature when the request names none; 0 decodes greedily (deterministic).",
+    )
+    # Kubernetes side: the InferenceService the serve stage writes and, with apply, creates.
+    runtime: Literal["auto", "lmforge", "triton"] = Field(
+        "auto",
+        description="lmforge: the lmforge predictor image (ONNX Runtime, CPU or GPU); triton: the stock "
+        "kserve-tritonserver runtime with a Triton model repository (TensorRT engine, or ONNX on a GPU); auto: "
+        "triton when device is gpu, else lmforge.",
+    )
+    device: Literal["cpu", "gpu"] = Field(
+        "cpu", description="Where the predictor runs; gpu adds the GPU limit, node selector and tolerations."
+    )
+    image: str | None = Field(
+        None,
+        min_length=1,
+        description="Container image of the lmforge predictor (images/serve) the lmforge ServingRuntime runs; null: "
+        "the one the pipeline was compiled with (the serve step's predictor_image).",
+    )
+    namespace: str | None = Field(
+        None,
+        pattern=DNS_LABEL,
+        max_length=63,
+        description="Namespace of the InferenceService; null: the step's own namespace.",
+    )
+    service_name: str | None = Field(
+        None,
+        pattern=DNS_LABEL,
+        max_length=45,
+        description="InferenceService name; null: the release's model name. KServe derives host names from it, "
+        "so it stays short.",
+    )
+    service_account: str | None = Field(
+        None,
+        pattern=DNS_SUBDOMAIN,
+        description="Service account of the predictor pods; it carries the S3 credentials KServe's storage "
+        "initializer uses to download the model (null: the namespace's default).",
+    )
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="CPU and memory per replica.")
+    gpu_count: int = Field(1, ge=1, description="nvidia.com/gpu per replica when device is gpu.")
+    node_selector: dict[str, str] | None = Field(
+        None,
+        description="Node labels a GPU predictor needs (ignored on CPU); null: the pipeline's gpu_node_selector "
+        "(the GPU steps' pool), else {'lmforge.io/pool': 'gpu'}.",
+    )
+    tolerations: list[TolerationConfig] | None = Field(
+        None,
+        description="Taints of the GPU node pool a GPU predictor tolerates; null: the pipeline's gpu_tolerations, "
+        "else nvidia.com/gpu (Exists, NoSchedule).",
+    )
+    min_replicas: int = Field(1, ge=0, description="Fewest predictor replicas (0 lets Knative scale to zero).")
+    max_replicas: int = Field(1, ge=1, description="Most predictor replicas the autoscaler may start.")
+    scale_target: int | None = Field(
+        None, ge=1, description="Autoscaling target: concurrent requests per replica (null: KServe's default)."
+    )
+    canary_traffic_percent: int | None = Field(
+        None,
+        ge=0,
+        le=100,
+        description="Send this share of traffic to the new release and the rest to the revision serving now "
+        "(null: all traffic to the new one).",
+    )
+    triton_preferred_batch_sizes: list[int] = Field(
+        default_factory=lambda: [4, 8],
+        description="Triton dynamic batching: batch sizes it prefers to form (those above max_batch_size are dropped).",
+    )
+    apply: bool = Field(
+        False,
+        description="Create or update the InferenceService in the cluster and wait for Ready (in a pod with "
+        "KServe installed); off or outside a cluster only the manifest is written.",
+    )
+    apply_timeout_s: float = Field(600.0, gt=0.0, description="How long to wait for the InferenceService's Ready.")
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> ServeConfig:
+        if self.default_max_tokens > self.max_tokens_limit:
+            raise ValueError(
+                f"default_max_tokens {self.default_max_tokens} exceeds max_tokens_limit {self.max_tokens_limit}"
+            )
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} exceeds max_replicas {self.max_replicas}")
+        if bad := [s for s in self.triton_preferred_batch_sizes if s < 1]:
+            raise ValueError(f"triton_preferred_batch_sizes must be positive, got {bad}")
+        return self
+
+    @property
+    def resolved_runtime(self) -> Literal["lmforge", "triton"]:
+        """The runtime ``auto`` stands for on this device."""
+        if self.runtime == "auto":
+            return "triton" if self.device == "gpu" else "lmforge"
+        return self.runtime

@@ -1,0 +1,114 @@
+"""Helpers of the serve tests and bench/serve_bench.py: a predictor subprocess on loopback, a varied tiny model.
+
+:class:`ServeProcess` starts ``python -m lmforge.serve`` (the real kserve ModelServer), or ``lmforge serve``, on a free
+127.0.0.1 port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from lmforge.artifacts import write_manifest
+from lmforge.model.build import load_causal_lm, load_tokenizer, save_model_dir
+
+READY_TIMEOUT_S = 180.0
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (bound and released on 127.0.0.1)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServeProcess:
+    """A predictor subprocess; ``url`` once :meth:`start` returned."""
+
+    def __init__(
+        self, model_path: Path, log_file: Path, overrides: dict[str, Any] | None = None, *, cli: bool = False
+    ) -> None:
+        self.model_path = model_path
+        self.log_file = log_file
+        self.overrides = overrides or {}
+        self.cli = cli  # start it as `lmforge serve PATH --set serve.K=V` instead of the image's entry point
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ServeProcess:
+        """Start the server and wait (bounded) until its v2 readiness route answers."""
+        if self.cli:
+            cmd = [sys.executable, "-m", "lmforge", "serve", str(self.model_path), "--port", str(self.port)]
+            for key, value in self.overrides.items():
+                cmd += ["--set", f"serve.{key}={json.dumps(value)}"]
+        else:
+            cmd = [sys.executable, "-m", "lmforge.serve", str(self.model_path), "--host", "127.0.0.1"]
+            cmd += ["--port", str(self.port), "--overrides", json.dumps(self.overrides)]
+        with open(self.log_file, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"predictor exited with {self.proc.returncode}:\n{self.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/v2/health/ready", timeout=2.0).status_code == 200:
+                    return self
+            time.sleep(0.25)
+        self.stop()
+        raise RuntimeError(f"predictor not ready after {READY_TIMEOUT_S:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines the server logged."""
+        text = self.log_file.read_text(errors="replace") if self.log_file.is_file() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """SIGTERM (uvicorn shuts down gracefully), then SIGKILL if it lingers."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def serving(
+    model_path: Path, log_file: Path, overrides: dict[str, Any] | None = None, *, cli: bool = False
+) -> Iterator[ServeProcess]:
+    """A started :class:`ServeProcess`, stopped on exit."""
+    server = ServeProcess(model_path, log_file, overrides, cli=cli).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def redraw_weights(model_dir: Path, out: Path, *, std: float = 0.3, seed: int = 0) -> Path:
+    """Save ``model_dir`` with every matrix redrawn ~ N(0, std²) into ``out``.
+
+    A freshly initialized tiny GPT-2 (std 0.02, tied embedding) greedily repeats one token, which cannot tell a
+    right decoder from a wrong one; with larger weights its continuations vary and argmax margins are clear.
+    """
+    model = load_causal_lm(model_dir)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.copy_(torch.randn(param.shape, generator=gen) * std)
+    save_model_dir(model, load_tokenizer(model_dir), out)
+    write_manifest(out, "model")
+    return out
