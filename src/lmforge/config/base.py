@@ -99,3 +99,8 @@ def validate_config(model: type[T], data: dict[str, Any], prefix: str = "") -> T
         return model.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"invalid config: {format_validation_error(exc, prefix, model)}") from exc
+
+
+# Words that mark a name as holding a credential: such an env var comes from a Secret, never as a value in a
+# manifest (LaunchConfig.env), and such a key is redacted from what tracking logs (lmforge.tracking.redact).
+CREDENTIAL_WORDS = ("SECRET", "PASSWORD", "TOKEN", "ACCESS_KEY", "PRIVATE_KEY", "CREDENTIAL")

@@ -7,11 +7,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from lmforge.config.base import DNS_LABEL, DNS_SUBDOMAIN, QUANTITY, StrictModel
+from lmforge.config.base import CREDENTIAL_WORDS, DNS_LABEL, DNS_SUBDOMAIN, QUANTITY, StrictModel
 
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
-# An env var whose name says it holds a credential must come from a Secret, never as a literal in a manifest.
-_SECRET_LIKE = ("SECRET", "PASSWORD", "TOKEN", "ACCESS_KEY", "PRIVATE_KEY", "CREDENTIAL")
 
 
 class TolerationConfig(StrictModel):
@@ -142,7 +140,7 @@ class LaunchConfig(StrictModel):
             if not re.match(_ENV_NAME, name):
                 raise ValueError(f"env: {name!r} is not a valid env var name")
             secret_keys = self.s3_credentials.keys if self.s3_credentials else []
-            if name in secret_keys or any(word in name.upper() for word in _SECRET_LIKE):
+            if name in secret_keys or any(word in name.upper() for word in CREDENTIAL_WORDS):
                 raise ValueError(
                     f"env: {name!r} looks like a credential; pass it by Secret reference (s3_credentials), "
                     "never as a value in the manifest"

@@ -3,7 +3,7 @@
 Three rules, applied to every param, tag and uploaded text file:
 
 * a key (or any dotted part of it) whose words name a credential (the words of
-  :data:`lmforge.config.launch._SECRET_LIKE`, matched as whole words so that ``max_new_tokens`` is not one,
+  :data:`lmforge.config.base.CREDENTIAL_WORDS`, matched as whole words so that ``max_new_tokens`` is not one,
   plus a few more; the last word also in the plural, ``credentials``, but not ``tokens``, a count) has its
   value replaced by ``***``; tokenizer special tokens (``eos_token``) are not credentials;
 * the value of every environment variable whose name looks like a credential (``AWS_SECRET_ACCESS_KEY``,
@@ -21,12 +21,12 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from lmforge.config.launch import _SECRET_LIKE
+from lmforge.config.base import CREDENTIAL_WORDS
 
 REDACTED = "***"
 # Beyond the launcher's list: names that also hold credentials in configs and client env.
 _MORE_SECRET_WORDS = ("PASSWD", "API_KEY", "APIKEY", "AUTHORIZATION", "COOKIE", "SESSION_KEY")
-_SECRET_WORDS = tuple(w.split("_") for w in (*_SECRET_LIKE, *_MORE_SECRET_WORDS))
+_SECRET_WORDS = tuple(w.split("_") for w in (*CREDENTIAL_WORDS, *_MORE_SECRET_WORDS))
 _SPECIAL_TOKEN = re.compile(r"^(bos|eos|pad|unk|sep|cls|mask)_token$", re.IGNORECASE)
 _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):(?P<password>[^/\s@]+)@")
 _MIN_SECRET_CHARS = 6  # shorter env values ("1", "true") would redact ordinary text
