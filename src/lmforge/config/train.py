@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import string
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -13,6 +14,8 @@ from lmforge.contracts import QA_HELDOUT_FRACTION
 log = logging.getLogger("lmforge.config")
 
 ChunkLang = Literal["en", "zh", "auto"]
+CHECKPOINT_PLACEHOLDERS = ("run_root", "run_id", "stage")
+"""What a templated ``checkpoint.dir`` may name (see :func:`lmforge.train.checkpoint.resolve_checkpoint_config`)."""
 MIN_CHUNK_TOKENS = 8  # enough for any one character, so a chunk never has to split one
 
 
@@ -40,7 +43,10 @@ class CheckpointConfig(StrictModel):
         None,
         min_length=1,
         description="Where checkpoints go: a local directory or s3://bucket/prefix; null disables checkpoints. "
-        "Multi-node runs need s3:// or a shared filesystem.",
+        "Multi-node runs need s3:// or a shared filesystem. May be a template of {run_root} ($LMFORGE_RUN_ROOT: the "
+        "run's staging or release root, set by the pipeline), {run_id} ($LMFORGE_RUN_ID, the same on every retry) "
+        "and {stage} (the training stage), e.g. {run_root}/checkpoints/{run_id}/{stage}, filled in when training "
+        "starts.",
     )
     every_steps: int = Field(0, ge=0, description="Write a checkpoint every N optimizer steps (0: by time only).")
     every_minutes: float = Field(
@@ -58,6 +64,16 @@ class CheckpointConfig(StrictModel):
 
     @model_validator(mode="after")
     def _check_dir(self) -> CheckpointConfig:
+        if self.dir is not None:
+            try:
+                names = {name for _, name, _, _ in string.Formatter().parse(self.dir) if name is not None}
+            except ValueError as exc:
+                raise ValueError(f"dir {self.dir!r}: not a valid template ({exc})") from exc
+            if unknown := names - set(CHECKPOINT_PLACEHOLDERS):
+                raise ValueError(
+                    f"dir {self.dir!r}: unknown placeholder(s) {sorted(unknown)}; "
+                    f"known: {list(CHECKPOINT_PLACEHOLDERS)}"
+                )
         if self.dir is not None and self.dir.startswith("s3://") and not self.dir[len("s3://") :].strip("/"):
             raise ValueError(f"dir: s3 URI {self.dir!r} has no bucket")
         if self.dir is not None and self.every_steps == 0 and self.every_minutes == 0 and not self.on_sigterm:
