@@ -207,6 +207,7 @@ def _mixture_record(mixture: Mixture, requested: float, qa: QARows | None, train
             "heldout_examples": len(qa.heldout_examples),
             "train_rows": len(qa.train),
             "split_examples": qa.split_examples,
+            "rows_without_answer_tokens": qa.dropped_rows,
         }
     return record
 

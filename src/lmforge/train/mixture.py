@@ -57,6 +57,7 @@ class QARows:
     train: list[Encoded]
     heldout: list[Encoded]
     split_examples: int
+    dropped_rows: int
 
 
 def load_qa_rows(
@@ -66,7 +67,8 @@ def load_qa_rows(
 
     The held-out fraction, chat template and long-example splitting are the fine-tuning stage's
     (``lineage``, from the teacher's manifest); without a recorded fraction, LoRA's default.
-    ``heldout_limit``: held-out examples encoded (for the held-out answer loss).
+    ``heldout_limit``: held-out examples encoded (for the held-out answer loss). A row whose prompt leaves no
+    answer token within ``width`` would score nothing; such rows are dropped (and counted).
     """
     if lineage.heldout_fraction is not None:
         fraction, source = lineage.heldout_fraction, "the LoRA stage's manifest"
@@ -78,7 +80,16 @@ def load_qa_rows(
     split_lang = lineage.split_lang if lineage.split_long_examples else None
     rows, split = encode_examples(tokenizer, train, width, chat_template=lineage.chat_template, split_lang=split_lang)
     held = [encode_example(tokenizer, e, width, chat_template=lineage.chat_template) for e in heldout[:heldout_limit]]
-    return QARows(uri, fraction, source, train, heldout, rows, held, split)
+    kept, kept_heldout = _scoring(rows), _scoring(held)
+    dropped = len(rows) - len(kept) + len(held) - len(kept_heldout)
+    if dropped:
+        logger.warning("%d Q&A rows leave no answer token within %d tokens and are not used", dropped, width)
+    return QARows(uri, fraction, source, train, heldout, kept, kept_heldout, split, dropped)
+
+
+def _scoring(rows: list[Encoded]) -> list[Encoded]:
+    """The rows with at least one scored target (a label after the first position)."""
+    return [(ids, labels) for ids, labels in rows if any(label != IGNORE_INDEX for label in labels[1:])]
 
 
 @dataclass(frozen=True)
