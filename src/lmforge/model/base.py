@@ -19,7 +19,6 @@ stops where the tokenizer says (a plain ``GPT2Config`` names id 50256 whatever t
 from __future__ import annotations
 
 import hashlib
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from lmforge import storage
-from lmforge.artifacts import describe_files, input_record
+from lmforge.artifacts import describe_files, input_record, read_json_file
 from lmforge.errors import ArtifactIncompleteError, InputDataError, LmforgeError
 from lmforge.model.build import WEIGHT_FILES, check_model_dir, load_tokenizer
 
@@ -117,29 +116,34 @@ def check_base_model(uri: str) -> str:
         return f"{uri}: no tokenizer.json (the base's fast tokenizer is what tokenize and every stage use)"
     with tempfile.TemporaryDirectory(prefix="lmforge-base-check-") as workdir:
         try:
-            local = fetch_metadata(uri, workdir)
-            config = json.loads(Path(local, "config.json").read_text(encoding="utf-8"))
-            if not isinstance(config, dict):
-                return f"{uri}/config.json: not a JSON object"
-            if problem := architecture_problem(config):
-                return f"{uri}: {problem}"
-            vocab_size = config.get("vocab_size")
-            if not isinstance(vocab_size, int) or vocab_size <= 0:
-                return f"{uri}/config.json: vocab_size missing or not a positive integer"
-            tokenizer = load_tokenizer(local)
-        except json.JSONDecodeError as exc:
-            return f"{uri}/config.json: not valid JSON ({exc.msg}, line {exc.lineno})"
-        except (LmforgeError, OSError, ValueError) as exc:
-            return f"{uri}: the tokenizer cannot be loaded ({str(exc).replace(workdir, str(uri))})"
-        if problem := tokenizer_problem(tokenizer, vocab_size):
-            return f"{uri}: {problem}"
+            problem = base_problem(fetch_metadata(uri, workdir))
+        except LmforgeError as exc:
+            return str(exc).replace(workdir, str(uri))
+        except (OSError, ValueError) as exc:  # what a tokenizer file that transformers cannot parse raises
+            return f"{uri}: the tokenizer cannot be loaded ({exc})"
+    if problem:
+        return f"{uri}: {problem}"
     return "ok"
 
 
 def base_problem(local: str | Path) -> str | None:
-    """Why the base model whose config and tokenizer files are in ``local`` cannot be handled, or ``None``."""
-    config = json.loads(Path(local, "config.json").read_text(encoding="utf-8"))
-    return architecture_problem(config) or tokenizer_problem(load_tokenizer(local), int(config["vocab_size"]))
+    """Why the base model whose config and tokenizer files are in ``local`` cannot be handled, or ``None``.
+
+    Raises:
+        InputDataError: ``config.json`` or ``tokenizer.json`` is missing or not valid JSON.
+    """
+    path = Path(local, "config.json")
+    if not path.is_file():
+        raise InputDataError(f"{local}: no config.json (expected a Hugging Face model directory)")
+    config = read_json_file(path)
+    if not isinstance(config, dict):
+        return "config.json is not a JSON object"
+    if problem := architecture_problem(config):
+        return problem
+    vocab_size = config.get("vocab_size")
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size <= 0:
+        return "config.json: vocab_size missing or not a positive integer"
+    return tokenizer_problem(load_tokenizer(local), vocab_size)
 
 
 def localize_model(uri: str | Path, workdir: str | Path) -> Path:
