@@ -212,3 +212,10 @@ def test_pretrain_refuses_a_sequence_longer_than_the_base_positions(tmp_path, gp
     )
     with pytest.raises(ConfigError, match=r"seq_len \(200\) exceeds the base model's 128 positions"):
         pretrain.run(cfg, shards=shards, tokenizer=tok, model=tmp_path / "out", base_model=str(gpt2_dir))
+
+
+def test_a_config_that_is_not_json_is_a_reason_naming_the_file(tmp_path, gpt2_dir):
+    broken = _copy_without(gpt2_dir, tmp_path / "broken")
+    (broken / "config.json").write_text("{not json", encoding="utf-8")
+    reason = check_base_model(str(broken))
+    assert "config.json: not valid JSON" in reason and "\n" not in reason
