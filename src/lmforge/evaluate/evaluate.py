@@ -1,13 +1,16 @@
 """The ``evaluate`` stage: score every model on held-out tokens and Q&A, time it, gate it, report it.
 
-Every model (PyTorch teacher and student, ONNX FP32 / INT8 dynamic / INT8 Q/DQ) is scored with the
+Every model (PyTorch base, teacher and student, ONNX FP32 / INT8 dynamic / INT8 Q/DQ) is scored with the
 same perplexity and latency code through a logits adapter, on the same held-out tokens with the same
 window (the configured context and stride, clamped to the smallest model's maximum positions so the
 numbers stay comparable); the documents' EOS separator is the prefix, so every held-out token is
-scored, and bits per byte come from the tokenizer found in a model directory. PyTorch models also
-answer the held-out Q&A prompts (:mod:`lmforge.evaluate.generation`). The gate compares the result
-with fixed thresholds and with the production release read from the registry. The TensorRT engine is
-not run here; its ``status.json`` (built, or skipped with a reason) is reported as is.
+scored, and bits per byte come from the tokenizer found in a model directory. Every model is also scored
+on the reference answers of the held-out Q&A examples (:mod:`lmforge.evaluate.answer_loss`), and PyTorch
+models answer the held-out prompts (:mod:`lmforge.evaluate.generation`). The gate
+(:mod:`lmforge.evaluate.gate`) compares the result with fixed thresholds, with the teacher and the base
+model (the task kept, the corpus not forgotten), with the data the cleaning kept, and with the production
+release read from the registry. The TensorRT engine is not run here; its ``status.json`` (built, or
+skipped with a reason) is reported as is.
 """
 
 from __future__ import annotations
