@@ -52,9 +52,8 @@ def evaluated(tmp_path_factory, tiny_model_dir, tiny_shards_dir, qa_jsonl, shake
             fh.write(json.dumps({"text": text}) + "\n")
     clean.run(CleanConfig(min_chars=20, min_words=3), corpus_uri=str(root / "corpus.jsonl"), cleaned=root / "cleaned")
     result = evaluate.run(
-        CFG, shards_dir=tiny_shards_dir, models={"teacher": root / "teacher", "student": root / "student"},
-        onnx_models={}, engine_dir=None, output_dir=root / "evaluation", base=tiny_model_dir,
-        cleaned_dir=root / "cleaned",
+        CFG, shards=tiny_shards_dir, evaluation=root / "evaluation", teacher=root / "teacher",
+        student=root / "student", cleaned=root / "cleaned", base=tiny_model_dir,
     )  # fmt: skip
     return root / "evaluation", result
 
