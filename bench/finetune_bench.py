@@ -212,7 +212,7 @@ def child_kd_vs_ce(args: dict[str, Any]) -> dict[str, Any]:
 def child_kd_mixture(args: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from lmforge.config import resolve_stage_config
+    from lmforge.stages import resolve_stage_config
     from lmforge.train import distill, lora
 
     torch.set_num_threads(args["threads"])
@@ -415,7 +415,7 @@ def main() -> None:
                     common | {"base": str(base), "qa": "demo://chatterbot", "shards": str(shards),
                               "steps": args.student_steps},
                 )  # fmt: skip
-                report["kd_mixture"] = {"base": pretrained, **result, **machine}
+                report["kd_mixture"] = {"base": pretrained, **result, "machine": machine}
                 lora_losses = result["teacher_lora"]
                 print(f"Task-aware distillation, {result['steps']} steps per student; teacher = LoRA-tuned base "
                       f"(held-out answer loss {lora_losses['base_heldout_loss']:.3f} -> "

@@ -133,7 +133,8 @@ def test_distill_records_the_mixture_in_manifest_and_report(tmp_path, teacher, t
     assert mixture["heldout_fraction"] == FRACTION and mixture["train_examples"] > mixture["heldout_examples"] > 0
     assert mixture["corpus_tokens"] == 6 * 2 * 32 and mixture["response_tokens"] > 0
     assert manifest["inputs"]["qa"]["heldout_fraction_source"] == "the LoRA stage's manifest"
-    assert "Training mixture" in result.html and "response_tokens" in result.html
+    page = result.html.replace("<wbr>", "")  # the report's tables may break names at underscores
+    assert "Training mixture" in page and "response_tokens" in page
     for name in ("student", "teacher"):
         assert result.metrics[f"{name}_heldout_answer_loss"] > 0
 
