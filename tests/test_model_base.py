@@ -195,14 +195,15 @@ def test_pretrain_refuses_a_tokenizer_that_is_not_the_base_models(tmp_path, gpt2
     assert "\n" not in str(info.value) and not (tmp_path / "out").exists()
 
 
-def test_pretrain_with_zero_steps_needs_a_base_model(tmp_path, gpt2_tokens):
+@pytest.mark.parametrize("base_model", [None, ""])  # "": an unset pipeline parameter
+def test_pretrain_with_zero_steps_needs_a_base_model(tmp_path, gpt2_tokens, base_model):
     tok, shards = gpt2_tokens
     cfg = PretrainConfig(
         model=ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=64),
         train=TRAIN.model_copy(update={"max_steps": 0}),
     )
     with pytest.raises(ConfigError, match="max_steps is 0, which passes a base model through untrained"):
-        pretrain.run(cfg, shards=shards, tokenizer=tok, model=tmp_path / "out")
+        pretrain.run(cfg, shards=shards, tokenizer=tok, model=tmp_path / "out", base_model=base_model)
 
 
 def test_pretrain_refuses_a_sequence_longer_than_the_base_positions(tmp_path, gpt2_tokens, gpt2_dir):

@@ -103,6 +103,7 @@ def run(
         InputDataError: the corpus has no documents, or the base model's architecture or tokenizer cannot
             be handled (:func:`lmforge.model.base.check_base_model` says why).
     """
+    base_model = base_model or None  # an unset pipeline parameter arrives as ""
     cleaned_record = input_record(cleaned)
     plan = SplitPlan(cfg.val_fraction)
 

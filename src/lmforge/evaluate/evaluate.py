@@ -411,7 +411,7 @@ def evaluate_models(
         base: the pretrained (base) model the teacher was tuned from, evaluated as PyTorch model ``base`` so that the
             report shows base, teacher and student side by side and the gate can bound forgetting.
     """
-    if base is not None:
+    if base:
         if "base" in models:
             raise InputDataError("evaluate: a base model given both as base= and in models")
         models = {"base": base, **models}

@@ -138,6 +138,7 @@ def run(
         InputDataError: the teacher has no weights, the shards were not written by the teacher's
             tokenizer, the student base's tokenizer differs from the teacher's, or ``student`` is not empty.
     """
+    student_base = student_base or None  # an unset pipeline parameter arrives as ""
     refuse_occupied(student)  # on every rank, before any of them trains
     with tempfile.TemporaryDirectory(prefix="lmforge-distill-") as workdir:
         teacher_local = localize_model(teacher, Path(workdir, "teacher"))

@@ -69,6 +69,7 @@ def run(
         TrainingPreempted: SIGTERM arrived; the final checkpoint is in ``cfg.train.checkpoint.dir``.
         NonFiniteLossError: too many consecutive non-finite steps.
     """
+    base_model = base_model or None  # an unset pipeline parameter arrives as ""
     if base_model is None and cfg.train.max_steps == 0:
         raise ConfigError(
             "pretrain.train.max_steps is 0, which passes a base model through untrained, but no base model was given"
