@@ -154,3 +154,11 @@ def test_a_teacher_without_recorded_q_and_a_distills_on_the_corpus_and_says_so(
     mixture = read_manifest(tmp_path / "s")["mixture"]
     assert mixture["qa_fraction"] == 0.0 and mixture["requested_qa_fraction"] == 0.5
     assert mixture["reason"] == "no Q&A data given or recorded in the teacher's manifest"
+
+
+def test_a_long_run_records_the_expected_example_counts_without_replaying_every_draw(qa_rows):
+    long_run = TRAIN.model_copy(update={"max_steps": 200_000})
+    record = trained_on(plan_mixture(0.5, 4, qa_rows), qa_rows, long_run, world_size=1)
+    assert record["example_counts"] == "expected" and record["example_rows"] == 400_000
+    mean_response = sum(sum(t != IGNORE_INDEX for t in labels[1:]) for _, labels in qa_rows.train) / len(qa_rows.train)
+    assert record["response_tokens"] == pytest.approx(400_000 * mean_response, rel=1e-6)

@@ -42,6 +42,8 @@ logger = logging.getLogger("lmforge.distill")
 
 QA_STREAM = 1
 """Generator stream of the example draws (the corpus windows draw from stream 0)."""
+EXACT_DRAWS = 100_000
+"""Up to this many (step, slot) draws :func:`trained_on` replays them for exact example counts."""
 PartLoss = Callable[[slice], tuple[torch.Tensor, Any]]
 
 
@@ -193,7 +195,8 @@ def trained_on(mixture: Mixture, qa: QARows | None, cfg: TrainConfig, world_size
     """What the whole run trains on: windows and corpus tokens, example rows, their response and prompt tokens.
 
     The example counts replay the draws of every step and slot (they depend on nothing else), so they are
-    exact whatever the run's resumptions.
+    exact whatever the run's resumptions; above :data:`EXACT_DRAWS` draws (a long multi-node run) they are the
+    expected counts instead (``"example_counts": "expected"``), which cost nothing to compute.
     """
     slots = cfg.grad_accum * world_size
     record: dict[str, Any] = {
@@ -206,11 +209,16 @@ def trained_on(mixture: Mixture, qa: QARows | None, cfg: TrainConfig, world_size
     if mixture.qa_rows and qa is not None:
         scored = np.array([sum(label != IGNORE_INDEX for label in labels[1:]) for _, labels in qa.train])
         lengths = np.array([len(ids) - 1 for ids, _ in qa.train])
-        drawn = np.zeros(len(qa.train), dtype=np.int64)
-        for step in range(cfg.max_steps):
-            for slot in range(slots):
-                np.add.at(drawn, _example_draw(cfg.seed, step, slot, mixture.qa_rows, len(qa.train)), 1)
-        record["response_tokens"] = int(drawn @ scored)
-        record["prompt_tokens"] = int(drawn @ (lengths - scored))
-        record["distinct_examples_drawn"] = int((drawn > 0).sum())
+        if cfg.max_steps * slots <= EXACT_DRAWS:
+            drawn = np.zeros(len(qa.train), dtype=np.int64)
+            for step in range(cfg.max_steps):
+                for slot in range(slots):
+                    np.add.at(drawn, _example_draw(cfg.seed, step, slot, mixture.qa_rows, len(qa.train)), 1)
+            record["example_counts"] = "exact"
+            record["distinct_examples_drawn"] = int((drawn > 0).sum())
+        else:
+            drawn = np.full(len(qa.train), record["example_rows"] / len(qa.train))
+            record["example_counts"] = "expected"
+        record["response_tokens"] = round(float(drawn @ scored))
+        record["prompt_tokens"] = round(float(drawn @ (lengths - scored)))
     return record
