@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from lmforge.config import CheckpointConfig, validate_config
-from lmforge.stages import resolve_config
 from lmforge.errors import ConfigError
+from lmforge.stages import resolve_config
 from lmforge.train.checkpoint import resolve_checkpoint_config
 
 TEMPLATE = "{run_root}/checkpoints/{run_id}/{stage}"
