@@ -32,7 +32,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from lmforge.config import LoraConfig, TrainConfig
+from lmforge.config import TrainConfig
+from lmforge.contracts import QA_HELDOUT_FRACTION
 from lmforge.data.qa import Encoded, Example, QALineage, encode_example, encode_examples, load_examples, split_examples
 from lmforge.data.shards import TokenShards
 from lmforge.errors import ConfigError
@@ -75,7 +76,7 @@ def load_qa_rows(
     if lineage.heldout_fraction is not None:
         fraction, source = lineage.heldout_fraction, "the LoRA stage's manifest"
     else:
-        fraction, source = LoraConfig().heldout_fraction, "the finetune_lora default"
+        fraction, source = QA_HELDOUT_FRACTION, "the finetune_lora default"
         logger.warning("the teacher's manifest records no Q&A held-out fraction; using %g (%s)", fraction, source)
     examples = load_examples(uri)
     train, heldout = split_examples(examples, fraction)
