@@ -16,6 +16,7 @@ from lmforge import storage
 from lmforge.artifacts import read_manifest
 from lmforge.config import CleanConfig, ModelConfig, PretrainConfig, TokenizeConfig, TrainConfig
 from lmforge.data import clean, tokenize
+from lmforge.data.cleaned import read_cleaned
 from lmforge.data.shards import TokenShards
 from lmforge.errors import ConfigError, InputDataError
 from lmforge.model.base import base_tokenizer, check_base_model
@@ -156,7 +157,7 @@ def test_tokenize_with_a_base_writes_the_base_tokenizer_and_eos_joined_shards(
 
 
 def test_a_vocabulary_above_65536_tokens_gets_uint32_shards_that_read_back(tmp_path, cleaned):
-    words = sorted({w for row in clean.read_cleaned(cleaned) for w in row["text"].split()})
+    words = sorted({w for row in read_cleaned(cleaned) for w in row["text"].split()})
     vocab = {"</s>": 0, "<unk>": 1, **{w: i + 2 for i, w in enumerate(words)}}
     vocab |= {f"<extra_{i}>": len(vocab) + i for i in range(70_000 - len(vocab))}
     raw = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))

@@ -2,7 +2,7 @@
 
 Each example is encoded as fine-tuning encodes it (:func:`lmforge.data.qa.encode_example`: the prompt
 template, the answer and EOS; prompt tokens unscored), truncated to ``context + 1`` tokens, and fed
-without a KV cache through a :data:`~lmforge.evaluate.perplexity.LogitsFn`, so PyTorch and ONNX models
+without a KV cache through a :data:`~lmforge.metrics.perplexity.LogitsFn`, so PyTorch and ONNX models
 are scored by the same code. The figure is the token-weighted mean cross-entropy over the answer tokens
 (in nats), summed in float64::
 
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from lmforge.evaluate.perplexity import LogitsFn
+from lmforge.metrics.perplexity import LogitsFn
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
