@@ -24,8 +24,14 @@ Sections:
   ``distill`` stage twice per seed and student initialization: KD (the preset's alpha and temperature) and
   CE only (alpha 0). Within a pair only the loss differs: same student init, steps, batches and seed.
   Held-out perplexity of each student on the Shakespeare validation split.
+* ``kd_mixture``: task-aware distillation. The demo base tuned by the preset's ``finetune_lora`` on
+  ``demo://chatterbot`` is the teacher; the preset's ``distill`` stage runs three arms per seed, same steps,
+  batches and student init: KD on the mixture of corpus windows and fine-tuning examples (the preset's
+  ``qa_fraction``), KD on corpus windows only (``qa_fraction`` 0, the distillation before issue 15), and CE only
+  on the mixture (``alpha`` 0). Held-out answer loss (the Q&A pairs LoRA held out) and corpus perplexity (the
+  Shakespeare validation split) of each student, next to the teacher's.
 
-The ``lora_demo`` and ``kd_vs_ce`` sections share one tokenizer, shard set and base model.
+The ``lora_demo``, ``kd_vs_ce`` and ``kd_mixture`` sections share one tokenizer, shard set and base model.
 """
 
 from __future__ import annotations
@@ -203,12 +209,64 @@ def child_kd_vs_ce(args: dict[str, Any]) -> dict[str, Any]:
     return results
 
 
+def child_kd_mixture(args: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from lmforge.stages import resolve_stage_config
+    from lmforge.train import distill, lora
+
+    torch.set_num_threads(args["threads"])
+    work = Path(args["workdir"])
+    teacher = work / "mixture-teacher"
+    tuned = lora.run(
+        resolve_stage_config("finetune_lora", args["preset"]),
+        base_model=args["base"], qa_uri=args["qa"], adapter=work / "mixture-adapter", merged_model=teacher,
+    ).metrics  # fmt: skip
+    preset = resolve_stage_config("distill", args["preset"])
+    arms = {
+        "kd_mixture": {"qa_fraction": preset.qa_fraction or 0.5},
+        "kd_corpus_only": {"qa_fraction": 0.0},
+        "ce_mixture": {"qa_fraction": preset.qa_fraction or 0.5, "alpha": 0.0},
+    }
+    runs: dict[str, Any] = {}
+    for seed in args["seeds"]:
+        by_arm: dict[str, Any] = {}
+        for arm, overrides in arms.items():
+            fields = overrides | {"train.seed": seed} | ({"train.max_steps": args["steps"]} if args["steps"] else {})
+            cfg = resolve_stage_config("distill", args["preset"], fields)
+            start = time.perf_counter()
+            result = distill.run(cfg, teacher=teacher, shards=args["shards"], student=work / f"mix-{seed}-{arm}")
+            keys = (
+                "student_heldout_answer_loss", "teacher_heldout_answer_loss", "student_val_perplexity",
+                "teacher_val_perplexity",
+            )  # fmt: skip
+            by_arm[arm] = {k: result.metrics[k] for k in keys} | {"seconds": time.perf_counter() - start}
+        runs[str(seed)] = by_arm
+    means = {
+        arm: {
+            key: sum(r[arm][key] for r in runs.values()) / len(runs)
+            for key in ("student_heldout_answer_loss", "student_val_perplexity")
+        }
+        for arm in arms
+    }
+    return {
+        "teacher_lora": {k: tuned[k] for k in ("base_heldout_loss", "tuned_heldout_loss")},
+        "arms": {
+            arm: {"qa_fraction": o["qa_fraction"], "alpha": o.get("alpha", preset.alpha)} for arm, o in arms.items()
+        },
+        "steps": cfg.train.max_steps,
+        "seeds": runs,
+        "means": means,
+    }
+
+
 CHILDREN = {
     "lora": child_lora,
     "kd": child_kd,
     "pretrain": child_pretrain,
     "lora_demo": child_lora_demo,
     "kd_vs_ce": child_kd_vs_ce,
+    "kd_mixture": child_kd_mixture,
 }
 
 
@@ -258,7 +316,7 @@ def _demo_shards(workdir: Path, scenes: int) -> tuple[Path, Path]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sections", default="lora,kd,lora_demo,kd_vs_ce")
+    parser.add_argument("--sections", default="lora,kd,lora_demo,kd_vs_ce,kd_mixture")
     parser.add_argument("--threads", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--width", type=int, default=768)
@@ -316,7 +374,7 @@ def main() -> None:
         print(text_table(["loss", "tokens/s", "loss share", "peak RSS MB"], cells, widths=[8, 10, 11, 12], sep=" "))
         print(f"chunked / naive tokens/s = {runs['chunked_speedup']:.2f}")
 
-    if "lora_demo" in sections or "kd_vs_ce" in sections:
+    if {"lora_demo", "kd_vs_ce", "kd_mixture"} & set(sections):
         with tempfile.TemporaryDirectory(prefix="lmforge-bench-") as tmp:
             tok_dir, shards = _demo_shards(Path(tmp), args.scenes)
             base = Path(tmp, "base")
@@ -351,6 +409,26 @@ def main() -> None:
                         print(f"    seed {seed:>5}: KD {r['kd']['student_val_perplexity']:.1f}, "
                               f"CE {r['ce']['student_val_perplexity']:.1f}: KD "
                               f"{r['kd_vs_ce_perplexity_reduction']:.1%} lower")  # fmt: skip
+            if "kd_mixture" in sections:
+                result = _spawn(
+                    "kd_mixture",
+                    common | {"base": str(base), "qa": "demo://chatterbot", "shards": str(shards),
+                              "steps": args.student_steps},
+                )  # fmt: skip
+                report["kd_mixture"] = {"base": pretrained, **result, "machine": machine}
+                lora_losses = result["teacher_lora"]
+                print(f"Task-aware distillation, {result['steps']} steps per student; teacher = LoRA-tuned base "
+                      f"(held-out answer loss {lora_losses['base_heldout_loss']:.3f} -> "
+                      f"{lora_losses['tuned_heldout_loss']:.3f})")  # fmt: skip
+                print(f"  {'seed':>5} {'arm':15} {'answer loss':>12} {'teacher':>8} {'corpus ppl':>11} {'teacher':>8}")
+                for seed, by_arm in result["seeds"].items():
+                    for arm, r in by_arm.items():
+                        print(f"  {seed:>5} {arm:15} {r['student_heldout_answer_loss']:>12.3f} "
+                              f"{r['teacher_heldout_answer_loss']:>8.3f} {r['student_val_perplexity']:>11.1f} "
+                              f"{r['teacher_val_perplexity']:>8.1f}")  # fmt: skip
+                for arm, mean in result["means"].items():
+                    print(f"  mean  {arm:15} {mean['student_heldout_answer_loss']:>12.3f} "
+                          f"{'':>8} {mean['student_val_perplexity']:>11.1f}")  # fmt: skip
 
     print(f"\nwrote {write_results('finetune_bench', report, path=args.json, machine=machine, merge=True)}")
 

@@ -20,6 +20,7 @@ from lmforge.data.qa import (
 from lmforge.errors import InputDataError
 from lmforge.model.build import load_tokenizer
 from lmforge.train import lora
+from lmforge.train.batches import collate
 
 # ChatML, the template of many instruction-tuned models (Qwen, ...).
 CHATML = (
@@ -53,7 +54,7 @@ def test_prompt_and_padding_positions_are_masked_from_the_loss(tok):
     short_ids, short_labels = encode_example(tok, pair, max_len=len(prompt_ids) + 1)
     assert short_ids == prompt_ids + response_ids[:1] and short_labels[-1] == response_ids[0]
 
-    batch = lora.collate([(ids, labels), (ids[:3], labels[:3])], pad_id=tok.pad_token_id)
+    batch = collate([(ids, labels), (ids[:3], labels[:3])], pad_id=tok.pad_token_id)
     assert batch["input_ids"].shape == (2, len(ids) - 1)
     assert batch["input_ids"][0].tolist() == ids[:-1] and batch["targets"][0].tolist() == labels[1:]
     assert batch["input_ids"][1, 3:].eq(tok.pad_token_id).all()

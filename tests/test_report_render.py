@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from lmforge.config import GateConfig
-from lmforge.evaluate.gate import check_gate
+from lmforge.evaluate.gate import check_gate, headline
 from lmforge.evaluate.report import html_report, markdown_summary
 from lmforge.stages import resolve_config
 
@@ -52,18 +52,28 @@ def _model(ppl, bpb, size, p50, p99, tps, **extra):
     }
 
 
-def _generation(em, f1, bleu, rouge):
+def _generation(em, f1, bleu, rouge, answer_loss):
     scores = {"exact_match": em, "f1": f1, "bleu": bleu, "rouge_l": rouge}
-    return {**scores, "generation": {"prompts": 32, "empty_predictions": 1, "bleu_signature": "nrefs:var|…", **scores}}
+    return {
+        **scores,
+        "answer_loss": answer_loss,
+        "empty_answer_fraction": 1 / 32,
+        "generation": {"prompts": 32, "empty_predictions": 1, "bleu_signature": "nrefs:var|…", **scores},
+    }
 
 
 @pytest.fixture(scope="module")
 def results() -> dict:
     models = {
-        "teacher": _model(41.2, 1.31, 27.4, 6.1, 7.9, 21000.0, format="pytorch", **_generation(0.19, 0.31, 8.2, 0.29)),
-        "student": _model(52.8, 1.39, 14.1, 3.2, 4.4, 40000.0, format="pytorch", **_generation(0.16, 0.27, 6.9, 0.25)),
-        "onnx_fp32": _model(52.8, 1.39, 14.3, 1.9, 2.6, 67000.0, format="onnx"),
-        "int8_dynamic": _model(53.9, 1.40, 3.8, 1.4, 2.2, 91000.0, format="onnx"),
+        "base": _model(40.3, 1.28, 27.4, 6.1, 7.9, 21000.0, format="pytorch", **_generation(0.0, 0.02, 0.1, 0.03, 4.1)),
+        "teacher": _model(
+            41.2, 1.31, 27.4, 6.1, 7.9, 21000.0, format="pytorch", **_generation(0.19, 0.31, 8.2, 0.29, 2.4)
+        ),
+        "student": _model(
+            52.8, 1.39, 14.1, 3.2, 4.4, 40000.0, format="pytorch", **_generation(0.16, 0.27, 6.9, 0.25, 2.6)
+        ),
+        "onnx_fp32": _model(52.8, 1.39, 14.3, 1.9, 2.6, 67000.0, format="onnx", answer_loss=2.6),
+        "int8_dynamic": _model(53.9, 1.40, 3.8, 1.4, 2.2, 91000.0, format="onnx", answer_loss=2.62),
         "int8_qdq": _model(53.4, 1.40, 3.9, 2.3, 3.1, 55000.0, format="onnx"),
     }
     out = {
@@ -117,6 +127,7 @@ def results() -> dict:
     }
     decision = check_gate(GateConfig(max_student_perplexity=400.0, max_latency_ms=1000.0), out)
     out["gate"], out["passed"] = decision.to_dict(), decision.passed
+    out["headline"] = headline(out)
     return out
 
 
@@ -282,3 +293,15 @@ def test_report_fits_the_window_width_with_nothing_cut_off(page, results, tmp_pa
     assert right_edge == {(255, 255, 255)}  # page margin all the way down: nothing drawn up to the edge
     if width == 1000 and os.environ.get("LMFORGE_REPORT_SCREENSHOT"):
         shutil.copyfile(shot, os.environ["LMFORGE_REPORT_SCREENSHOT"])
+
+
+def test_summary_states_the_headline_figures_and_retention(results):
+    page = html_report(results, HISTORIES)
+    summary = page.split("<h2>Summary</h2>", 1)[1].split("<h2>", 1)[0]
+    assert "3% of held-out prompts answered with an empty string" in summary
+    assert "answer loss 1.092x the teacher&#x27;s (int8_dynamic)" in summary
+    assert "teacher bits/byte on held-out corpus text: 1.023x the base model&#x27;s" in summary
+    assert "data retention: cleaning kept 96% of documents, 98% of bytes" in summary
+    assert "WARNING" not in summary
+    md = markdown_summary(results)
+    assert "- data retention: cleaning kept 96% of documents, 98% of bytes" in md

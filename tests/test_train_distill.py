@@ -110,7 +110,7 @@ def test_distill_writes_half_depth_student_initialized_from_teacher(tmp_path, in
     assert result.metrics["parameters"] < sum(p.numel() for p in teacher.parameters())
     assert set(result.metrics) == {
         "student_val_loss", "teacher_val_loss", "student_val_perplexity", "teacher_val_perplexity", "kl",
-        "train_loss", "parameters", "parameter_fraction", "tokens_per_sec",
+        "train_loss", "parameters", "parameter_fraction", "tokens_per_sec", "qa_fraction",
     }  # fmt: skip
     assert result.metrics["parameter_fraction"] < 1
     assert result.metrics["kl"] >= 0
@@ -141,27 +141,26 @@ def test_shards_from_another_tokenizer_are_refused(tmp_path, inputs):
     assert "\n" not in str(info.value)
 
 
-def _student_dir(tmp_path: Path, teacher_dir: Path, *, extra_token: str | None = None) -> Path:
+def _student_dir(tmp_path: Path, teacher_dir: Path, *, eos_token: str | None = None) -> Path:
     from lmforge.model.build import load_tokenizer, save_model_dir
 
     teacher = load_causal_lm(teacher_dir)
     tok = load_tokenizer(teacher_dir)
-    if extra_token:
-        tok.add_tokens([extra_token])
+    if eos_token:
+        tok.eos_token = eos_token
     student = distill.make_student(teacher, 0.5, "random", seed=3)
     return save_model_dir(student, tok, tmp_path / "student-init")
 
 
 def test_student_with_another_tokenizer_is_a_one_line_error(tmp_path, inputs):
     teacher_dir, shards_dir = inputs
-    student_dir = _student_dir(tmp_path, teacher_dir, extra_token="<|extra|>")
-    cfg = CFG.model_copy(update={"init": "pretrained", "student_uri": str(student_dir)})
+    student_dir = _student_dir(tmp_path, teacher_dir, eos_token="<|pad|>")
     with pytest.raises(
         InputDataError,
-        match=r"tokenizer mismatch: student .*student-init has tokenizer \w{12} \(513 "
-        r"tokens\), teacher .* has \w{12} \(512 tokens\); teacher and student must share",
+        match=r"student_base .*student-init does not share the teacher .*'s tokenizer \(eos_token differs "
+        r"\('<\|endoftext\|>' vs '<\|pad\|>'\)\); teacher and student must have the same vocabulary",
     ) as info:
-        distill.run(cfg, teacher=teacher_dir, shards=shards_dir, student=tmp_path / "out")
+        distill.run(CFG, teacher=teacher_dir, shards=shards_dir, student=tmp_path / "out", student_base=student_dir)
     assert "\n" not in str(info.value)
     assert not (tmp_path / "out").exists()
 
@@ -179,8 +178,8 @@ def test_invalid_student_source_is_rejected():
     from lmforge.config import validate_config
     from lmforge.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="student_uri is required with init=pretrained"):
-        validate_config(DistillConfig, {"init": "pretrained"})
+    with pytest.raises(ConfigError, match="init"):
+        validate_config(DistillConfig, {"init": "pretrained"})  # a pretrained student is the student_base input
     with pytest.raises(ConfigError, match="divergence"):
         validate_config(DistillConfig, {"divergence": "sideways"})
 
@@ -196,16 +195,17 @@ def test_teacher_and_pretrained_student_from_s3_with_reverse_kl(tmp_path, s3_env
     storage.copy_tree(str(_student_dir(tmp_path, teacher_dir)), student_uri)
     cfg = CFG.model_copy(
         update={
-            "init": "pretrained",
-            "student_uri": student_uri,
             "divergence": "reverse",
             "chunk_tokens": 64,
             "train": CFG.train.model_copy(update={"max_steps": 4, "eval_interval": 4}),
         }
     )
-    result = distill.run(cfg, teacher=teacher_uri, shards=shards_dir, student=tmp_path / "out")
+    result = distill.run(
+        cfg, teacher=teacher_uri, shards=shards_dir, student=tmp_path / "out", student_base=student_uri
+    )
     manifest = read_manifest(tmp_path / "out")
-    assert manifest["inputs"]["teacher"]["uri"] == teacher_uri and manifest["inputs"]["student"]["uri"] == student_uri
+    assert manifest["inputs"]["teacher"]["uri"] == teacher_uri
+    assert manifest["inputs"]["student_base"]["uri"] == student_uri
     assert result.metrics["kl"] >= 0 and math.isfinite(result.metrics["student_val_loss"])
 
 

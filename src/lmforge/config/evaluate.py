@@ -10,7 +10,8 @@ from lmforge.config.base import StrictModel
 
 
 class GateConfig(StrictModel):
-    """Thresholds the candidate must meet to be promoted, alone and against the production release."""
+    """Thresholds the candidate must meet to be promoted: alone, against the teacher and the base model it came
+    from, and against the production release. The defaults fail a model that answers nothing."""
 
     max_student_perplexity: float = Field(
         1e4, gt=0.0, description="Fail when the student's held-out perplexity is above this."
@@ -43,6 +44,52 @@ class GateConfig(StrictModel):
         description="Fail when the student's exact match is below the production release's by more than this "
         "(absolute; null: no comparison).",
     )
+    max_answer_loss_increase: float | None = Field(
+        0.25,
+        ge=0.0,
+        description="Fail when the served model's held-out answer loss (mean cross-entropy over the reference "
+        "answers, prompt masked) exceeds the teacher's by more than this fraction (null: no check).",
+    )
+    max_f1_drop: float | None = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="Fail when the student's held-out F1 is below the teacher's by more than this fraction of the "
+        "teacher's F1 (null: no check).",
+    )
+    max_empty_answers: float | None = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="Fail when more than this fraction of the student's answers to the held-out prompts are empty "
+        "(null: no check).",
+    )
+    max_teacher_forgetting: float | None = Field(
+        0.25,
+        ge=0.0,
+        description="Fail when the teacher's bits per byte on held-out corpus text exceeds the base (pretrained) "
+        "model's by more than this fraction: how much fine-tuning may forget (null: no check).",
+    )
+    max_student_forgetting: float | None = Field(
+        0.25,
+        ge=0.0,
+        description="Fail when the student's bits per byte on held-out corpus text exceeds the base model's by more "
+        "than this fraction (null: no check).",
+    )
+    retention_warning: float | None = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="Warn (gate record, report summary, the run's last lines) when cleaning kept less than this "
+        "fraction of the corpus's documents or bytes (null: no warning).",
+    )
+    min_retention: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Fail when cleaning kept less than this fraction of the corpus's documents or bytes "
+        "(null: warn only, see retention_warning).",
+    )
 
 
 class GenerationEvalConfig(StrictModel):
@@ -50,7 +97,7 @@ class GenerationEvalConfig(StrictModel):
 
     enabled: bool = Field(True, description="Generate answers to held-out Q&A prompts and score them.")
     models: list[str] = Field(
-        default_factory=lambda: ["teacher", "student"],
+        default_factory=lambda: ["base", "teacher", "student"],
         description="PyTorch models that generate (by name); ONNX models have no KV-cache decoder to generate with.",
     )
     heldout_fraction: float | None = Field(

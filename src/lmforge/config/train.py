@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import string
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -13,6 +14,8 @@ from lmforge.contracts import QA_HELDOUT_FRACTION
 log = logging.getLogger("lmforge.config")
 
 ChunkLang = Literal["en", "zh", "auto"]
+CHECKPOINT_PLACEHOLDERS = ("run_root", "run_id", "stage")
+"""What a templated ``checkpoint.dir`` may name (see :func:`lmforge.train.checkpoint.resolve_checkpoint_config`)."""
 MIN_CHUNK_TOKENS = 8  # enough for any one character, so a chunk never has to split one
 
 
@@ -40,7 +43,10 @@ class CheckpointConfig(StrictModel):
         None,
         min_length=1,
         description="Where checkpoints go: a local directory or s3://bucket/prefix; null disables checkpoints. "
-        "Multi-node runs need s3:// or a shared filesystem.",
+        "Multi-node runs need s3:// or a shared filesystem. May be a template of {run_root} ($LMFORGE_RUN_ROOT: the "
+        "run's staging or release root, set by the pipeline), {run_id} ($LMFORGE_RUN_ID, the same on every retry) "
+        "and {stage} (the training stage), e.g. {run_root}/checkpoints/{run_id}/{stage}, filled in when training "
+        "starts.",
     )
     every_steps: int = Field(0, ge=0, description="Write a checkpoint every N optimizer steps (0: by time only).")
     every_minutes: float = Field(
@@ -58,6 +64,16 @@ class CheckpointConfig(StrictModel):
 
     @model_validator(mode="after")
     def _check_dir(self) -> CheckpointConfig:
+        if self.dir is not None:
+            try:
+                names = {name for _, name, _, _ in string.Formatter().parse(self.dir) if name is not None}
+            except ValueError as exc:
+                raise ValueError(f"dir {self.dir!r}: not a valid template ({exc})") from exc
+            if unknown := names - set(CHECKPOINT_PLACEHOLDERS):
+                raise ValueError(
+                    f"dir {self.dir!r}: unknown placeholder(s) {sorted(unknown)}; "
+                    f"known: {list(CHECKPOINT_PLACEHOLDERS)}"
+                )
         if self.dir is not None and self.dir.startswith("s3://") and not self.dir[len("s3://") :].strip("/"):
             raise ValueError(f"dir: s3 URI {self.dir!r} has no bucket")
         if self.dir is not None and self.every_steps == 0 and self.every_minutes == 0 and not self.on_sigterm:
@@ -163,7 +179,11 @@ class DistributedConfig(StrictModel):
 class TrainConfig(StrictModel):
     """Optimizer, schedule and loop settings shared by pretraining, fine-tuning and distillation."""
 
-    max_steps: int = Field(200, gt=0, description="Optimizer steps.")
+    max_steps: int = Field(
+        200,
+        ge=0,
+        description="Optimizer steps. 0 is for pretrain with a base model only: the base is passed through untrained.",
+    )
     batch_size: int = Field(8, gt=0, description="Sequences per micro-batch on each rank.")
     grad_accum: int = Field(1, gt=0, description="Micro-batches accumulated per optimizer step.")
     seq_len: int = Field(128, gt=1, description="Tokens per training sequence (≤ the model's block size).")
@@ -271,6 +291,11 @@ class PretrainConfig(StrictModel):
         return self
 
 
+def _refuse_zero_steps(train: TrainConfig) -> None:
+    if train.max_steps == 0:
+        raise ValueError("train.max_steps must be > 0 (0 is only for pretrain passing a base model through)")
+
+
 # Named LoRA shapes for ``LoraConfig.preset``; fields set explicitly win over them.
 LORA_PRESETS: dict[str, dict[str, Any]] = {
     "seeds": {"r": 64, "alpha": 16, "dropout": 0.1},
@@ -356,6 +381,7 @@ class LoraConfig(StrictModel):
             raise ValueError(f"modules {sorted(both)} are both LoRA targets and in modules_to_save; pick one")
         if self.layers_to_transform is not None and min(self.layers_to_transform) < 0:
             raise ValueError(f"layers_to_transform must be block indices >= 0, got {self.layers_to_transform}")
+        _refuse_zero_steps(self.train)
         return self
 
     @property
@@ -365,21 +391,19 @@ class LoraConfig(StrictModel):
 
 
 class DistillConfig(StrictModel):
-    """The ``distill`` stage: student shape and initialization, and the KD loss."""
+    """The ``distill`` stage: student shape and initialization, the KD loss and the training mixture."""
 
     student_layer_fraction: float = Field(
-        0.5, gt=0.0, le=1.0, description="Student depth as a fraction of the teacher's layers (same width)."
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="Student depth as a fraction of the teacher's layers (same width); not used when a student_base "
+        "model is given.",
     )
-    init: Literal["teacher_layers", "random", "pretrained"] = Field(
+    init: Literal["teacher_layers", "random"] = Field(
         "teacher_layers",
-        description="Student initialization: every k-th teacher layer plus embeddings (DistilBERT-style), "
-        "random, or the existing model at student_uri.",
-    )
-    student_uri: str | None = Field(
-        None,
-        min_length=1,
-        description="With init=pretrained: an HF causal LM directory (local or s3://) used as the student; it "
-        "must share the teacher's tokenizer.",
+        description="Student initialization: every k-th teacher layer plus embeddings (DistilBERT-style), or "
+        "random; a student_base model given to the stage replaces both.",
     )
     temperature: float = Field(2.0, gt=0.0, description="Softmax temperature T for the KL term.")
     alpha: float = Field(0.5, ge=0.0, le=1.0, description="Weight of the T²·KL term; CE gets 1 − alpha.")
@@ -397,10 +421,19 @@ class DistillConfig(StrictModel):
     teacher_dtype: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="Teacher weights dtype; auto = bf16 on a GPU that supports it, else fp32."
     )
+    qa_fraction: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="Task-aware distillation: the share of each micro-batch's rows that are fine-tuning examples "
+        "(the train split of the Q&A data LoRA used, prompt masked, the KD loss on the response tokens only; the "
+        "rest are corpus windows), and the weight of their loss: (1 − qa_fraction)·loss(windows) + "
+        "qa_fraction·loss(examples). 0: corpus windows only; 1: examples only. Without Q&A data (none given and "
+        "none recorded in the teacher's manifest) the student learns from corpus windows only.",
+    )
     train: TrainConfig = Field(default_factory=TrainConfig, description="Training loop.")
 
     @model_validator(mode="after")
-    def _student_source(self) -> DistillConfig:
-        if (self.init == "pretrained") != (self.student_uri is not None):
-            raise ValueError("student_uri is required with init=pretrained and only allowed with it")
+    def _steps(self) -> DistillConfig:
+        _refuse_zero_steps(self.train)
         return self

@@ -26,13 +26,14 @@ import hashlib
 import itertools
 import json
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
 from lmforge import storage
+from lmforge.artifacts import MANIFEST, read_json_file
 from lmforge.config import MIN_CHUNK_TOKENS, ChunkLang
 from lmforge.data.chunking import SentenceChunker
 from lmforge.data.corpus import field_list
@@ -180,6 +181,37 @@ def split_examples(examples: list[Example], heldout_fraction: float) -> tuple[li
             f"{len(heldout)} held-out examples; need at least one of each"
         )
     return train, heldout
+
+
+@dataclass(frozen=True)
+class QALineage:
+    """What the fine-tuning stage recorded in a tuned model's manifest about the Q&A data and how it used it."""
+
+    uri: str | None
+    heldout_fraction: float | None
+    chat_template: str = "auto"
+    split_long_examples: bool = True
+    split_lang: str = "auto"
+
+
+def qa_lineage(model_dirs: Iterable[str | Path]) -> QALineage:
+    """The first recorded Q&A lineage (``inputs.qa.uri`` and ``config.heldout_fraction`` both present) among the
+    manifests of ``model_dirs``; ``QALineage(None, None)`` when none has one."""
+    for model_dir in model_dirs:
+        path = Path(model_dir, MANIFEST)
+        manifest = read_json_file(path) if path.is_file() else {}
+        qa = (manifest.get("inputs") or {}).get("qa") if isinstance(manifest, dict) else None
+        config = (manifest.get("config") or {}) if isinstance(manifest, dict) else {}
+        fraction = config.get("heldout_fraction")
+        if isinstance(qa, dict) and isinstance(fraction, int | float) and not isinstance(fraction, bool):
+            return QALineage(
+                uri=qa.get("uri"),
+                heldout_fraction=float(fraction),
+                chat_template=str(config.get("chat_template") or "auto"),
+                split_long_examples=bool(config.get("split_long_examples", True)),
+                split_lang=str(config.get("split_lang") or "auto"),
+            )
+    return QALineage(None, None)
 
 
 def default_chat_segments(chat: Chat, eos_token: str) -> list[Segment]:

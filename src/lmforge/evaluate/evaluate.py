@@ -1,13 +1,16 @@
 """The ``evaluate`` stage: score every model on held-out tokens and Q&A, time it, gate it, report it.
 
-Every model (PyTorch teacher and student, ONNX FP32 / INT8 dynamic / INT8 Q/DQ) is scored with the
+Every model (PyTorch base, teacher and student, ONNX FP32 / INT8 dynamic / INT8 Q/DQ) is scored with the
 same perplexity and latency code through a logits adapter, on the same held-out tokens with the same
 window (the configured context and stride, clamped to the smallest model's maximum positions so the
 numbers stay comparable); the documents' EOS separator is the prefix, so every held-out token is
-scored, and bits per byte come from the tokenizer found in a model directory. PyTorch models also
-answer the held-out Q&A prompts (:mod:`lmforge.evaluate.generation`). The gate compares the result
-with fixed thresholds and with the production release read from the registry. The TensorRT engine is
-not run here; its ``status.json`` (built, or skipped with a reason) is reported as is.
+scored, and bits per byte come from the tokenizer found in a model directory. Every model is also scored
+on the reference answers of the held-out Q&A examples (:mod:`lmforge.evaluate.answer_loss`), and PyTorch
+models answer the held-out prompts (:mod:`lmforge.evaluate.generation`). The gate
+(:mod:`lmforge.evaluate.gate`) compares the result with fixed thresholds, with the teacher and the base
+model (the task kept, the corpus not forgotten), with the data the cleaning kept, and with the production
+release read from the registry. The TensorRT engine is not run here; its ``status.json`` (built, or
+skipped with a reason) is reported as is.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from lmforge.artifacts import MANIFEST, input_record, read_json_file, read_manifest, staged_output, write_manifest
+from lmforge.artifacts import input_record, read_json_file, read_manifest, staged_output, write_manifest
 from lmforge.catalog import production_baseline
 from lmforge.config import EvaluateConfig
 from lmforge.contracts import (
@@ -35,9 +38,11 @@ from lmforge.contracts import (
     read_history,
     served_model,
 )
+from lmforge.data.qa import Example, qa_lineage
 from lmforge.data.shards import INDEX, TokenShards
 from lmforge.errors import ConfigError, InputDataError
-from lmforge.evaluate.gate import check_gate
+from lmforge.evaluate.answer_loss import answer_loss, encode_heldout
+from lmforge.evaluate.gate import check_gate, headline
 from lmforge.evaluate.generation import evaluate_generation, group_by_prompt, prompt_and_reference, samples
 from lmforge.evaluate.report import comparison_rows, html_report, markdown_summary
 from lmforge.metrics.latency import latency_profile
@@ -134,23 +139,45 @@ class QASet:
     uri: str
     heldout_fraction: float
     fraction_source: str
+    examples: list[Example]
+    chat_template: str
+
+
+AnswerRows = list[tuple[list[int], list[int]]]
+"""Encoded held-out examples (:func:`lmforge.evaluate.answer_loss.encode_heldout`), scored for the answer loss."""
+
+
+def _answer_loss(name: str, logits_fn: LogitsFn, rows: AnswerRows, pad_id: int) -> dict[str, Any]:
+    if not rows:
+        return {}
+    loss = answer_loss(logits_fn, rows, pad_id=pad_id)
+    log.info(
+        "%s: held-out answer loss %.4f over %d answer tokens of %d examples",
+        name,
+        loss.mean,
+        loss.tokens,
+        loss.examples,
+    )
+    return {"answer_loss": loss.mean, "answer_loss_tokens": loss.tokens}
 
 
 def _evaluate_torch(
-    name: str, path: Path, text: HeldOutText, cfg: EvaluateConfig, qa: QASet | None
+    name: str, path: Path, text: HeldOutText, cfg: EvaluateConfig, qa: QASet | None, rows: AnswerRows, pad_id: int
 ) -> tuple[dict[str, Any], list[str] | None]:
-    from lmforge.model.build import load_causal_lm, load_tokenizer
+    from lmforge.model.base import base_tokenizer
+    from lmforge.model.build import load_causal_lm
 
     model = load_causal_lm(path)
     size = sum(p.stat().st_size for p in path.glob("*.safetensors"))
     answers = None
     try:
-        result = {"format": "pytorch", **_score(name, torch_logits_fn(model), size, text, cfg)}
+        fn = torch_logits_fn(model)
+        result = {"format": "pytorch", **_score(name, fn, size, text, cfg), **_answer_loss(name, fn, rows, pad_id)}
         if qa is not None and name in cfg.generation.models:
             gen = cfg.generation
             scores, answers = evaluate_generation(
                 model,
-                load_tokenizer(path),
+                base_tokenizer(path),
                 qa.groups,
                 max_new_tokens=gen.max_new_tokens,
                 batch_size=gen.batch_size,
@@ -172,6 +199,7 @@ def _evaluate_torch(
                 f1=scores.f1,
                 bleu=scores.bleu,
                 rouge_l=scores.rouge_l,
+                empty_answer_fraction=scores.empty_predictions / scores.prompts,
                 generation=scores.to_dict(),
             )
     finally:
@@ -180,13 +208,16 @@ def _evaluate_torch(
     return result, answers
 
 
-def _evaluate_onnx(name: str, path: Path, text: HeldOutText, cfg: EvaluateConfig) -> dict:
+def _evaluate_onnx(
+    name: str, path: Path, text: HeldOutText, cfg: EvaluateConfig, rows: AnswerRows, pad_id: int
+) -> dict:
     from lmforge.onnx_runtime import OrtCausalLM
 
     accuracy_gate = gate_result(path)
     model = OrtCausalLM(path)
     try:
-        result = _score(name, onnx_logits_fn(model), model.size_bytes, text, cfg)
+        fn = onnx_logits_fn(model)
+        result = {**_score(name, fn, model.size_bytes, text, cfg), **_answer_loss(name, fn, rows, pad_id)}
     finally:
         del model
         gc.collect()
@@ -195,11 +226,11 @@ def _evaluate_onnx(name: str, path: Path, text: HeldOutText, cfg: EvaluateConfig
 
 def _find_tokenizer(paths: Mapping[str, Path]) -> Any | None:
     """The HF tokenizer of the first model directory holding one (all models share the shards' vocabulary)."""
-    from lmforge.model.build import load_tokenizer
+    from lmforge.model.base import base_tokenizer
 
     for path in paths.values():
         if (path / "tokenizer.json").is_file():
-            return load_tokenizer(path)
+            return base_tokenizer(path)
     return None
 
 
@@ -210,26 +241,15 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _qa_lineage(models: Mapping[str, Path]) -> tuple[str | None, float | None, str]:
-    """Q&A URI, held-out fraction and chat template recorded by the LoRA stage in the teacher's manifest."""
-    for path in models.values():
-        manifest = _read_json(path / MANIFEST) or {}
-        qa = (manifest.get("inputs") or {}).get("qa")
-        config = manifest.get("config") or {}
-        fraction = config.get("heldout_fraction")
-        if isinstance(qa, dict) and isinstance(fraction, int | float):
-            return qa.get("uri"), float(fraction), str(config.get("chat_template") or "auto")
-    return None, None, "auto"
-
-
 def load_qa_set(
     cfg: EvaluateConfig, models: Mapping[str, Path], qa_uri: str | None, tokenizer: Any | None
 ) -> QASet | None:
     """The held-out Q&A prompts: the split LoRA made (its recorded fraction) unless the config overrides it."""
     from lmforge.data.qa import load_examples, split_examples
 
-    recorded_uri, recorded_fraction, chat_template = _qa_lineage(models)
-    uri = qa_uri or recorded_uri
+    lineage = qa_lineage(models.values())
+    recorded_fraction, chat_template = lineage.heldout_fraction, lineage.chat_template
+    uri = qa_uri or lineage.uri
     if uri is None:
         log.warning("no Q&A data given and none recorded in the models' manifests; generation metrics skipped")
         return None
@@ -245,8 +265,17 @@ def load_qa_set(
     _, heldout = split_examples(load_examples(str(uri)), fraction)
     asked = [prompt_and_reference(example, tokenizer, chat_template) for example in heldout]
     groups = group_by_prompt(asked, cfg.generation.max_prompts)
+    prompts = {prompt for prompt, _ in groups}
+    scored = [example for example, (prompt, _) in zip(heldout, asked, strict=True) if prompt in prompts]
     log.info("Q&A: %d held-out prompts from %s (heldout_fraction %g from %s)", len(groups), uri, fraction, source)
-    return QASet(groups=groups, uri=str(uri), heldout_fraction=fraction, fraction_source=source)
+    return QASet(
+        groups=groups,
+        uri=str(uri),
+        heldout_fraction=fraction,
+        fraction_source=source,
+        examples=scored,
+        chat_template=chat_template,
+    )
 
 
 def data_summary(shards_dir: Path, cleaned_dir: Path | None) -> dict[str, Any]:
@@ -293,6 +322,8 @@ MODEL_METRICS: tuple[str, ...] = (
     "f1",
     "bleu",
     "rouge_l",
+    "answer_loss",
+    "empty_answer_fraction",
 )
 """Per-model figures logged as ``<model>_<metric>`` KFP metrics (and kept in the release manifest)."""
 
@@ -314,10 +345,12 @@ def run(
     model_name: str | None = None,
     run_id: str = "",
     preset: str = "",
+    base: str | Path | None = None,
 ) -> StageResult:
     """The ``evaluate`` stage: :func:`evaluate_models` on the pipeline's models, by their artifact names.
 
-    ``run_id`` and ``preset`` (the run's, from the stage's context) are named in the report.
+    ``run_id`` and ``preset`` (the run's, from the stage's context) are named in the report. ``base`` is the
+    pretrained model the teacher was tuned from (``pretrain``'s output), evaluated next to teacher and student.
 
     Raises:
         ConfigError: ``release_root`` without ``model_name`` (the production release would be unknown).
@@ -339,6 +372,7 @@ def run(
         cleaned_dir=cleaned,
         run_id=run_id,
         preset=preset,
+        base=base,
     )
 
 
@@ -356,6 +390,7 @@ def evaluate_models(
     cleaned_dir: str | Path | None = None,
     run_id: str = "",
     preset: str = "",
+    base: str | Path | None = None,
 ) -> StageResult:
     """Evaluate every given model and write ``report.html``, ``report.md``, ``results.json``.
 
@@ -370,9 +405,16 @@ def evaluate_models(
         release_root: the model registry; its ``latest.json`` release is what the gate compares with (or, with
             ``cfg.production_source`` mlflow, the MLflow alias's release).
         model_name: release name in the registry whose production release is the gate's baseline.
-        cleaned_dir: the ``clean`` stage's output, for the data summary in the report (``stats.json``).
+        cleaned_dir: the ``clean`` stage's output, for the data summary in the report (``stats.json``) and the
+            gate's data-retention check.
         run_id, preset: named in the report (with the config every model's manifest records).
+        base: the pretrained (base) model the teacher was tuned from, evaluated as PyTorch model ``base`` so that the
+            report shows base, teacher and student side by side and the gate can bound forgetting.
     """
+    if base:
+        if "base" in models:
+            raise InputDataError("evaluate: a base model given both as base= and in models")
+        models = {"base": base, **models}
     overlap = set(models) & set(onnx_models)
     if overlap:
         raise InputDataError(f"model names given both as PyTorch and ONNX models: {sorted(overlap)}")
@@ -401,17 +443,21 @@ def evaluate_models(
         log.warning("no tokenizer.json in any model directory; bits per byte not computed")
     text = HeldOutText(tokens=tokens, context=context, stride=stride, prefix=prefix, bytes=n_bytes)
     qa = load_qa_set(cfg, torch_paths, qa_uri, tokenizer) if cfg.generation.enabled else None
+    rows: AnswerRows = []
+    if qa is not None and tokenizer is not None:
+        rows = encode_heldout(tokenizer, qa.examples, context=context, chat_template=qa.chat_template)
+    pad_id = tokenizer.pad_token_id if tokenizer is not None else 0
 
     evaluated: dict[str, dict[str, Any]] = {}
     answers: dict[str, list[str]] = {}
     for name, path in paths.items():
         log.info("evaluating %s (%s)", name, path)
         if name in models:
-            entry, generated = _evaluate_torch(name, path, text, cfg, qa)
+            entry, generated = _evaluate_torch(name, path, text, cfg, qa, rows, pad_id)
             if generated is not None:
                 answers[name] = generated
         else:
-            entry = _evaluate_onnx(name, path, text, cfg)
+            entry = _evaluate_onnx(name, path, text, cfg, rows, pad_id)
         evaluated[name] = {"uri": str(path), **entry}
 
     if (engine := _engine_entry(trt)) is not None:
@@ -451,9 +497,12 @@ def evaluate_models(
     decision = check_gate(cfg.gate, results)
     results["gate"] = decision.to_dict()
     results["passed"] = decision.passed
+    results["headline"] = headline(results)
     log.info("gate %s", "passed" if decision.passed else "failed")
     for check in decision.checks:
         log.info("  %s %s: %s", "PASS" if check.passed else "FAIL", check.name, check.reason)
+    for warning in decision.warnings:
+        log.warning("gate warning: %s", warning)
 
     histories = {name: h for name, path in paths.items() if (h := read_history(path)) is not None}
     # The config each model was made with, as its manifest records it, and this stage's own.
@@ -491,6 +540,12 @@ def evaluate_models(
     return StageResult(
         metrics=metrics,
         html=report,
-        summary={"passed": decision.passed, "checks": results["gate"]["checks"], "table": table_rows},
+        summary={
+            "passed": decision.passed,
+            "checks": results["gate"]["checks"],
+            "warnings": decision.warnings,
+            "headline": results["headline"],
+            "table": table_rows,
+        },
         markdown=summary_md,
     )

@@ -1,22 +1,36 @@
-"""The promotion gate: thresholds a candidate must meet, alone and against the production release.
+"""The promotion gate: thresholds a candidate must meet, alone, against the teacher and the base model it came
+from, and against the production release.
 
 ``results`` is the mapping written as ``results.json`` by :mod:`lmforge.evaluate.evaluate`; the gate
 reads only::
 
-    {"models": {"student": {"perplexity": ..., "bits_per_byte": ..., "exact_match": ...},
+    {"models": {"student": {"perplexity": ..., "bits_per_byte": ..., "exact_match": ..., "f1": ...,
+                            "empty_answer_fraction": ..., "answer_loss": ...},
+                "teacher": {"bits_per_byte": ..., "f1": ..., "answer_loss": ...},
+                "base": {"bits_per_byte": ...},
                 "onnx_fp32": {"perplexity": ...},
                 "int8_dynamic": {"perplexity": ...},
-                "<served model>": {"p99_ms": ...}},      # batch-1 forward pass
+                "<served model>": {"p99_ms": ..., "answer_loss": ...}},      # batch-1 forward pass
      "served_model": "<served model>",
      "production": {"status": "found", "version": ..., "metrics": {"student_bits_per_byte": ...,
                                                                    "student_exact_match": ...}}
-                   | {"status": "none", "reason": ...}}
+                   | {"status": "none", "reason": ...},
+     "data": {"clean": {"metrics": {"docs_in": ..., "docs_out": ..., "bytes_in": ..., "bytes_out": ...}}}}
 
 A value that is missing (model not evaluated, key absent, ``None``) or not a finite number fails its
-check with a reason; nothing passes by default. Two things pass explicitly, with a reason saying so: a
-check whose threshold is configured as null (disabled), and a comparison with production when there is
-no production release yet (the first promotion). Production is compared on bits per byte, not
-perplexity, because a retrained tokenizer changes what a token is but not what a byte is.
+check with a reason; nothing passes by default. Four things pass explicitly, with a reason saying so: a
+check whose threshold is configured as null (disabled), a comparison with production when there is
+no production release yet (the first promotion), the forgetting checks when no base model was evaluated,
+and the retention check when no cleaning statistics were given. Production and the base model are
+compared on bits per byte, not perplexity, because a retrained tokenizer changes what a token is but not
+what a byte is.
+
+Relative checks compare the candidate with the model it was made from, so that a useless model cannot pass
+on absolute thresholds that a tiny model meets anyway: the served model's held-out answer loss against the
+teacher's, the student's F1 against the teacher's, the share of empty answers, and bits per byte of the
+teacher and the student against the base (what fine-tuning and distillation forgot). The retention check
+can warn without failing: a check carries an optional ``warning``, and :attr:`GateDecision.warnings` lists
+them for the report and the run's last lines.
 """
 
 from __future__ import annotations
@@ -29,6 +43,8 @@ from typing import Any
 from lmforge.config import GateConfig
 
 STUDENT = "student"
+TEACHER = "teacher"
+BASE = "base"
 FP32 = "onnx_fp32"
 INT8 = "int8_dynamic"
 
@@ -42,6 +58,7 @@ class Check:
     threshold: float | None
     passed: bool
     reason: str
+    warning: str | None = None
 
 
 @dataclass(frozen=True)
@@ -51,9 +68,14 @@ class GateDecision:
     passed: bool
     checks: list[Check] = field(default_factory=list)
 
+    @property
+    def warnings(self) -> list[str]:
+        """The checks' warnings, in check order (a warning never fails the gate by itself)."""
+        return [c.warning for c in self.checks if c.warning]
+
     def to_dict(self) -> dict[str, Any]:
         """Plain mapping (for JSON)."""
-        return {"passed": self.passed, "checks": [asdict(c) for c in self.checks]}
+        return {"passed": self.passed, "checks": [asdict(c) for c in self.checks], "warnings": self.warnings}
 
 
 def _finite(value: Any, where: str) -> tuple[float | None, str]:
@@ -211,11 +233,136 @@ def check_exact_match_vs_production(cfg: GateConfig, results: Mapping[str, Any])
     return _at_most(name, value, margin, missing, what)
 
 
+def _relative(value: float | None, reference: float | None, missing: list[str], what: str) -> float | None:
+    """``(value − reference) / reference``, or ``None`` with the reason appended to ``missing``."""
+    if value is None or reference is None:
+        return None
+    if reference <= 0:
+        missing.append(f"{what} is {reference}, not positive")
+        return None
+    return (value - reference) / reference
+
+
+def _pair(results: Mapping[str, Any], model: str, reference: str, key: str) -> tuple[float | None, float | None, str]:
+    value, missing_value = _number(results, model, key)
+    ref, missing_ref = _number(results, reference, key)
+    return value, ref, "; ".join(m for m in (missing_value, missing_ref) if m)
+
+
+def check_answer_loss_vs_teacher(cfg: GateConfig, results: Mapping[str, Any]) -> Check:
+    """The served model's held-out answer loss is at most the teacher's times ``1 + max_answer_loss_increase``.
+
+    The value is the relative increase ``(loss_served − loss_teacher) / loss_teacher``. The served model is
+    what users get (an INT8 student, usually); a served model without an answer loss is checked as the student.
+    """
+    name = "answer_loss_vs_teacher"
+    if cfg.max_answer_loss_increase is None:
+        return _disabled(name, "max_answer_loss_increase")
+    served = results.get("served_model")
+    entry = (results.get("models") or {}).get(served) or {} if served else {}
+    model = served if entry.get("answer_loss") is not None else STUDENT
+    value, teacher, missing = _pair(results, model, TEACHER, "answer_loss")
+    problems = [missing] if missing else []
+    increase = _relative(value, teacher, problems, f"{TEACHER}.answer_loss")
+    what = f"{model} held-out answer loss increase vs teacher"
+    return _at_most(name, increase, cfg.max_answer_loss_increase, "; ".join(problems), what)
+
+
+def check_f1_vs_teacher(cfg: GateConfig, results: Mapping[str, Any]) -> Check:
+    """The student's held-out F1 is at most ``max_f1_drop`` (a fraction of the teacher's F1) below the teacher's.
+
+    The value is ``(f1_teacher − f1_student) / f1_teacher``; a teacher with F1 0 leaves nothing to lose (0).
+    """
+    name = "f1_vs_teacher"
+    if cfg.max_f1_drop is None:
+        return _disabled(name, "max_f1_drop")
+    student, teacher, missing = _pair(results, STUDENT, TEACHER, "f1")
+    drop = None
+    if student is not None and teacher is not None:
+        drop = (teacher - student) / teacher if teacher > 0 else 0.0
+    return _at_most(name, drop, cfg.max_f1_drop, missing, "student F1 drop vs teacher (fraction of teacher F1)")
+
+
+def check_empty_answers(cfg: GateConfig, results: Mapping[str, Any]) -> Check:
+    """At most ``max_empty_answers`` of the student's answers to held-out prompts are empty."""
+    name = "student_empty_answers"
+    if cfg.max_empty_answers is None:
+        return _disabled(name, "max_empty_answers")
+    value, missing = _number(results, STUDENT, "empty_answer_fraction")
+    return _at_most(name, value, cfg.max_empty_answers, missing, "share of empty student answers")
+
+
+def _forgetting(name: str, model: str, limit: float | None, setting: str, results: Mapping[str, Any]) -> Check:
+    if limit is None:
+        return _disabled(name, setting)
+    if BASE not in (results.get("models") or {}):
+        return Check(name, None, limit, True, "no base model evaluated: nothing to measure forgetting against")
+    value, base, missing = _pair(results, model, BASE, "bits_per_byte")
+    problems = [missing] if missing else []
+    increase = _relative(value, base, problems, f"{BASE}.bits_per_byte")
+    what = f"{model} bits/byte increase vs base on held-out corpus text"
+    return _at_most(name, increase, limit, "; ".join(problems), what)
+
+
+def check_teacher_forgetting(cfg: GateConfig, results: Mapping[str, Any]) -> Check:
+    """Teacher bits per byte is at most the base model's times ``1 + max_teacher_forgetting``."""
+    return _forgetting("teacher_forgetting", TEACHER, cfg.max_teacher_forgetting, "max_teacher_forgetting", results)
+
+
+def check_student_forgetting(cfg: GateConfig, results: Mapping[str, Any]) -> Check:
+    """Student bits per byte is at most the base model's times ``1 + max_student_forgetting``."""
+    return _forgetting("student_forgetting", STUDENT, cfg.max_student_forgetting, "max_student_forgetting", results)
+
+
+def retention(results: Mapping[str, Any]) -> dict[str, float] | None:
+    """Documents and bytes kept by cleaning, as counts and fractions; ``None`` without cleaning statistics."""
+    metrics = ((results.get("data") or {}).get("clean") or {}).get("metrics") or {}
+    counts = {k: metrics.get(k) for k in ("docs_in", "docs_out", "bytes_in", "bytes_out")}
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in counts.values()):
+        return None
+    if not counts["docs_in"] or not counts["bytes_in"]:
+        return None
+    return {
+        **{k: float(v) for k, v in counts.items()},
+        "documents": counts["docs_out"] / counts["docs_in"],
+        "bytes": counts["bytes_out"] / counts["bytes_in"],
+    }
+
+
+def check_data_retention(cfg: GateConfig, results: Mapping[str, Any]) -> Check:
+    """The share of documents and of bytes that cleaning kept (the lower of the two) is at least ``min_retention``;
+    below ``retention_warning`` the check warns. Without cleaning statistics it passes, saying so."""
+    name = "data_retention"
+    kept = retention(results)
+    if kept is None:
+        return Check(name, None, cfg.min_retention, True, "no cleaning statistics given: retention not measured")
+    value = min(kept["documents"], kept["bytes"])
+    figures = (
+        f"cleaning kept {kept['docs_out']:.0f} of {kept['docs_in']:.0f} documents ({kept['documents']:.1%}) and "
+        f"{kept['bytes']:.1%} of the bytes"
+    )
+    warning = None
+    if cfg.retention_warning is not None and value < cfg.retention_warning:
+        warning = f"{figures}: below the {cfg.retention_warning:.0%} warning level; check the cleaning rules"
+    if cfg.min_retention is None:
+        return Check(name, value, None, True, f"{figures} (no failing threshold: min_retention is null)", warning)
+    passed = value >= cfg.min_retention
+    relation = "≥" if passed else "<"
+    reason = f"{figures}: {value:.1%} {relation} {cfg.min_retention:.1%}: {'ok' if passed else 'too low'}"
+    return Check(name, value, cfg.min_retention, passed, reason, warning)
+
+
 CHECKS = (
     check_student_perplexity,
     check_int8_delta,
     check_served_latency,
     check_student_exact_match,
+    check_answer_loss_vs_teacher,
+    check_f1_vs_teacher,
+    check_empty_answers,
+    check_teacher_forgetting,
+    check_student_forgetting,
+    check_data_retention,
     check_bits_per_byte_vs_production,
     check_exact_match_vs_production,
 )
@@ -226,3 +373,55 @@ def check_gate(cfg: GateConfig, results: Mapping[str, Any]) -> GateDecision:
     """Run every check; the gate passes only when all do."""
     checks = [check(cfg, results) for check in CHECKS]
     return GateDecision(passed=all(c.passed for c in checks), checks=checks)
+
+
+def headline(results: Mapping[str, Any]) -> dict[str, Any]:
+    """The figures a run ends with: the served model's empty answers (its student's) and answer loss against the
+    teacher's, the teacher's bits per byte against the base's, data retention, and the gate's warnings.
+
+    Ratios are ``value / reference`` (1.0: equal); a figure that cannot be computed is ``None``.
+    """
+    models = results.get("models") or {}
+    served = results.get("served_model")
+
+    def figure(model: str | None, key: str) -> float | None:
+        value = (models.get(model) or {}).get(key) if model else None
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    def ratio(value: float | None, reference: float | None) -> float | None:
+        return value / reference if value is not None and reference else None
+
+    served_loss = figure(served, "answer_loss")
+    loss_model = served if served_loss is not None else STUDENT
+    kept = retention(results)
+    return {
+        "served_model": served,
+        "empty_answer_fraction": figure(STUDENT, "empty_answer_fraction"),
+        "answer_loss_model": loss_model,
+        "answer_loss_vs_teacher": ratio(figure(loss_model, "answer_loss"), figure(TEACHER, "answer_loss")),
+        "teacher_bits_per_byte_vs_base": ratio(figure(TEACHER, "bits_per_byte"), figure(BASE, "bits_per_byte")),
+        "retention_documents": kept["documents"] if kept else None,
+        "retention_bytes": kept["bytes"] if kept else None,
+        "warnings": list((results.get("gate") or {}).get("warnings") or []),
+    }
+
+
+def headline_lines(head: Mapping[str, Any]) -> list[str]:
+    """The headline as short lines for a log, a report summary or the CLI's last lines."""
+
+    def pct(value: Any) -> str:
+        return "n/a" if value is None else f"{value:.0%}"
+
+    def times(value: Any) -> str:
+        return "n/a" if value is None else f"{value:.3f}x"
+
+    lines = [
+        f"served model {head.get('served_model') or 'none'}: {pct(head.get('empty_answer_fraction'))} of held-out "
+        f"prompts answered with an empty string (student), answer loss {times(head.get('answer_loss_vs_teacher'))} "
+        f"the teacher's ({head.get('answer_loss_model')})",
+        f"teacher bits/byte on held-out corpus text: {times(head.get('teacher_bits_per_byte_vs_base'))} the base "
+        "model's",
+        f"data retention: cleaning kept {pct(head.get('retention_documents'))} of documents, "
+        f"{pct(head.get('retention_bytes'))} of bytes",
+    ]
+    return lines + [f"WARNING: {w}" for w in head.get("warnings") or []]

@@ -16,11 +16,13 @@ from typing import Any
 
 import yaml
 
+from lmforge.evaluate.gate import headline_lines
 from lmforge.report_html import bar_plot, breakable, charts, details, figure_png, line_plot, page, scroll_box, table
 
 log = logging.getLogger("lmforge.evaluate")
 
 MODEL_LABELS: dict[str, str] = {
+    "base": "base (pretrained)",
     "teacher": "teacher (LoRA merged)",
     "student": "student (distilled)",
     "onnx_fp32": "ONNX FP32",
@@ -39,6 +41,8 @@ TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("f1", "F1"),
     ("bleu", "BLEU"),
     ("rouge_l", "ROUGE-L"),
+    ("answer_loss", "answer loss"),
+    ("empty_answer_fraction", "empty answers"),
     ("size_mb", "size MB"),
     ("p50_ms", "p50 ms (b1)"),
     ("p99_ms", "p99 ms (b1)"),
@@ -113,6 +117,8 @@ def comparison_rows(results: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "f1": entry.get("f1"),
                 "bleu": entry.get("bleu"),
                 "rouge_l": entry.get("rouge_l"),
+                "answer_loss": entry.get("answer_loss"),
+                "empty_answer_fraction": entry.get("empty_answer_fraction"),
                 "size_mb": entry.get("size_mb"),
                 "p50_ms": entry.get("p50_ms"),
                 "p99_ms": entry.get("p99_ms"),
@@ -317,7 +323,9 @@ def _method_html(results: Mapping[str, Any]) -> str:
         "Generation: greedy decoding with the KV cache, batched with left padding, on held-out Q&A prompts "
         "(prompt-hash split, the pairs LoRA never trained on); EM and token F1 after SQuAD normalization, best "
         "reference per prompt; corpus BLEU by sacrebleu (signature above); ROUGE-L F by rouge-score with Porter "
-        f"stemming. Latency: full forward passes of {context}-token inputs, {results.get('latency_runs', '?')} "
+        "stemming. Answer loss: mean cross-entropy over the reference-answer tokens of the held-out Q&A examples "
+        "(prompt masked, as fine-tuning scores them), the same rows for every model, ONNX ones included. "
+        f"Latency: full forward passes of {context}-token inputs, {results.get('latency_runs', '?')} "
         "timed runs after warm-up, at batch 1 and 8; indicative only on shared machines. Size: bytes of the "
         "weight files (safetensors / ONNX incl. external data). Metric differences between runs can be noise: "
         "seeds and data are fixed, but small held-out sets move by whole answers.</p>"
@@ -359,6 +367,10 @@ def html_report(
     summary = _run_html(run_id, preset) + (
         f'<p>Gate <span class="{"pass" if results.get("passed") else "fail"}">{verdict}</span>; '
         f"served model: {html.escape(str(served))}; compared with {html.escape(_production_text(results))}.</p>"
+        + "".join(
+            f'<p class="{"fail" if line.startswith("WARNING") else "note"}">{html.escape(line)}</p>'
+            for line in headline_lines(results.get("headline") or {})
+        )
     )
     sections = [
         ("Summary", summary),
@@ -400,6 +412,8 @@ def markdown_summary(results: Mapping[str, Any], *, run_id: str | None = None, p
         *([run[0].upper() + run[1:] + ".", ""] if run else []),
         f"Served model: `{results.get('served_model') or 'none'}`; compared with {_production_text(results)}; "
         f"TensorRT: {tensorrt_status_text(results.get('tensorrt') or {})}.",
+        "",
+        *(f"- {_md(line)}" for line in headline_lines(results.get("headline") or {})),
         "",
         "| " + " | ".join(h for _, h in TABLE_COLUMNS) + " |",
         "|" + "---|" * len(TABLE_COLUMNS),

@@ -84,6 +84,20 @@ def eval_windows(tokens: np.ndarray, *, batch_size: int, seq_len: int, n_batches
     return [_windows(tokens, starts[i : i + batch_size], seq_len) for i in range(0, count, batch_size)]
 
 
+def collate(
+    rows: list[tuple[list[int], list[int]]], pad_id: int, *, width: int | None = None
+) -> dict[str, torch.Tensor]:
+    """Encoded examples ``(ids, labels)`` as a loop batch: right-padded (labels ``IGNORE_INDEX`` on padding) to
+    ``width`` tokens (default: the longest row), then shifted into inputs and targets."""
+    width = width or max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+    for row, (example_ids, example_labels) in enumerate(rows):
+        ids[row, : len(example_ids)] = torch.tensor(example_ids)
+        labels[row, : len(example_labels)] = torch.tensor(example_labels)
+    return {"input_ids": ids[:, :-1], "targets": labels[:, 1:]}
+
+
 def open_matching_shards(shards_dir: str | Path, tokenizer_dir: str | Path) -> TokenShards:
     """Open token shards and check they were written by the tokenizer stored in ``tokenizer_dir``."""
     shards = TokenShards.open(shards_dir)

@@ -20,6 +20,12 @@ Such a writer can still poison the model's weights; a signed manifest would be n
 
 Resume (``resume: auto``) takes the newest checkpoint that verifies; a newer one that does not (torn
 file, unreadable manifest, unsafe pickle) is moved aside under ``<dir>/quarantine/`` and reported by URI.
+
+Where. ``checkpoint.dir`` may be a template that names what only the run knows (the GPU presets use
+``{run_root}/checkpoints/{run_id}/{stage}``): ``{run_root}`` is ``$LMFORGE_RUN_ROOT`` (the pipeline sets it
+to the run's staging root, else its release root), ``{run_id}`` is ``$LMFORGE_RUN_ID`` (the pipeline run id,
+the same on every retry of a step, so a retried step resumes) and ``{stage}`` the training stage.
+:func:`resolve_checkpoint_config` fills them in when training starts.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import tempfile
 import time
 import uuid
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +52,10 @@ from lmforge.train.distributed import DistContext
 
 logger = logging.getLogger("lmforge.train")
 
+RUN_ROOT_ENV = "LMFORGE_RUN_ROOT"
+RUN_ID_ENV = "LMFORGE_RUN_ID"
+PLACEHOLDER_ENV = {"run_root": RUN_ROOT_ENV, "run_id": RUN_ID_ENV}
+"""Placeholders of a templated ``checkpoint.dir`` filled from the environment (``{stage}`` is the stage's name)."""
 KIND = "checkpoint"
 QUARANTINE = "quarantine"
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
@@ -170,6 +180,30 @@ def _remove(uri: str) -> None:
     path = Path(uri)
     (path / MANIFEST).unlink(missing_ok=True)
     shutil.rmtree(path, ignore_errors=True)
+
+
+def resolve_checkpoint_config(
+    cfg: CheckpointConfig, *, stage: str, environ: Mapping[str, str] | None = None
+) -> CheckpointConfig:
+    """``cfg`` with the placeholders of its ``dir`` filled in (see the module docstring); unchanged without any.
+
+    Raises:
+        ConfigError: a placeholder's environment variable is not set, naming it and what to do instead.
+    """
+    if cfg.dir is None or "{" not in cfg.dir:
+        return cfg
+    environ = os.environ if environ is None else environ
+    values = {"stage": stage}
+    for name, variable in PLACEHOLDER_ENV.items():
+        if "{" + name + "}" in cfg.dir:
+            value = environ.get(variable, "").strip().rstrip("/")
+            if not value:
+                raise ConfigError(
+                    f"{stage}.train.checkpoint.dir {cfg.dir!r} needs ${variable} (the lmforge pipeline sets it); "
+                    f"set it, or set checkpoint.dir to a local path or s3:// URI, or to null to disable checkpoints"
+                )
+            values[name] = value
+    return cfg.model_copy(update={"dir": cfg.dir.format(**values)})
 
 
 class Checkpointer:

@@ -1,4 +1,9 @@
-"""The ``distill`` stage: a shallower student trained on the teacher's soft targets over token shards."""
+"""The ``distill`` stage: a smaller student trained on the teacher's soft targets, on corpus windows and on the
+fine-tuning examples the teacher was tuned on (:mod:`lmforge.train.mixture`), so the served student keeps the task.
+
+The student is the teacher with fewer blocks (initialized from teacher layers, or randomly), or a smaller
+pretrained model given as ``student_base`` that shares the teacher's tokenizer (vocabulary and special tokens).
+"""
 
 from __future__ import annotations
 
@@ -16,15 +21,32 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from lmforge import storage
 from lmforge.artifacts import input_record, write_manifest
 from lmforge.config import DistillConfig
-from lmforge.data.tokenizer import tokenizer_fingerprint
+from lmforge.data.qa import qa_lineage
 from lmforge.errors import ConfigError, InputDataError
-from lmforge.model.build import check_model_dir, count_parameters, load_causal_lm, load_tokenizer, save_model_dir
+from lmforge.model.base import (
+    align_special_tokens,
+    base_problem,
+    base_tokenizer,
+    localize_model,
+    model_record,
+    tokenizer_mismatch,
+)
+from lmforge.model.build import count_parameters, load_causal_lm, save_model_dir
 from lmforge.report_html import page, table
 from lmforge.results import StageResult
-from lmforge.train.batches import IGNORE_INDEX, open_matching_shards, shard_batches
+from lmforge.train.batches import IGNORE_INDEX, open_matching_shards
 from lmforge.train.distributed import describe_backend, distributed_context, main_rank_outputs, refuse_occupied
 from lmforge.train.loop import curves_section, evaluate, quarantine_facts, tokens_per_sec, train, whole_model
-from lmforge.train.losses import ChunkedKDLoss, KDTerms, causal_lm_loss
+from lmforge.train.losses import ChunkedKDLoss, KDTerms, causal_lm_loss, masked_ce
+from lmforge.train.mixture import (
+    Mixture,
+    QARows,
+    heldout_batches,
+    load_qa_rows,
+    mixture_batches,
+    plan_mixture,
+    trained_on,
+)
 
 logger = logging.getLogger("lmforge.distill")
 
@@ -76,33 +98,37 @@ def teacher_dtype(setting: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def check_same_tokenizer(teacher_dir: Path, student_dir: Path, *, teacher_uri: str, student_uri: str) -> None:
-    """Raise a one-line error unless both model directories hold the same tokenizer (same ``tokenizer.json``)."""
-    teacher_tok, student_tok = load_tokenizer(teacher_dir), load_tokenizer(student_dir)
-    teacher_fp, student_fp = tokenizer_fingerprint(teacher_dir), tokenizer_fingerprint(student_dir)
-    if teacher_fp != student_fp:
+def _load_student_base(uri: str | Path, workdir: Path, teacher_dir: Path, teacher_uri: str | Path) -> Path:
+    """Localize a pretrained student and check it can learn from the teacher: same vocabulary and special tokens."""
+    local = localize_model(uri, workdir)
+    if problem := base_problem(local):
+        raise InputDataError(f"distill: student_base {uri}: {problem}")
+    if mismatch := tokenizer_mismatch(base_tokenizer(teacher_dir), base_tokenizer(local)):
         raise InputDataError(
-            f"distill: tokenizer mismatch: student {student_uri} has tokenizer {student_fp[:12]} "
-            f"({len(student_tok)} tokens), teacher {teacher_uri} has {teacher_fp[:12]} ({len(teacher_tok)} tokens); "
-            "teacher and student must share a tokenizer"
+            f"distill: student_base {uri} does not share the teacher {teacher_uri}'s tokenizer ({mismatch}); "
+            "teacher and student must have the same vocabulary and special tokens"
         )
+    return local
 
 
-def _localize_model(uri: str | Path, workdir: Path) -> Path:
-    local = storage.localize(str(uri), workdir)
-    try:
-        return check_model_dir(local)
-    except InputDataError as exc:  # name the URI the user gave, not the scratch copy
-        raise InputDataError(str(exc).replace(str(local), str(uri))) from exc
+def run(
+    cfg: DistillConfig,
+    *,
+    teacher: str | Path,
+    shards: str | Path,
+    student: str | Path,
+    qa_uri: str | None = None,
+    student_base: str | Path | None = None,
+) -> StageResult:
+    """Distill the teacher into a student on a mixture of corpus windows and fine-tuning examples.
 
-
-def run(cfg: DistillConfig, *, teacher: str | Path, shards: str | Path, student: str | Path) -> StageResult:
-    """Distill the teacher into a student with ``student_layer_fraction`` of its blocks (or ``student_uri``).
-
-    The teacher and the student may be local directories or ``s3://`` prefixes. The teacher is frozen
-    (eval mode, no grad, bf16 where supported); the student is trained on
-    ``alpha·T²·KL + (1 − alpha)·CE`` (:class:`~lmforge.train.losses.ChunkedKDLoss`); with ``alpha = 0``
-    the teacher is not run during training at all.
+    The student has ``student_layer_fraction`` of the teacher's blocks, or is the pretrained ``student_base``.
+    The teacher, the student base and the shards may be local directories or ``s3://`` prefixes. The teacher
+    is frozen (eval mode, no grad, bf16 where supported); the student is trained on
+    ``alpha·T²·KL + (1 − alpha)·CE`` (:class:`~lmforge.train.losses.ChunkedKDLoss`) over corpus windows and
+    over the responses of the Q&A train split, weighted by ``qa_fraction`` (:mod:`lmforge.train.mixture`);
+    with ``alpha = 0`` the teacher is not run during training at all. ``qa_uri`` defaults to the Q&A data
+    recorded in the teacher's manifest by the LoRA stage; the held-out split is the one LoRA made.
 
     Runs as one process, or on every rank of a ``torchrun`` / Kubeflow Trainer job (DDP or DeepSpeed ZeRO):
     the student is trained data-parallel, every rank runs its own frozen copy of the teacher, and rank 0
@@ -110,23 +136,81 @@ def run(cfg: DistillConfig, *, teacher: str | Path, shards: str | Path, student:
 
     Raises:
         InputDataError: the teacher has no weights, the shards were not written by the teacher's
-            tokenizer, the student's tokenizer differs from the teacher's, or ``student`` is not empty.
+            tokenizer, the student base's tokenizer differs from the teacher's, or ``student`` is not empty.
     """
+    student_base = student_base or None  # an unset pipeline parameter arrives as ""
     refuse_occupied(student)  # on every rank, before any of them trains
     with tempfile.TemporaryDirectory(prefix="lmforge-distill-") as workdir:
-        teacher_local = _localize_model(teacher, Path(workdir, "teacher"))
+        teacher_local = localize_model(teacher, Path(workdir, "teacher"))
         shards_local = storage.localize(str(shards), Path(workdir, "shards"))
-        student_local = None
-        if cfg.student_uri is not None:
-            student_local = _localize_model(cfg.student_uri, Path(workdir, "student"))
-            check_same_tokenizer(teacher_local, student_local, teacher_uri=str(teacher), student_uri=cfg.student_uri)
-        inputs = {
+        inputs: dict[str, Any] = {
             "teacher": input_record(teacher_local) | {"uri": str(teacher)},
             "shards": input_record(shards_local) | {"uri": str(shards)},
         }
-        if student_local is not None:
-            inputs["student"] = {"uri": cfg.student_uri, "kind": "model"}
-        return _run(cfg, teacher_local, shards_local, student_local, inputs, student)
+        student_local = None
+        if student_base is not None:
+            student_local = _load_student_base(student_base, Path(workdir, "student"), teacher_local, teacher)
+            inputs["student_base"] = model_record(student_local, str(student_base))
+        lineage = qa_lineage([teacher_local])
+        qa = qa_uri or lineage.uri
+        if qa is None:
+            logger.warning("distill: no qa_uri given and none recorded in the teacher's manifest: corpus windows only")
+        tokenizer = base_tokenizer(teacher_local)
+        qa_rows = None
+        if qa is not None:  # read for the held-out answer loss even when the mixture leaves examples out
+            tcfg = cfg.train
+            qa_rows = load_qa_rows(
+                str(qa), tokenizer, lineage, width=tcfg.seq_len + 1, heldout_limit=tcfg.eval_batches * tcfg.batch_size
+            )
+            inputs["qa"] = {
+                "uri": str(qa),
+                "kind": "qa_examples",
+                "heldout_fraction": qa_rows.heldout_fraction,
+                "heldout_fraction_source": qa_rows.fraction_source,
+                "train_examples": len(qa_rows.train_examples),
+                "heldout_examples": len(qa_rows.heldout_examples),
+            }
+        return _run(cfg, teacher_local, shards_local, student_local, qa_rows, inputs, student)
+
+
+def _student(cfg: DistillConfig, teacher: PreTrainedModel, student_dir: Path | None, tokenizer: Any) -> PreTrainedModel:
+    if student_dir is None:
+        return make_student(teacher, cfg.student_layer_fraction, cfg.init, seed=cfg.train.seed)
+    student = load_causal_lm(student_dir)
+    if student.config.vocab_size != teacher.config.vocab_size:
+        raise InputDataError(
+            f"distill: student vocabulary {student.config.vocab_size} differs from the teacher's "
+            f"{teacher.config.vocab_size}; teacher and student must share a tokenizer"
+        )
+    positions = student.config.max_position_embeddings
+    if cfg.train.seq_len > positions:
+        raise ConfigError(
+            f"distill.train.seq_len ({cfg.train.seq_len}) exceeds the student base's {positions} positions"
+        )
+    align_special_tokens(student, tokenizer)
+    return student
+
+
+def _mixture_record(mixture: Mixture, requested: float, qa: QARows | None, trained: dict[str, Any]) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "requested_qa_fraction": requested,
+        "qa_fraction": mixture.qa_fraction,
+        "corpus_rows_per_batch": mixture.corpus_rows,
+        "example_rows_per_batch": mixture.qa_rows,
+        "reason": mixture.reason,
+        **trained,
+    }
+    if qa is not None:
+        record |= {
+            "qa_uri": qa.uri,
+            "heldout_fraction": qa.heldout_fraction,
+            "train_examples": len(qa.train_examples),
+            "heldout_examples": len(qa.heldout_examples),
+            "train_rows": len(qa.train),
+            "split_examples": qa.split_examples,
+            "rows_without_answer_tokens": qa.dropped_rows,
+        }
+    return record
 
 
 def _run(
@@ -134,47 +218,47 @@ def _run(
     teacher_dir: Path,
     shards_dir: Path,
     student_dir: Path | None,
+    qa: QARows | None,
     inputs: dict[str, Any],
     output_dir: str | Path,
 ) -> StageResult:
     tcfg = cfg.train
     shards = open_matching_shards(shards_dir, teacher_dir)
-    tokenizer = load_tokenizer(teacher_dir)
+    tokenizer = base_tokenizer(teacher_dir)
+    pad_id = tokenizer.pad_token_id
     teacher = load_causal_lm(teacher_dir)
     positions = teacher.config.max_position_embeddings
     if tcfg.seq_len > positions:
         raise ConfigError(f"distill.train.seq_len ({tcfg.seq_len}) exceeds the teacher's {positions} positions")
+    mixture = plan_mixture(cfg.qa_fraction, tcfg.batch_size, qa)
+    heldout = heldout_batches(qa, pad_id, tcfg.batch_size) if qa is not None and qa.heldout else []
 
     with distributed_context(tcfg.distributed) as ctx, main_rank_outputs(ctx, output_dir) as (out,):
-        train_batch, val_batches = shard_batches(shards, tcfg, rank=ctx.rank, world_size=ctx.world_size)
+        train_batch, val_batches = mixture_batches(
+            shards, tcfg, mixture, qa, pad_id, rank=ctx.rank, world_size=ctx.world_size
+        )
         device = ctx.device
-        if student_dir is not None:
-            student = load_causal_lm(student_dir)
-            if student.config.vocab_size != teacher.config.vocab_size:
-                raise InputDataError(
-                    f"distill: student vocabulary {student.config.vocab_size} differs from the teacher's "
-                    f"{teacher.config.vocab_size}; teacher and student must share a tokenizer"
-                )
-        else:
-            student = make_student(teacher, cfg.student_layer_fraction, cfg.init, seed=tcfg.seed)
-        student = student.to(device=device, dtype=torch.float32)
+        student = _student(cfg, teacher, student_dir, tokenizer).to(device=device, dtype=torch.float32)
         # The teacher only runs forward: frozen, eval mode (no dropout), half the memory in bf16 where supported.
         teacher.requires_grad_(False)
         teacher = teacher.to(device=device, dtype=teacher_dtype(cfg.teacher_dtype, device)).eval()
         parameters, teacher_parameters = count_parameters(student), count_parameters(teacher)
         if ctx.is_main:
             logger.info(
-                "distilling %d-layer teacher (%.2fM, %s) into %d-layer student (%.2fM, init %s), T=%g, alpha=%g, "
-                "%s KL; %d rank(s), %s",
+                "distilling %d-layer teacher (%.2fM, %s) into %d-layer student (%.2fM, %s), T=%g, alpha=%g, "
+                "%s KL; each batch %d corpus windows + %d examples (qa_fraction %g); %d rank(s), %s",
                 teacher.config.num_hidden_layers,
                 teacher_parameters / 1e6,
                 teacher.dtype,
                 student.config.num_hidden_layers,
                 parameters / 1e6,
-                cfg.init,
+                "pretrained student_base" if student_dir is not None else f"init {cfg.init}",
                 cfg.temperature,
                 cfg.alpha,
                 cfg.divergence,
+                mixture.corpus_rows,
+                mixture.qa_rows,
+                mixture.qa_fraction,
                 ctx.world_size,
                 describe_backend(tcfg.distributed),
             )
@@ -188,16 +272,26 @@ def _run(
             student_logits = model(input_ids=batch["input_ids"], use_cache=False).logits
             return kd(student_logits, teacher_logits, batch["targets"])
 
-        def loss_fn(model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, int]:
-            terms = kd_terms(model, batch)
-            return terms.total, terms.n_tokens
+        def loss_fn(model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
+            ids, targets = batch["input_ids"], batch["targets"]
+            teacher_logits = None
+            if cfg.alpha > 0:  # alpha = 0 is plain next-token training: the teacher's logits would be multiplied by 0
+                with torch.no_grad():
+                    teacher_logits = teacher(input_ids=ids, use_cache=False).logits
+            student_logits = model(input_ids=ids, use_cache=False).logits
 
-        # alpha = 0 is plain next-token training: the teacher's logits would be multiplied by zero.
-        train_loss_fn = causal_lm_loss if cfg.alpha == 0 else loss_fn
-        # Validation reports the student's plain next-token loss, comparable with the teacher's.
+            def part(rows: slice) -> tuple[torch.Tensor, Any]:
+                if teacher_logits is None:
+                    return masked_ce(student_logits[rows], targets[rows]), targets[rows].ne(IGNORE_INDEX).sum()
+                terms = kd(student_logits[rows], teacher_logits[rows], targets[rows])
+                return terms.total, terms.n_tokens
+
+            return mixture.combine(part, batch["corpus_rows"])
+
+        # Validation reports the student's plain next-token loss on corpus windows, comparable with the teacher's.
         # DDP / DeepSpeed wrap the student only; the teacher stays a plain frozen module on each rank.
         history = train(
-            student, tcfg, train_loss_fn, train_batch, lambda: val_batches, eval_loss_fn=causal_lm_loss,
+            student, tcfg, loss_fn, train_batch, lambda: val_batches, eval_loss_fn=causal_lm_loss,
             desc="distill", dist=ctx,
         )  # fmt: skip
         # on every rank: a ZeRO-3 student's forward needs all ranks
@@ -206,6 +300,10 @@ def _run(
             student, lambda m, b: (kd_terms(m, b).kl, int(b["targets"].ne(IGNORE_INDEX).sum())), val_batches,
             precision=tcfg.precision,
         )  # fmt: skip
+        answer_losses = {}
+        if heldout:
+            for name, model in (("student", student), ("teacher", teacher)):
+                answer_losses[name] = evaluate(model, causal_lm_loss, heldout, precision=tcfg.precision)
         student_config = student.config
         student = whole_model(student, ctx, lambda: AutoModelForCausalLM.from_config(student_config).float())
         if out is None:
@@ -222,21 +320,34 @@ def _run(
             "parameters": float(parameters),
             "parameter_fraction": parameters / teacher_parameters,
             "tokens_per_sec": tokens_per_sec(history),
+            "qa_fraction": mixture.qa_fraction,
         }
+        for name, loss in answer_losses.items():
+            metrics[f"{name}_heldout_answer_loss"] = loss
         moved_metrics, moved_summary = quarantine_facts(history)
         metrics |= moved_metrics
+        record = _mixture_record(mixture, cfg.qa_fraction, qa, trained_on(mixture, qa, tcfg, ctx.world_size))
         save_model_dir(student, tokenizer, out, history=history)
-        write_manifest(out, "model", inputs=inputs, config=cfg.model_dump(mode="json"), metrics=metrics)
-    logger.info("distill: student val loss %.4f, teacher %.4f, KL %.4f", student_val, teacher_val, kl)
-
+        write_manifest(
+            out, "model", inputs=inputs, config=cfg.model_dump(mode="json"), metrics=metrics, extra={"mixture": record}
+        )
+    logger.info(
+        "distill: student val loss %.4f, teacher %.4f, KL %.4f; held-out answer loss student %s, teacher %s",
+        student_val,
+        teacher_val,
+        kl,
+        *(f"{answer_losses[n]:.4f}" if n in answer_losses else "n/a" for n in ("student", "teacher")),
+    )
     html = page(
         "Distillation",
         [
             *curves_section(history, title="Student loss (train: KD objective, eval: next-token CE)"),
+            ("Training mixture", table(["figure", "value"], [[k, v] for k, v in record.items() if v is not None])),
             ("Metrics", table(["metric", "value"], list(metrics.items()))),
         ],
         subtitle=f"{student.config.num_hidden_layers}-layer student of a "
         f"{teacher.config.num_hidden_layers}-layer teacher, T={cfg.temperature}, alpha={cfg.alpha}, "
-        f"{cfg.divergence} KL",
+        f"{cfg.divergence} KL, qa_fraction {mixture.qa_fraction:g}",
     )
-    return StageResult(metrics=metrics, html=html, summary={"model_dir": str(output_dir), **moved_summary})
+    summary = {"model_dir": str(output_dir), "mixture": record, **moved_summary}
+    return StageResult(metrics=metrics, html=html, summary=summary)

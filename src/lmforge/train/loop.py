@@ -306,7 +306,7 @@ def train(
         eval_batches: returns the validation batches; evaluated before training (``eval_step`` 0),
             every ``cfg.eval_interval`` steps and after the last step.
         eval_loss_fn: loss for validation when it differs from the training loss (default ``loss_fn``).
-        desc: progress-bar label.
+        desc: progress-bar label; the stage name, which fills ``{stage}`` in a templated ``checkpoint.dir``.
         dist: the process group (:func:`~lmforge.train.distributed.distributed_context`); None is one process.
         flops_per_token: training FLOPs per token (:mod:`lmforge.train.mfu`) for the MFU figure.
         tensorboard_dir: where rank 0 writes TensorBoard event files (when tensorboard is installed).
@@ -424,9 +424,14 @@ def train(
     checkpointer = None
     start_step = 0
     if cfg.checkpoint.dir is not None:
-        from lmforge.train.checkpoint import Checkpointer, load_tensor_file, tensor_only_deepspeed_loading
+        from lmforge.train.checkpoint import (
+            Checkpointer,
+            load_tensor_file,
+            resolve_checkpoint_config,
+            tensor_only_deepspeed_loading,
+        )
 
-        checkpointer = Checkpointer(cfg.checkpoint, ctx)
+        checkpointer = Checkpointer(resolve_checkpoint_config(cfg.checkpoint, stage=desc), ctx)
         if checkpointer.resume_step() is not None:
             with tempfile.TemporaryDirectory(prefix="lmforge-resume-") as scratch:
                 found = checkpointer.fetch_newest_valid(scratch)  # quarantines newer ones that do not verify
@@ -647,7 +652,7 @@ def train(
                 if tb is not None:
                     tb.close()
                 raise TrainingPreempted(
-                    f"{desc}: SIGTERM received; stopped after step {done} with a checkpoint in {cfg.checkpoint.dir}"
+                    f"{desc}: SIGTERM received; stopped after step {done} with a checkpoint in {checkpointer.root}"
                 )
 
     if tb is not None:

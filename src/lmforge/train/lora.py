@@ -19,14 +19,15 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.pytorch_utils import Conv1D
 
 from lmforge import storage
-from lmforge.artifacts import describe_files, input_record, write_manifest
+from lmforge.artifacts import write_manifest
 from lmforge.config import LoraConfig, TrainConfig
 from lmforge.data.qa import Example, encode_example, encode_examples, load_examples, split_examples
-from lmforge.errors import ArtifactIncompleteError, ConfigError, InputDataError
-from lmforge.model.build import check_model_dir, count_parameters, load_causal_lm, load_tokenizer, save_model_dir
+from lmforge.errors import ConfigError, InputDataError
+from lmforge.model.base import base_tokenizer, localize_model, model_record
+from lmforge.model.build import count_parameters, load_causal_lm, save_model_dir
 from lmforge.report_html import page, table
 from lmforge.results import StageResult
-from lmforge.train.batches import IGNORE_INDEX, batch_generator
+from lmforge.train.batches import IGNORE_INDEX, batch_generator, collate
 from lmforge.train.distributed import describe_backend, distributed_context, main_rank_outputs, refuse_occupied
 from lmforge.train.loop import curves_section, quarantine_facts, tokens_per_sec, train
 from lmforge.train.losses import causal_lm_loss
@@ -53,17 +54,6 @@ DEFAULT_TARGETS: dict[str, list[str]] = {
 _LORA_TYPES = (torch.nn.Linear, Conv1D, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d)
 
 Encoded = tuple[list[int], list[int]]
-
-
-def collate(examples: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad to the longest example (labels -100 on padding) and shift into a loop batch."""
-    width = max(len(ids) for ids, _ in examples)
-    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
-    for row, (example_ids, example_labels) in enumerate(examples):
-        ids[row, : len(example_ids)] = torch.tensor(example_ids)
-        labels[row, : len(example_labels)] = torch.tensor(example_labels)
-    return {"input_ids": ids[:, :-1], "targets": labels[:, 1:]}
 
 
 def pack(examples: list[Encoded], width: int, *, seed: int) -> list[Encoded]:
@@ -191,17 +181,6 @@ def check_backend(tcfg: TrainConfig) -> None:
         )
 
 
-def model_record(local: Path, uri: str) -> dict[str, object]:
-    """Lineage of a model input: its manifest's fingerprint, or (any HF directory) one over its files."""
-    try:
-        record = input_record(local)
-    except ArtifactIncompleteError:
-        files = describe_files(local)
-        joined = "\n".join(f"{name}:{meta['sha256']}" for name, meta in sorted(files.items()))
-        record = {"kind": "hf-model", "fingerprint": hashlib.sha256(joined.encode()).hexdigest()}
-    return record | {"uri": str(uri)}
-
-
 def _examples_record(uri: str, examples: list[Example], heldout: list[Example]) -> dict[str, object]:
     content = json.dumps([repr(e) for e in examples]).encode()
     return {
@@ -215,12 +194,8 @@ def _examples_record(uri: str, examples: list[Example], heldout: list[Example]) 
 
 def load_base(base_uri: str | Path, workdir: str | Path) -> tuple[Path, PreTrainedTokenizerBase, PreTrainedModel]:
     """Localize a base model (directory or ``s3://`` prefix) and load its tokenizer and weights (fp32, eval)."""
-    local = storage.localize(str(base_uri), workdir)
-    try:
-        check_model_dir(local)
-    except InputDataError as exc:  # name the URI the user gave, not the scratch copy
-        raise InputDataError(str(exc).replace(str(local), str(base_uri))) from exc
-    return local, load_tokenizer(local), load_causal_lm(local)
+    local = localize_model(base_uri, workdir)
+    return local, base_tokenizer(local), load_causal_lm(local)
 
 
 def load_adapted(base_uri: str | Path, adapter_uri: str | Path, workdir: str | Path) -> peft.PeftModel:

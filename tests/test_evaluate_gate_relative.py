@@ -1,0 +1,165 @@
+"""The gate's relative checks: the student against the teacher, forgetting against the base, data retention."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmforge.config import GateConfig
+from lmforge.evaluate.gate import check_gate, headline, headline_lines
+
+RELATIVE = (
+    "answer_loss_vs_teacher",
+    "f1_vs_teacher",
+    "student_empty_answers",
+    "teacher_forgetting",
+    "student_forgetting",
+    "data_retention",
+)
+
+
+def results(
+    *,
+    base_bpb=2.0,
+    teacher_bpb=2.2,
+    student_bpb=2.1,
+    teacher_loss=2.0,
+    student_loss=2.2,
+    served_loss=2.3,
+    teacher_f1=0.4,
+    student_f1=0.3,
+    empty=0.1,
+    clean=(100, 80, 10_000, 9_000),
+    served="int8_dynamic",
+):
+    models = {
+        "base": {"bits_per_byte": base_bpb},
+        "teacher": {"bits_per_byte": teacher_bpb, "answer_loss": teacher_loss, "f1": teacher_f1},
+        "student": {
+            "perplexity": 50.0,
+            "bits_per_byte": student_bpb,
+            "answer_loss": student_loss,
+            "f1": student_f1,
+            "exact_match": 0.1,
+            "empty_answer_fraction": empty,
+        },
+        "onnx_fp32": {"perplexity": 50.0},
+        "int8_dynamic": {"perplexity": 50.5, "p99_ms": 3.0, "answer_loss": served_loss},
+    }
+    if base_bpb is None:
+        del models["base"]
+    out = {
+        "models": models,
+        "served_model": served,
+        "production": {"status": "none", "reason": "no release yet"},
+    }
+    if clean is not None:
+        docs_in, docs_out, bytes_in, bytes_out = clean
+        metrics = {"docs_in": docs_in, "docs_out": docs_out, "bytes_in": bytes_in, "bytes_out": bytes_out}
+        out["data"] = {"clean": {"metrics": metrics}}
+    return out
+
+
+def check(decision, name):
+    (found,) = [c for c in decision.checks if c.name == name]
+    return found
+
+
+def test_a_reasonable_student_passes_every_relative_check_with_the_defaults():
+    decision = check_gate(GateConfig(), results())
+    assert decision.passed, [c.reason for c in decision.checks if not c.passed]
+    assert check(decision, "answer_loss_vs_teacher").value == pytest.approx(0.15)  # the served (INT8) model's
+    assert check(decision, "f1_vs_teacher").value == pytest.approx(0.25)
+    assert check(decision, "teacher_forgetting").value == pytest.approx(0.1)
+    assert check(decision, "data_retention").value == pytest.approx(0.8) and decision.warnings == []
+
+
+def test_a_model_that_answers_nothing_fails_with_the_defaults_naming_the_checks():
+    silent = results(student_f1=0.0, empty=1.0, student_loss=4.0, served_loss=4.1)
+    decision = check_gate(GateConfig(), silent)
+    failed = {c.name for c in decision.checks if not c.passed}
+    assert not decision.passed
+    assert failed == {"answer_loss_vs_teacher", "f1_vs_teacher", "student_empty_answers"}
+    assert "share of empty student answers 1 > 0.5: too high" in check(decision, "student_empty_answers").reason
+
+
+@pytest.mark.parametrize(
+    ("overrides", "name", "value", "passed"),
+    [
+        ({"served_loss": 2.5}, "answer_loss_vs_teacher", 0.25, True),
+        ({"served_loss": 2.51}, "answer_loss_vs_teacher", 0.255, False),
+        ({"served": "onnx_fp32", "student_loss": 2.6}, "answer_loss_vs_teacher", 0.3, False),  # no served figure
+        ({"student_f1": 0.2}, "f1_vs_teacher", 0.5, True),
+        ({"student_f1": 0.19}, "f1_vs_teacher", 0.525, False),
+        ({"student_f1": 0.6}, "f1_vs_teacher", -0.5, True),
+        ({"teacher_f1": 0.0, "student_f1": 0.0}, "f1_vs_teacher", 0.0, True),  # nothing to lose
+        ({"empty": 0.5}, "student_empty_answers", 0.5, True),
+        ({"empty": 0.55}, "student_empty_answers", 0.55, False),
+        ({"teacher_bpb": 2.5}, "teacher_forgetting", 0.25, True),
+        ({"teacher_bpb": 2.6}, "teacher_forgetting", 0.3, False),
+        ({"student_bpb": 2.6}, "student_forgetting", 0.3, False),
+        ({"student_bpb": 1.8}, "student_forgetting", -0.1, True),
+    ],
+)
+def test_each_relative_check_compares_with_its_reference(overrides, name, value, passed):
+    decision = check_gate(GateConfig(), results(**overrides))
+    got = check(decision, name)
+    assert got.value == pytest.approx(value) and got.passed is passed
+
+
+def test_without_a_teacher_figure_the_comparison_fails_with_the_reason():
+    data = results()
+    del data["models"]["teacher"]["answer_loss"]
+    got = check(check_gate(GateConfig(), data), "answer_loss_vs_teacher")
+    assert not got.passed and "teacher.answer_loss is missing" in got.reason
+
+
+def test_without_a_base_model_forgetting_is_not_measured_and_says_so():
+    decision = check_gate(GateConfig(), results(base_bpb=None))
+    for name in ("teacher_forgetting", "student_forgetting"):
+        got = check(decision, name)
+        assert got.passed and got.value is None and "no base model evaluated" in got.reason
+
+
+def test_low_retention_warns_without_failing_unless_a_minimum_is_set():
+    low = results(clean=(710, 120, 5_000_000, 1_100_000))  # cleaning kept 17 % of the documents
+    decision = check_gate(GateConfig(), low)
+    got = check(decision, "data_retention")
+    assert decision.passed and got.passed and got.value == pytest.approx(120 / 710)
+    assert decision.warnings == [
+        "cleaning kept 120 of 710 documents (16.9%) and 22.0% of the bytes: below the 50% warning level; "
+        "check the cleaning rules"
+    ]
+    strict = check_gate(GateConfig(min_retention=0.2), low)
+    assert not strict.passed and "16.9% < 20.0%: too low" in check(strict, "data_retention").reason
+    assert check(check_gate(GateConfig(retention_warning=None), low), "data_retention").warning is None
+
+
+def test_without_cleaning_statistics_retention_is_not_measured():
+    got = check(check_gate(GateConfig(), results(clean=None)), "data_retention")
+    assert got.passed and got.value is None and "retention not measured" in got.reason
+
+
+@pytest.mark.parametrize("name", RELATIVE[:5])
+def test_a_relative_check_configured_as_null_is_disabled(name):
+    setting = {
+        "answer_loss_vs_teacher": "max_answer_loss_increase",
+        "f1_vs_teacher": "max_f1_drop",
+        "student_empty_answers": "max_empty_answers",
+        "teacher_forgetting": "max_teacher_forgetting",
+        "student_forgetting": "max_student_forgetting",
+    }[name]
+    got = check(check_gate(GateConfig(**{setting: None}), {}), name)
+    assert got.passed and got.reason == f"disabled ({setting} is null)"
+
+
+def test_the_headline_states_the_issue_figures_and_the_warnings():
+    data = results(clean=(710, 120, 5_000_000, 1_100_000), empty=0.25, served_loss=2.2, teacher_bpb=2.3)
+    data["gate"] = check_gate(GateConfig(), data).to_dict()
+    head = headline(data)
+    assert head["empty_answer_fraction"] == 0.25 and head["answer_loss_vs_teacher"] == pytest.approx(1.1)
+    assert head["teacher_bits_per_byte_vs_base"] == pytest.approx(1.15) and head["answer_loss_model"] == "int8_dynamic"
+    lines = headline_lines(head)
+    assert lines[0].startswith("served model int8_dynamic: 25% of held-out prompts answered with an empty string")
+    assert "answer loss 1.100x the teacher's" in lines[0] and "1.150x the base model's" in lines[1]
+    assert lines[2] == "data retention: cleaning kept 17% of documents, 22% of bytes"
+    assert lines[3].startswith("WARNING: cleaning kept 120 of 710 documents")
