@@ -31,8 +31,11 @@ LAUNCH_HELP = {
     "(<staging_uri>/<run id>/<task>/<name>); needed only with num_nodes > 1.",
     "gpu_count": "GPUs of this step's pod (the pipeline passes its gpu_count); the default of launch.gpus_per_node.",
     "job_image": "Image of the job's pods (num_nodes > 1); empty: this package's image for the stage.",
+    "run_root": "The run's root, $LMFORGE_RUN_ROOT of the training processes: a templated train.checkpoint.dir "
+    "({run_root}/checkpoints/{run_id}/{stage}, the GPU presets') puts checkpoints under it; the pipeline passes "
+    "preflight's run_root (staging_uri, else release_root). Empty: $LMFORGE_RUN_ROOT as it is.",
 }
-LAUNCH_DEFAULTS = {"launch": "{}", "staging_uri": "", "gpu_count": 1, "job_image": ""}
+LAUNCH_DEFAULTS = {"launch": "{}", "staging_uri": "", "gpu_count": 1, "job_image": "", "run_root": ""}
 NO_DEFAULT = object()
 
 

@@ -318,6 +318,8 @@ def _with_fields_in_overrides_help(func):
 def lmforge_pipeline(
     corpus_uri: str = "demo://shakespeare",
     qa_uri: str = "demo://chatterbot",
+    base_model_uri: str = "",
+    student_base_uri: str = "",
     preset: str = "tiny-cpu",
     release_root: str = "s3://lmforge/releases",
     release_version: str = "",
@@ -353,6 +355,12 @@ def lmforge_pipeline(
     Args:
         corpus_uri: Raw corpus: local path, glob, s3:// URI, or demo://shakespeare (packaged demo text).
         qa_uri: Fine-tuning Q&A JSONL (prompt/response per line): local, s3://, or demo://chatterbot.
+        base_model_uri: Model to start from instead of pretraining from scratch: a Hugging Face causal-LM directory
+            (local or s3://: config.json, safetensors, tokenizer files; GPT-2 or Llama shaped), e.g. written by plain
+            save_pretrained. tokenize then uses its tokenizer, pretrain continues training it
+            ({"train.max_steps": 0} in pretrain_overrides passes it through); empty: train from scratch.
+        student_base_uri: A smaller pretrained model (same form, same tokenizer as the teacher) distill trains as
+            the student; empty: the student is built from the teacher's layers.
         preset: Config preset every stage starts from: tiny-cpu (laptop demo) or gpt2-124m (one GPU node).
         release_root: Model registry root (local path or s3://bucket/prefix); releases land in models/<name>/<version>/.
         release_version: Release version; empty picks a UTC timestamp. An existing version is never overwritten.
@@ -390,7 +398,8 @@ def lmforge_pipeline(
             "pytorchjob"}: PyTorchJob) and needs staging_uri (and an s3:// or demo:// qa_uri); gpus_per_node defaults
             to gpu_count.
         staging_uri: s3://bucket/prefix where multi-node jobs read their inputs and write their outputs
-            (<staging_uri>/<run id>/<task>/); needed only when launch sets num_nodes > 1.
+            (<staging_uri>/<run id>/<task>/); needed only when launch sets num_nodes > 1. The GPU presets' checkpoints
+            go to <staging_uri>/checkpoints/<run id>/<stage>/ (without staging_uri: under release_root).
         s3_secret_name: Secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL (optional with IRSA).
         mlflow_secret_name: Secret with MLFLOW_TRACKING_URI (and MLFLOW_TRACKING_TOKEN or _USERNAME/_PASSWORD,
             MLFLOW_EXPERIMENT_NAME): every step logs to that MLflow server and promote registers the release; no
@@ -405,6 +414,9 @@ def lmforge_pipeline(
         gpu_count=gpu_count,
         model_name=model_name,
         preset=preset,
+        base_model_uri=base_model_uri,
+        student_base_uri=student_base_uri,
+        staging_uri=staging_uri,
         clean_overrides=clean_overrides,
         tokenize_overrides=tokenize_overrides,
         pretrain_overrides=pretrain_overrides,
@@ -481,18 +493,27 @@ def lmforge_pipeline(
     )
     cleaned.set_display_name("1d merge cleaned shards")
 
-    tokens = tokenize(cleaned=cleaned.outputs["cleaned"], preset=preset, overrides=tokenize_overrides)
+    tokens = tokenize(
+        cleaned=cleaned.outputs["cleaned"],
+        base_model=base_model_uri,
+        base_model_fingerprint=checked.outputs["base_model_fingerprint"],
+        preset=preset,
+        overrides=tokenize_overrides,
+    )
     tokens.set_display_name("2 tokenize + pack shards")
 
     base = pretrain(
         shards=tokens.outputs["shards"],
         tokenizer=tokens.outputs["tokenizer"],
+        base_model=base_model_uri,
+        base_model_fingerprint=checked.outputs["base_model_fingerprint"],
         preset=preset,
         overrides=pretrain_overrides,
         launch=launch,
         staging_uri=staging_uri,
         gpu_count=gpu_count,
         job_image=image_for("pretrain"),
+        run_root=checked.outputs["run_root"],
     )
     _with_run_id(base)
     _on_gpu_pool(base, *gpu).set_display_name("3 pretrain").set_retry(num_retries=2, backoff_duration="60s")
@@ -507,6 +528,7 @@ def lmforge_pipeline(
         staging_uri=staging_uri,
         gpu_count=gpu_count,
         job_image=image_for("finetune_lora"),
+        run_root=checked.outputs["run_root"],
     )
     _with_run_id(tuned)
     _on_gpu_pool(tuned, *gpu).set_display_name("4 LoRA fine-tune").set_retry(num_retries=2, backoff_duration="60s")
@@ -514,12 +536,17 @@ def lmforge_pipeline(
     student = distill(
         teacher=tuned.outputs["merged_model"],
         shards=tokens.outputs["shards"],
+        qa_uri=qa_uri,
+        student_base=student_base_uri,
+        qa_fingerprint=checked.outputs["qa_fingerprint"],
+        student_base_fingerprint=checked.outputs["student_base_fingerprint"],
         preset=preset,
         overrides=distill_overrides,
         launch=launch,
         staging_uri=staging_uri,
         gpu_count=gpu_count,
         job_image=image_for("distill"),
+        run_root=checked.outputs["run_root"],
     )
     _with_run_id(student)
     _on_gpu_pool(student, *gpu).set_display_name("5 distill").set_retry(num_retries=2, backoff_duration="60s")
@@ -547,6 +574,7 @@ def lmforge_pipeline(
         int8_qdq=quantized.outputs["int8_qdq"],
         engine=engine.outputs["engine"],
         cleaned=cleaned.outputs["cleaned"],
+        base=base.outputs["model"],
         qa_uri=qa_uri,
         release_root=release_root,
         preset=preset,

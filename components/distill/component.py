@@ -15,12 +15,17 @@ def distill(
     student: Output[Model],
     metrics: Output[Metrics],
     curves: Output[HTML],
+    qa_uri: str = "",
+    student_base: str = "",
+    qa_fingerprint: str = "",
+    student_base_fingerprint: str = "",
     preset: str = "tiny-cpu",
     overrides: str = "{}",
     launch: str = "{}",
     staging_uri: str = "",
     gpu_count: int = 1,
     job_image: str = "",
+    run_root: str = "",
 ):
     from lmforge_kfp.runtime import run_component
 

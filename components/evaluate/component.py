@@ -22,6 +22,7 @@ def evaluate(
     int8_qdq: Input[Model] = None,
     engine: Input[Artifact] = None,
     cleaned: Input[Dataset] = None,
+    base: Input[Model] = None,
     qa_uri: str = "",
     release_root: str = "",
     model_name: str = "",

@@ -23,6 +23,7 @@ def finetune_lora(
     staging_uri: str = "",
     gpu_count: int = 1,
     job_image: str = "",
+    run_root: str = "",
 ):
     from lmforge_kfp.runtime import run_component
 

@@ -21,6 +21,9 @@ def preflight(
     gpu_count: int = 1,
     model_name: str = "",
     preset: str = "tiny-cpu",
+    base_model_uri: str = "",
+    student_base_uri: str = "",
+    staging_uri: str = "",
     clean_overrides: str = "{}",
     tokenize_overrides: str = "{}",
     pretrain_overrides: str = "{}",
@@ -39,6 +42,9 @@ def preflight(
         ("production_fingerprint", str),
         ("gpu_limit", str),
         ("model_name", str),
+        ("base_model_fingerprint", str),
+        ("student_base_fingerprint", str),
+        ("run_root", str),
     ],
 ):
     from lmforge_kfp.runtime import run_component

@@ -15,12 +15,15 @@ def pretrain(
     model: Output[Model],
     metrics: Output[Metrics],
     curves: Output[HTML],
+    base_model: str = "",
+    base_model_fingerprint: str = "",
     preset: str = "tiny-cpu",
     overrides: str = "{}",
     launch: str = "{}",
     staging_uri: str = "",
     gpu_count: int = 1,
     job_image: str = "",
+    run_root: str = "",
 ):
     from lmforge_kfp.runtime import run_component
 

@@ -14,6 +14,8 @@ def tokenize(
     tokenizer: Output[Artifact],
     shards: Output[Dataset],
     metrics: Output[Metrics],
+    base_model: str = "",
+    base_model_fingerprint: str = "",
     preset: str = "tiny-cpu",
     overrides: str = "{}",
 ):

@@ -5,8 +5,11 @@ the corpus and Q&A data are reachable and that a sample of each reads with the s
 field is there and there is at least one document; the Q&A lines are prompt/response or chat examples), that
 the release root is writable and its store enforces conditional writes, (inside a cluster) that the S3
 credentials Secret exists and, given a launch config for multi-node training, that the cluster serves its job
-kind; then it fingerprints the input data. The fingerprints are passed to ``clean`` and ``finetune_lora`` as
-parameters, so a KFP cache key changes whenever the data behind an unchanged URI changes.
+kind; given a base model (and a pretrained student), that the pipeline can start from it (a GPT-2 or Llama causal
+LM with safetensors weights and a fast tokenizer; the student's tokenizer the base's); then it fingerprints the
+input data and models. The fingerprints are passed to the stages reading them (``clean``, ``tokenize``,
+``pretrain``, ``finetune_lora``, ``distill``) as parameters, so a KFP cache key changes whenever the data behind
+an unchanged URI changes.
 
 Every failure is one line naming the cause, with a hint where one helps (``clean.text_field`` and the field the
 records do have, the Q&A fields expected, ``AWS_ENDPOINT_URL``). :class:`PreflightError` is an
@@ -280,6 +283,8 @@ def run_checks(
     sample_records: int = SAMPLE_RECORDS,
     preset: str = "",
     stage_overrides: Mapping[str, str | dict[str, Any]] | None = None,
+    base_model_uri: str = "",
+    student_base_uri: str = "",
 ) -> PreflightReport:
     """Run every check, then fingerprint the inputs; raise :class:`PreflightError` listing all failures.
 
@@ -292,6 +297,10 @@ def run_checks(
     also check that the cluster serves its job kind. With ``model_name``, also fingerprint the production
     release of that name (``fingerprints["production"]``), the baseline ``evaluate`` compares against: from the
     source the resolved evaluate config names (``evaluate.production_source``: ``latest.json`` or the MLflow alias).
+    With ``base_model_uri`` / ``student_base_uri``, check that the pipeline can start from each model
+    (:func:`~lmforge.model.base.check_base_model`: architecture, weights, tokenizer; a multi-node launch needs it on
+    S3), that the two share a tokenizer when both are given, and fingerprint each (``fingerprints["base_model"]``,
+    ``fingerprints["student_base"]``).
     """
     report = PreflightReport()
     production_source = "registry"
@@ -320,7 +329,8 @@ def run_checks(
     if launch is not None and launch.num_nodes > 1:
         report.checks["training_job_api"] = check_training_api(launch)
     s3_reachable = True
-    if any(storage.is_s3(uri) for uri in (corpus_uri, qa_uri, release_root)):
+    bases = {name: uri for name, uri in (("base_model", base_model_uri), ("student_base", student_base_uri)) if uri}
+    if any(storage.is_s3(uri) for uri in (corpus_uri, qa_uri, release_root, *bases.values())):
         s3_reachable = attempt("s3_endpoint", "s3://", check_s3_endpoint)
 
     def reachable(uri: str) -> bool:
@@ -340,6 +350,17 @@ def run_checks(
 
         if attempt(f"{name}_readable", uri, fingerprint):
             attempt(f"{name}_sample", uri, samples[name])
+    for name, uri in bases.items():
+        if reachable(uri):
+
+            def check_base(uri: str = uri, name: str = name) -> str:
+                return _check_base(name, uri, launch, report)
+
+            attempt(name, uri, check_base)
+    if len(bases) == 2 and report.checks.get("base_model") == report.checks.get("student_base") == "ok":
+        from lmforge.model.base import same_tokenizer
+
+        attempt("student_base_tokenizer", student_base_uri, lambda: same_tokenizer(base_model_uri, student_base_uri))
     if reachable(release_root):
         if attempt("release_root_writable", release_root, lambda: check_writable(release_root) or "ok"):
             attempt("release_root_conditional_writes", release_root, lambda: check_conditional_writes(release_root))
@@ -363,6 +384,21 @@ def run_checks(
     return report
 
 
+def _check_base(name: str, uri: str, launch: LaunchConfig | None, report: PreflightReport) -> str:
+    """``ok`` when the pipeline can start from the model at ``uri`` (then fingerprinted), else the reason."""
+    from lmforge.model.base import check_base_model  # imports transformers: only when a base model is given
+
+    if launch is not None and launch.num_nodes > 1 and not storage.is_s3(uri):
+        return (
+            f"{uri}: launch.num_nodes={launch.num_nodes} runs the training steps as a job whose pods read the "
+            f"{name.replace('_', ' ')} themselves; it must be an s3:// URI, not a path of this pod"
+        )
+    verdict = check_base_model(uri)
+    if verdict == "ok":
+        report.fingerprints[name] = fingerprint_uri(uri)
+    return verdict
+
+
 def run(
     *,
     corpus_uri: str,
@@ -373,6 +409,9 @@ def run(
     gpu_count: int = 1,
     model_name: str = "",
     preset: str = "tiny-cpu",
+    base_model_uri: str = "",
+    student_base_uri: str = "",
+    staging_uri: str = "",
     **section_overrides: str,
 ) -> StageResult:
     """The ``preflight`` stage: :func:`run_checks`, with the values the later steps take from it.
@@ -383,7 +422,9 @@ def run(
     Its summary holds ``corpus_fingerprint``, ``qa_fingerprint``, ``production_fingerprint`` (cache keys),
     ``gpu_limit`` (``gpu_count`` as the string the KFP backend needs for an accelerator limit) and the
     resolved ``model_name`` (the given one, else derived from the corpus by
-    :func:`~lmforge.naming.default_model_name`: ``lmforge-demo`` for the demo corpus).
+    :func:`~lmforge.naming.default_model_name`: ``lmforge-demo`` for the demo corpus), the base model's and the
+    student base's fingerprints (empty without one) and ``run_root``: ``staging_uri`` when given, else
+    ``release_root`` (where the training steps' templated ``checkpoint.dir`` puts checkpoints).
 
     Raises:
         ConfigError: ``gpu_count`` below 0 or an invalid ``launch`` config.
@@ -401,6 +442,8 @@ def run(
         model_name=name,
         preset=preset,
         stage_overrides={key.removesuffix("_overrides"): value for key, value in section_overrides.items()},
+        base_model_uri=base_model_uri,
+        student_base_uri=student_base_uri,
     )
     fp = report.fingerprints
     summary = {
@@ -409,6 +452,9 @@ def run(
         "production_fingerprint": fp["production"],
         "gpu_limit": str(gpu_count),
         "model_name": name,
+        "base_model_fingerprint": fp.get("base_model", ""),
+        "student_base_fingerprint": fp.get("student_base", ""),
+        "run_root": staging_uri or release_root,
         "checks": report.checks,
     }
     return StageResult(metrics={"checks_passed": float(len(report.checks))}, summary=summary)

@@ -52,6 +52,21 @@ def run(
     preset: PresetOpt = "tiny-cpu",
     corpus: Annotated[str, typer.Option(help="Raw corpus URI (local, s3://, demo://).")] = "demo://shakespeare",
     qa: Annotated[str, typer.Option(help="Q&A JSONL URI for LoRA (local, s3://, demo://).")] = "demo://chatterbot",
+    base_model: Annotated[
+        str,
+        typer.Option(
+            "--base-model",
+            help="Hugging Face model directory (local or s3://) to start from instead of pretraining from scratch "
+            "(pipeline parameter base_model_uri); its tokenizer is used.",
+        ),
+    ] = "",
+    student_base: Annotated[
+        str,
+        typer.Option(
+            "--student-base",
+            help="Smaller pretrained model with the same tokenizer, distilled as the student (student_base_uri).",
+        ),
+    ] = "",
     output: Annotated[Path, typer.Option("--output", "-o", help="Where runs and the registry go.")] = Path(
         "lmforge-out"
     ),
@@ -80,6 +95,8 @@ def run(
         params: dict[str, Any] = {
             "corpus_uri": corpus,
             "qa_uri": qa,
+            "base_model_uri": base_model,
+            "student_base_uri": student_base,
             "preset": preset,
             "release_root": release_root or str((output / "registry").resolve()),
             "release_version": version,
@@ -109,6 +126,12 @@ def _print_summary(local_run: Any, *, quiet: bool) -> None:
             table.add_row(*row)
         Console().print(table)
     for line in summary_lines(local_run):
+        typer.echo(line)
+    # issue 15: the served model's empty answers and answer loss vs the teacher, the teacher's bits/byte vs the
+    # base, data retention and the gate's warnings (evaluate's results.json "headline")
+    from lmforge.evaluate.gate import headline_lines
+
+    for line in headline_lines(results.get("headline") or {}):
         typer.echo(line)
     typer.echo(_serve_hint(local_run))
 

@@ -8,7 +8,8 @@ then writes the stage's ``Metrics``/``HTML``/``Markdown`` outputs and returns it
 
 The stage's context is the run's ``preset``, the KFP run id (``$LMFORGE_RUN_ID``, from the pod label) and the
 pipeline version (the image tag, also exported as ``$LMFORGE_PIPELINE_VERSION`` for the processes the step
-starts, such as torchrun's workers): what the stage's MLflow run is tagged with when tracking is on.
+starts, such as torchrun's workers): what the stage's MLflow run is tagged with when tracking is on. A training
+step's ``run_root`` becomes ``$LMFORGE_RUN_ROOT``: with the run id, it places a templated ``checkpoint.dir``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from lmforge.tracking.stages import PIPELINE_VERSION_ENV
 log = logging.getLogger("lmforge.stage")
 METRICS = "metrics"  # the Output[Metrics] every component has
 CONFIG_ARGS = ("preset", "overrides")  # of every stage with a config section
-LAUNCH_ARGS = ("launch", "staging_uri", "gpu_count", "job_image")  # of every distributed stage
+LAUNCH_ARGS = ("launch", "staging_uri", "gpu_count", "job_image", "run_root")  # of every distributed stage
 
 
 def run_component(stage: str, args: Mapping[str, Any]) -> Any:
@@ -106,8 +107,11 @@ def _local(value: Any) -> Any:
 
 def _run_distributed(spec: StageSpec, args: Mapping[str, Any], io: dict[str, Any], context: dict[str, str]) -> Any:
     from lmforge.launch import parse_launch, run_training_stage
+    from lmforge.launch.stage_runner import RUN_ROOT_ENV
     from lmforge_kfp.components.images import image_for
 
+    if args["run_root"]:  # {run_root} of a templated checkpoint.dir, here, in torchrun's workers and a job's pods
+        os.environ[RUN_ROOT_ENV] = args["run_root"]
     return run_training_stage(
         spec.name,
         parse_launch(args["launch"], gpus_per_node=args["gpu_count"]),

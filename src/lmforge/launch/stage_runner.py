@@ -56,6 +56,9 @@ log = logging.getLogger("lmforge.launch")
 # The pipeline sets this from the step pod's `pipeline/runid` label (Downward API): the run id names the job
 # (a retried step adopts it) without being a task input, which would change every run's cache key.
 RUN_ID_ENV = "LMFORGE_RUN_ID"
+# The run's root (staging root, else release root), which the GPU presets' templated checkpoint.dir names; the
+# pipeline passes it to the training steps as their run_root parameter.
+RUN_ROOT_ENV = "LMFORGE_RUN_ROOT"
 # Where `lmforge stage` keeps local copies of s3:// inputs and outputs (default: the system temp dir).
 WORKDIR_ENV = "LMFORGE_STAGE_WORKDIR"
 RESULT_FILE = "result.json"
@@ -249,6 +252,9 @@ def _as_job(
         )
     if not image:
         raise ConfigError("job image: launch.num_nodes > 1 needs the container image of the job's pods")
+    # The pods do not inherit this step's environment: the run id and root fill a templated checkpoint.dir there.
+    run_env = {RUN_ID_ENV: run_id} | ({RUN_ROOT_ENV: root} if (root := os.environ.get(RUN_ROOT_ENV)) else {})
+    cfg = cfg.model_copy(update={"env": run_env | cfg.env})
     outputs = _artifact_names(spec.outputs)
     for name in outputs:
         local = Path(io[name]) if io.get(name) else None

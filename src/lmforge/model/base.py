@@ -126,6 +126,25 @@ def check_base_model(uri: str) -> str:
     return "ok"
 
 
+def same_tokenizer(uri: str, other: str) -> str:
+    """``"ok"`` when the models at ``uri`` and ``other`` (local or ``s3://``) have the same tokenizer, else how they
+    differ (:func:`tokenizer_mismatch`). Only their tokenizer files are read; for preflight, so never raises."""
+    with tempfile.TemporaryDirectory(prefix="lmforge-base-check-") as workdir:
+        try:
+            first = base_tokenizer(fetch_metadata(uri, Path(workdir, "a")))
+            second = base_tokenizer(fetch_metadata(other, Path(workdir, "b")))
+        except LmforgeError as exc:
+            return str(exc)
+        except (OSError, ValueError) as exc:
+            return f"a tokenizer cannot be loaded ({exc})"
+    if mismatch := tokenizer_mismatch(first, second):
+        return (
+            f"{other} does not share the tokenizer of {uri} ({mismatch}); the student learns from the teacher's "
+            "logits, so both must have the same vocabulary and special tokens"
+        )
+    return "ok"
+
+
 def base_problem(local: str | Path) -> str | None:
     """Why the base model whose config and tokenizer files are in ``local`` cannot be handled, or ``None``.
 

@@ -48,6 +48,28 @@ DEDUP_PARTS = param(
     "How many parts the exact digests and each group's band keys are hashed into (at least 1).",
 )
 
+BASE_MODEL = param(
+    "base_model",
+    "str",
+    "Base model to start from: a Hugging Face causal-LM directory (local or s3://; config.json, safetensors, "
+    "tokenizer files), e.g. from plain save_pretrained; empty: train from scratch with a tokenizer trained here.",
+    default="",
+)
+BASE_MODEL_FINGERPRINT = param(
+    "base_model_fingerprint",
+    "str",
+    "Content hash of the base model from preflight: part of the cache key, so a changed model behind an unchanged "
+    "URI is never served from cache.",
+    default="",
+)
+QA_FINGERPRINT = param(
+    "qa_fingerprint",
+    "str",
+    "Content hash of the Q&A data from preflight: part of the cache key, so changed data behind an unchanged URI "
+    "is never served from cache.",
+    default="",
+)
+
 _DAG_STAGES: tuple[StageSpec, ...] = (
     StageSpec(
         name="plan_shards",
@@ -192,11 +214,12 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         summary="Train a byte-level BPE tokenizer on the cleaned corpus and pack train/val token shards.",
         entry="lmforge.data.tokenize:run",
         config=TokenizeConfig,
-        inputs=(artifact("cleaned", "Dataset", "Cleaned corpus from clean or merge_shards."),),
+        inputs=(artifact("cleaned", "Dataset", "Cleaned corpus from clean or merge_shards."), BASE_MODEL),
         outputs=(
             artifact("tokenizer", "Artifact", "Hugging Face fast tokenizer directory."),
             artifact("shards", "Dataset", "train-NNNNN.bin / val-NNNNN.bin token shards with index.json."),
         ),
+        cache_keys=(BASE_MODEL_FINGERPRINT,),
         headline=("train_tokens", "vocab_size"),
     ),
     StageSpec(
@@ -207,10 +230,12 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         inputs=(
             SHARDS,
             artifact("tokenizer", "Artifact", "Tokenizer from tokenize (its hash must match the shards')."),
+            BASE_MODEL,
         ),
         outputs=(
             artifact("model", "Model", "Hugging Face model directory (safetensors, tokenizer, training history)."),
         ),
+        cache_keys=(BASE_MODEL_FINGERPRINT,),
         html="curves",
         runtime="train",
         distributed=True,
@@ -249,8 +274,31 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         inputs=(
             artifact("teacher", "Model", "Teacher causal LM (the merged LoRA model), on the shards' tokenizer."),
             SHARDS,
+            param(
+                "qa_uri",
+                "str",
+                "Q&A JSONL mixed into the batches (its train split, the one LoRA made); empty: the one recorded in "
+                "the teacher's manifest.",
+                default="",
+            ),
+            param(
+                "student_base",
+                "str",
+                "A smaller pretrained student (Hugging Face directory, local or s3://) sharing the teacher's "
+                "tokenizer; empty: the student is built from the teacher's layers.",
+                default="",
+            ),
         ),
         outputs=(artifact("student", "Model", "Student Hugging Face model directory."),),
+        cache_keys=(
+            QA_FINGERPRINT,
+            param(
+                "student_base_fingerprint",
+                "str",
+                "Content hash of the student base from preflight: part of the cache key.",
+                default="",
+            ),
+        ),
         html="curves",
         runtime="train",
         distributed=True,
@@ -309,6 +357,13 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
             artifact("int8_qdq", "Model", "Calibrated Q/DQ INT8 ONNX model.", required=False),
             artifact("engine", "Artifact", "TensorRT engine directory (or its skipped status).", required=False),
             artifact("cleaned", "Dataset", "Cleaned corpus; its stats feed the report's data summary.", required=False),
+            artifact(
+                "base",
+                "Model",
+                "The pretrained model the teacher was tuned from (pretrain's output): evaluated beside teacher and "
+                "student, the gate's reference for forgetting.",
+                required=False,
+            ),
             param(
                 "qa_uri",
                 "str",
@@ -441,6 +496,26 @@ def _preflight(sections: tuple[str, ...]) -> StageSpec:
                 "Preset every stage's config starts from; each section is validated here.",
                 default="tiny-cpu",
             ),
+            param(
+                "base_model_uri",
+                "str",
+                "Base model tokenize and pretrain start from (the pipeline's base_model_uri): its architecture and "
+                "tokenizer are checked and its files fingerprinted here; empty: none.",
+                default="",
+            ),
+            param(
+                "student_base_uri",
+                "str",
+                "Pretrained student distill starts from (the pipeline's student_base_uri): checked like the base "
+                "model, and its tokenizer against the base model's when both are given; empty: none.",
+                default="",
+            ),
+            param(
+                "staging_uri",
+                "str",
+                "The pipeline's staging_uri: with it the run's root (run_root) is there, else the release root.",
+                default="",
+            ),
             *(
                 param(
                     f"{section}_overrides",
@@ -463,6 +538,14 @@ def _preflight(sections: tuple[str, ...]) -> StageSpec:
                 "parameter (an integer one is dropped), so the GPU steps take their limit from here.",
             ),
             param("model_name", "str", "The release name every later step uses."),
+            param("base_model_fingerprint", "str", "Fingerprint of the base model's files; empty without one."),
+            param("student_base_fingerprint", "str", "Fingerprint of the student base's files; empty without one."),
+            param(
+                "run_root",
+                "str",
+                "The run's root ({run_root} of a templated checkpoint.dir, $LMFORGE_RUN_ROOT of the training steps): "
+                "staging_uri when given, else release_root.",
+            ),
         ),
         headline=("checks_passed",),
     )
