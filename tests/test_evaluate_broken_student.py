@@ -95,3 +95,22 @@ def test_the_summary_carries_the_headline_for_the_cli(evaluated):
     assert head["served_model"] == "student" and head["answer_loss_model"] == "student"
     assert head["retention_documents"] == pytest.approx(0.1)
     assert head["warnings"] == result.summary["warnings"]
+
+
+def test_lmforge_runs_last_lines_state_the_figures_and_the_retention_warning(evaluated, tmp_path, capsys):
+    """`lmforge run` ends with the headline of this evaluation: its run directory holds just evaluate's output here."""
+    import shutil
+
+    from lmforge_kfp.commands import _print_summary
+    from lmforge_kfp.pipelines.local_run import LocalRun
+
+    out, _ = evaluated
+    run = LocalRun(run_dir=tmp_path / "run-1" / "pipeline", seconds=1.0, logs=tmp_path / "run-1" / "logs")
+    shutil.copytree(out, run.output("evaluate", "evaluation"))
+    _print_summary(run, quiet=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "serve: nothing released, nothing to serve"
+    assert lines[-2].startswith("WARNING: cleaning kept 10 of 100 documents (10.0%)")
+    assert lines[-3] == "data retention: cleaning kept 10% of documents, " + lines[-3].rsplit(", ", 1)[1]
+    assert lines[-5].startswith("served model student: ") and "answer loss " in lines[-5]
+    assert lines[-4].startswith("teacher bits/byte on held-out corpus text: ") and "n/a" not in lines[-4]

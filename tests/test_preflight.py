@@ -131,6 +131,9 @@ PREFLIGHT_OUTPUTS = {
     "production_fingerprint": "p",
     "gpu_limit": "1",
     "model_name": "demo",
+    "base_model_fingerprint": "",
+    "student_base_fingerprint": "",
+    "run_root": "s3://lmforge/releases",
 }
 
 
