@@ -58,6 +58,7 @@ class RunConsole(io.TextIOBase):
         self.tasks: dict[str, TaskLog] = {}
         self.current: str | None = None
         self.failed: str | None = None
+        self.erred: str | None = None  # the last task that wrote an ``error:`` line
 
     def writable(self) -> bool:
         return True
@@ -86,9 +87,16 @@ class RunConsole(io.TextIOBase):
             handle.close()
 
     @property
+    def failed_task(self) -> str | None:
+        """The task that failed: the one kfp.local reported, else the last one that wrote an ``error:`` line,
+        else the one running (kfp.local raises for a failed task without logging it, and runs a loop's iterations
+        and independent steps on, so the current task need not be the failed one)."""
+        return self.failed or self.erred or self.current
+
+    @property
     def error_line(self) -> str | None:
         """The failed task's own ``error:`` line, if it wrote one."""
-        task = self.tasks.get(self.failed or "")
+        task = self.tasks.get(self.failed_task or "")
         return task.error if task else None
 
     def log_path(self, task: str | None = None) -> Path:
@@ -126,6 +134,7 @@ class RunConsole(io.TextIOBase):
             task.done = json.loads(done.group("json"))
         elif error := ERROR.search(line):
             task.error = error.group("line").strip()
+            self.erred = task.name
         elif progress := PROGRESS.search(line):
             self._show(f"  {progress.group('text')}")
 

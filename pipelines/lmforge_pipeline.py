@@ -283,6 +283,7 @@ def serve_release(
     cpu_request: str,
     memory_request: str,
     s3_secret_name: str,
+    mlflow_secret_name: str,
 ) -> Artifact:
     """``serve`` with its requests and credentials, a sub-pipeline inside the gate's ``dsl.If`` for the reason given
     in :func:`clean_one_shard`. The step itself needs no GPU: a GPU predictor's placement goes into the
@@ -297,6 +298,7 @@ def serve_release(
     )
     served.set_display_name("serve").set_caching_options(False).set_retry(num_retries=2, backoff_duration="30s")
     _with_s3_credentials(_with_requests(served, cpu_request, memory_request), s3_secret_name)
+    _with_mlflow(_with_run_id(served), mlflow_secret_name)
     return served.outputs["serving"]
 
 
@@ -449,7 +451,7 @@ def lmforge_pipeline(
         )
         shard.set_display_name("1b clean shard")
     dedup_plan = plan_dedup(band_groups=dedup_band_groups, parts=dedup_parts, preset=preset, overrides=clean_overrides)
-    dedup_plan.set_display_name("1c.1 plan dedup parts")
+    dedup_plan.set_display_name("1c.1 plan dedup parts").after(checked)
     requests = {
         "cpu_request": cpu_request,
         "memory_request": memory_request,
@@ -613,6 +615,7 @@ def lmforge_pipeline(
             cpu_request=cpu_request,
             memory_request=memory_request,
             s3_secret_name=s3_secret_name,
+            mlflow_secret_name=mlflow_secret_name,
         )
         served.set_display_name("11 serve release").set_caching_options(False)
 
@@ -625,5 +628,5 @@ def lmforge_pipeline(
     for task in (*cpu_steps, *gpu_steps):
         _with_s3_credentials(task, s3_secret_name)
         _with_mlflow(task, mlflow_secret_name)
-    for task in (checked, shard_indices, deduped, cleaned, tokens, exported, quantized, engine):
+    for task in (checked, shard_indices, dedup_plan, deduped, cleaned, tokens, exported, quantized, engine):
         _with_run_id(task)  # the others have it already; every step's MLflow run finds its pipeline run by it

@@ -157,7 +157,7 @@ def run_pipeline_locally(
         try:
             load_component_from_file(str(local_yaml))(**params)
         except RuntimeError as exc:  # kfp.local's way of saying a task failed
-            failed = router.current
+            failed = router.failed_task
             router.close()
             reason = router.error_line or ANSI.sub("", str(exc))
             log = router.log_path(failed)

@@ -8,9 +8,9 @@ line, so a terminal never breaks one in the middle.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
+from lmforge import storage
 from lmforge.artifacts import MANIFEST
 from lmforge_kfp.pipelines.local_run import LocalRun
 
@@ -31,7 +31,7 @@ def release_lines(local_run: LocalRun, run_id: str) -> list[str]:
     if not local_run.promoted:
         return ["release: none (the gate did not pass, so promote did not run)"]
     uri = local_run.parameter("promote", "Output")
-    manifest = json.loads(Path(uri, MANIFEST).read_text(encoding="utf-8"))
+    manifest = json.loads(storage.read_bytes(storage.join(uri, MANIFEST)))
     name, version = manifest.get("model_name"), manifest.get("version")
     how = "published by this run" if manifest.get("run_id") == run_id else "unchanged: production already serves it"
     return [f"release: {name} {version} ({how})", f"  {uri}"]

@@ -351,6 +351,7 @@ DAG_STAGES = {
     "dedup_exact_part": 2,  # dedup_parts=2
     "dedup_band_part": 6,  # dedup_band_groups=3 x dedup_parts=2
     "dedup_union": 1,
+    "serve": 1,
     "merge_shards": 1,
     "tokenize": 1,
     "pretrain": 1,
