@@ -16,7 +16,7 @@ install:
 demo: install
 	$(PYTHON) -m lmforge run
 
-# The tracking tests' `mlflow server` (tests/mlflow_server.py): the full mlflow package pins pyarrow below the version
+# The tracking tests' `mlflow server` (tests/support/mlflow_server.py): the full mlflow package pins pyarrow below the version
 # lmforge uses, so the server gets a virtual environment of its own (the client, mlflow-skinny, is in the main one).
 MLFLOW_SERVER := .venv-mlflow-server/bin/mlflow
 

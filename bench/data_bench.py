@@ -496,7 +496,7 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
 def planted_corpus(path: Path, rate: float | tuple[float, float], seed: int, copies: int) -> dict[str, list[str]]:
     """Distinct scenes of >= 300 words and ``copies`` near copies at word edit ``rate``, shuffled.
 
-    Edits delete, substitute or insert a word with equal chance (as ``tests/test_data_dedup.py``); 30 % of
+    Edits delete, substitute or insert a word with equal chance (as ``tests/unit/data/test_data_dedup.py``); 30 % of
     copies are upper-cased, 70 % get a boilerplate footer. Returns the ids by role: ``base``, ``near``.
     """
     rng = random.Random(seed)

@@ -1,6 +1,6 @@
 """A screenshot of the MLflow UI comparing two pipeline runs, for the docs (docs/mlflow-compare.png).
 
-Starts the test tracking server (tests/mlflow_server.py: SQLite store and artifacts in a temporary folder,
+Starts the test tracking server (tests/support/mlflow_server.py: SQLite store and artifacts in a temporary folder,
 loopback only), logs two small real pipeline runs to it through :mod:`lmforge.tracking` (a BPE tokenizer
 and token shards from the packaged Shakespeare scenes, then a 2-layer GPT-2 pretrained for a few steps, at
 two learning rates), and has headless Chromium render MLflow's run comparison page.
@@ -9,7 +9,7 @@ two learning rates), and has headless Chromium render MLflow's run comparison pa
 
 ``--level pipeline`` compares the two parent runs (each stage's final figures as ``<stage>.<name>``);
 ``stage`` compares the two ``pretrain`` runs (config params side by side and the loss per step). Needs the
-server environment of tests/mlflow_server.py and ``chromium`` (Debian: ``apt-get install -y chromium``).
+server environment of tests/support/mlflow_server.py and ``chromium`` (Debian: ``apt-get install -y chromium``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.parse
@@ -30,18 +29,16 @@ from pathlib import Path
 
 import numpy as np
 
+from lmforge.artifacts import write_manifest
+from lmforge.config import CheckpointConfig, ModelConfig, PretrainConfig, TokenizeConfig, TrainConfig
+from lmforge.data.demo import shakespeare_documents
+from lmforge.data.shards import ShardWriter
+from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
+from lmforge.results import StageResult
+from lmforge.tracking import PipelineRun, Tracker
+from tests.support.mlflow_server import MlflowServer, server_executable  # python -m from the repository root
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from mlflow_server import MlflowServer, server_executable  # noqa: E402 - tests/ is put on the path above
-
-from lmforge.artifacts import write_manifest  # noqa: E402
-from lmforge.config import CheckpointConfig, ModelConfig, PretrainConfig, TokenizeConfig, TrainConfig  # noqa: E402
-from lmforge.data.demo import shakespeare_documents  # noqa: E402
-from lmforge.data.shards import ShardWriter  # noqa: E402
-from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer  # noqa: E402
-from lmforge.results import StageResult  # noqa: E402
-from lmforge.tracking import PipelineRun, Tracker  # noqa: E402
 
 
 def _data(work: Path) -> tuple[Path, Path, StageResult]:

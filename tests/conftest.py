@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +15,7 @@ from lmforge.data.demo import chatterbot_pairs, shakespeare_documents
 from lmforge.data.shards import ShardWriter
 from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
 from lmforge.model.build import build_model, save_model_dir
-
-sys.path.insert(0, str(Path(__file__).parent))  # tests/s3server.py
-
-from mlflow_fixtures import mlflow_executable, mlflow_server, tracking_env  # noqa: F401 - shared fixtures
+from tests.support.mlflow_fixtures import mlflow_executable, mlflow_server, tracking_env  # noqa: F401 - shared fixtures
 
 TINY_MODEL = ModelConfig(arch="gpt2", n_layer=2, n_head=2, n_embd=32, block_size=64)
 
@@ -93,7 +89,7 @@ def qa_jsonl(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A real SeaweedFS S3 server on loopback for the whole session."""
-    from s3server import SeaweedS3
+    from tests.support.s3server import SeaweedS3
 
     server = SeaweedS3(tmp_path_factory.mktemp("seaweedfs"))
     server.start()

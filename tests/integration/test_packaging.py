@@ -1,0 +1,88 @@
+"""What ``pip install .`` installs: the library ``lmforge`` and the KFP layer ``lmforge_kfp``, nothing else top-level,
+and the library imports no KFP code."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _declared_packages() -> tuple[list[str], dict[str, str]]:
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    return setuptools["packages"], setuptools["package-dir"]
+
+
+def test_the_declared_packages_are_exactly_the_packages_on_disk():
+    packages, package_dir = _declared_packages()
+    on_disk = {
+        ".".join(init.parent.relative_to(ROOT / "src").parts)
+        for init in (ROOT / "src").rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    }
+    on_disk |= {name for name, folder in package_dir.items() if name and (ROOT / folder / "__init__.py").is_file()}
+    assert sorted(packages) == sorted(on_disk), "pyproject.toml [tool.setuptools] packages must list every package"
+
+
+def test_importing_the_cli_imports_no_kfp():
+    code = "import sys, lmforge.cli, lmforge.stages; print(sorted(m for m in sys.modules if m.split('.')[0] == 'kfp'))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def _imported_modules(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+def test_the_library_never_imports_the_kfp_layer():
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(
+            m for m in _imported_modules(path) if m.split(".")[0] in ("kfp", "lmforge_kfp")
+        )
+        for path in (ROOT / "src" / "lmforge").rglob("*.py")
+    }
+    assert not {path: mods for path, mods in offenders.items() if mods}
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_no_top_level_components_or_pipelines(tmp_path):
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    [wheel] = tmp_path.glob("lmforge-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {name.split("/")[0] for name in names}
+    assert {t for t in top if not t.endswith(".dist-info")} == {"lmforge", "lmforge_kfp"}
+    for stage in ("evaluate", "clean_shard"):
+        for file in ("component.py", "component.yaml", "README.md"):
+            assert f"lmforge_kfp/components/{stage}/{file}" in names
+    assert "lmforge_kfp/pipelines/compiled/lmforge_pipeline.yaml" in names
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    text = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "[lmforge.commands]" in text and "lmforge_kfp.commands:register" in text

@@ -1,0 +1,256 @@
+"""Container images, checked statically (no Docker daemon here): what the Dockerfiles, the bake file and the
+component → image map promise each other.
+
+A Dockerfile is read as a list of instructions (continuation lines joined, comments dropped); nothing is built.
+What only a real build shows (the base image still exists, pip resolves inside it) is the CI image job's to find.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lmforge import __version__
+from lmforge.stages import RUNTIMES as RUNTIME_GPU
+from lmforge.stages import STAGES
+from lmforge_kfp.components.images import (
+    DEFAULT_REGISTRY,
+    IMAGE_SOURCES,
+    SERVICE_IMAGES,
+    computed_tag,
+    image_for,
+    service_image,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+RUNTIMES = sorted({spec.runtime for spec in STAGES.values()})
+# Every image built from images/<name>/Dockerfile: the steps' runtimes and the images no step runs in (the predictor).
+IMAGES = sorted({*RUNTIMES, *SERVICE_IMAGES})
+
+
+@dataclass(frozen=True)
+class Instruction:
+    keyword: str
+    args: str
+
+
+def _instructions(dockerfile: Path) -> list[Instruction]:
+    logical: list[str] = []
+    pending = ""
+    for raw in dockerfile.read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.startswith("#"):  # a comment inside a continued instruction
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        logical.append(pending + line)
+        pending = ""
+    assert not pending, f"{dockerfile}: ends inside a continued line"
+    return [Instruction(*[*line.split(None, 1), ""][:2]) for line in logical if line]
+
+
+def _stages(instructions: list[Instruction]) -> list[list[Instruction]]:
+    stages: list[list[Instruction]] = []
+    for ins in instructions:
+        if ins.keyword.upper() == "FROM":
+            stages.append([])
+        assert stages, "instruction before the first FROM"
+        stages[-1].append(ins)
+    return stages
+
+
+def _flags_and_words(args: str) -> tuple[dict[str, str], list[str]]:
+    flags, words = {}, []
+    for word in args.split():
+        if word.startswith("--"):
+            key, _, value = word[2:].partition("=")
+            flags[key] = value
+        else:
+            words.append(word)
+    return flags, words
+
+
+def _dockerfile(runtime: str) -> Path:
+    return ROOT / "images" / runtime / "Dockerfile"
+
+
+def _dockerignore_patterns() -> list[str]:
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    return [line.strip().rstrip("/") for line in lines if line.strip() and not line.startswith("#")]
+
+
+def test_every_component_folder_is_a_registered_stage_and_every_runtime_is_known() -> None:
+    folders = {p.parent.name for p in (ROOT / "components").glob("*/component.py")}
+    assert folders, "no components found"
+    assert folders == set(STAGES), (
+        f"component folders without a registry entry: {sorted(folders - set(STAGES))}; "
+        f"registered stages without a component: {sorted(set(STAGES) - folders)}"
+    )
+    assert set(RUNTIMES) <= set(RUNTIME_GPU)
+
+
+def test_every_runtime_has_a_dockerfile_and_every_dockerfile_a_runtime() -> None:
+    for runtime in IMAGES:
+        assert _dockerfile(runtime).is_file(), f"images/{runtime}/Dockerfile missing"
+    on_disk = {p.parent.name for p in (ROOT / "images").glob("*/Dockerfile")}
+    assert on_disk == set(IMAGES), f"Dockerfiles no component or service uses: {sorted(on_disk - set(IMAGES))}"
+    assert not set(SERVICE_IMAGES) & set(RUNTIME_GPU), "a service image is not a step runtime"
+
+
+def test_the_pipeline_hands_the_serve_step_the_predictor_image_it_builds() -> None:
+    """The serve image is used: the compiled pipeline passes its reference (same registry and tag) to serve."""
+    compiled = (ROOT / "pipelines" / "compiled" / "lmforge_pipeline.yaml").read_text()
+    assert f"constant: {service_image('serve')}" in compiled
+    assert service_image("serve") == image_for("pretrain").replace("lmforge-train:", "lmforge-serve:")
+    with pytest.raises(KeyError, match="not a service image"):
+        service_image("cpu")
+
+
+@pytest.mark.parametrize("runtime", IMAGES)
+def test_base_images_are_pinned_to_a_version(runtime: str) -> None:
+    stage_names: set[str] = set()
+    for stage in _stages(_instructions(_dockerfile(runtime))):
+        _, words = _flags_and_words(stage[0].args)
+        image = words[0]
+        if image in stage_names:
+            continue  # FROM an earlier stage
+        if len(words) == 3 and words[1].upper() == "AS":
+            stage_names.add(words[2])
+        if "@sha256:" in image:
+            continue
+        tag = image.rpartition(":")[2] if ":" in image.split("/")[-1] else ""
+        assert tag, f"{runtime}: base {image} has no tag"
+        assert tag != "latest" and re.search(r"\d", tag), f"{runtime}: base {image} is not pinned to a version"
+        assert "$" not in image, f"{runtime}: base {image} comes from a build argument, so it is not pinned here"
+
+
+@pytest.mark.parametrize("runtime", IMAGES)
+def test_final_image_runs_as_a_non_root_numeric_user(runtime: str) -> None:
+    final = _stages(_instructions(_dockerfile(runtime)))[-1]
+    users = [ins.args for ins in final if ins.keyword.upper() == "USER"]
+    assert users, f"{runtime}: final stage sets no USER, so it runs as root"
+    user = users[-1].split(":")[0]
+    # Numeric, so the kubelet can enforce runAsNonRoot without resolving names.
+    assert user.isdigit() and int(user) != 0, f"{runtime}: USER {users[-1]} is not a non-root numeric uid"
+    last = [ins.keyword.upper() for ins in final][-1]
+    assert last == "USER", f"{runtime}: {last} after the final USER (runs as root or is misplaced)"
+
+
+@pytest.mark.parametrize("runtime", IMAGES)
+def test_copy_sources_exist_and_are_in_the_build_context(runtime: str) -> None:
+    ignored = _dockerignore_patterns()
+    copies = 0
+    for ins in _instructions(_dockerfile(runtime)):
+        if ins.keyword.upper() not in {"COPY", "ADD"}:
+            continue
+        flags, words = _flags_and_words(ins.args)
+        if "from" in flags:
+            continue
+        for source in words[:-1]:
+            copies += 1
+            assert (ROOT / source).exists(), f"{runtime}: COPY {source}: no such path in the repository"
+            hits = [p for p in ignored if fnmatch.fnmatch(source.rstrip("/"), p)]
+            assert not hits, f"{runtime}: COPY {source} is excluded by .dockerignore ({hits})"
+    assert copies, f"{runtime}: copies nothing from the repository"
+
+
+@pytest.mark.parametrize("runtime", IMAGES)
+def test_mounts_and_copies_from_stages_name_a_defined_stage(runtime: str) -> None:
+    defined: set[str] = set()
+    for stage in _stages(_instructions(_dockerfile(runtime))):
+        for ins in stage[1:]:
+            for source in re.findall(r"from=([\w.-]+)", ins.args):
+                assert source in defined, f"{runtime}: {ins.keyword} refers to stage {source!r} not defined before it"
+        _, words = _flags_and_words(stage[0].args)
+        if len(words) == 3:
+            defined.add(words[2])
+
+
+def _bake() -> str:
+    return (ROOT / "docker-bake.hcl").read_text()
+
+
+def _bake_default(variable: str) -> str:
+    match = re.search(rf'variable\s+"{variable}"\s*{{\s*default\s*=\s*"([^"]*)"', _bake())
+    assert match, f"docker-bake.hcl: variable {variable} with a default not found"
+    return match.group(1)
+
+
+def _bake_targets() -> dict[str, str]:
+    # A block ends at a closing brace alone on its line; "${...}" interpolations inside it are not ends.
+    return {m.group(1): m.group(2) for m in re.finditer(r'target\s+"(\w+)"\s*{(.*?)\n}', _bake(), re.DOTALL)}
+
+
+def test_bake_defaults_match_the_package_version_and_image_registry() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert _bake_default("VERSION") == pyproject["project"]["version"]
+    assert _bake_default("REGISTRY") == DEFAULT_REGISTRY
+
+
+@pytest.mark.parametrize("runtime", IMAGES)
+def test_bake_target_builds_the_runtime_dockerfile_under_the_mapped_name(runtime: str) -> None:
+    body = _bake_targets().get(runtime)
+    assert body is not None, f"docker-bake.hcl has no target {runtime}"
+    assert f'dockerfile = "images/{runtime}/Dockerfile"' in body
+    # Same name and tag as components.images.image_for: <registry>/lmforge-<runtime>:<tag>; `make images` sets TAG.
+    assert f'"${{REGISTRY}}/lmforge-{runtime}:${{TAG}}"' in body
+    group = re.search(r'group\s+"default"\s*{\s*targets\s*=\s*\[([^\]]*)\]', _bake())
+    assert group and f'"{runtime}"' in group.group(1)
+
+
+def test_ci_workflow_installs_cpu_torch_first_and_fails_on_stale_compiled_yaml() -> None:
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "ci.yml").read_text())
+    steps = [s.get("run", "") for job in workflow["jobs"].values() for s in job["steps"]]
+    script = "\n".join(steps)
+    order = ["torch==2.13.0", "pip install -e", "ruff check", "ruff format --check", "pytest", "lmforge compile"]
+    positions = [script.find(marker) for marker in order]
+    assert all(p >= 0 for p in positions), dict(zip(order, positions, strict=True))
+    assert positions == sorted(positions), "CI steps out of order"
+    assert "download.pytorch.org/whl/cpu" in script
+    assert "git diff --exit-code" in script[positions[-1] :]
+
+
+def test_make_images_builds_under_the_tag_the_pipeline_pulls() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert "TAG=$$($(PYTHON) -m lmforge images --tag)" in makefile and "REGISTRY=$(REGISTRY)" in makefile
+    assert image_for("pretrain").endswith(f":{computed_tag()}")
+
+
+def _copy_sources(dst: Path) -> None:
+    for pattern in IMAGE_SOURCES:
+        for path in ROOT.glob(pattern):
+            if path.is_file():
+                target = dst / path.relative_to(ROOT)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(path.read_bytes())
+
+
+def test_a_changed_image_source_changes_the_tag_and_a_generated_file_does_not(tmp_path: Path) -> None:
+    """A rebuilt image under the same package version must not hit KFP cache entries of the old one."""
+    _copy_sources(tmp_path)
+    tag = computed_tag(tmp_path)
+    assert tag == computed_tag(ROOT) and tag.startswith(f"{__version__}-")
+    (tmp_path / "components" / "README.md").write_text("regenerated")  # generated: not an input
+    assert computed_tag(tmp_path) == tag
+    loop = tmp_path / "src" / "lmforge" / "train" / "loop.py"
+    loop.write_text(loop.read_text() + "\n# changed\n")
+    assert computed_tag(tmp_path) != tag
+    dockerfile = tmp_path / "images" / "train" / "Dockerfile"
+    loop.write_text(loop.read_text().removesuffix("\n# changed\n"))
+    assert computed_tag(tmp_path) == tag
+    dockerfile.write_text(dockerfile.read_text() + "\n# changed\n")
+    assert computed_tag(tmp_path) != tag
+
+
+def test_installed_package_reads_the_committed_tag() -> None:
+    """Inside an image (no checkout) the tag comes from components/image_tag.txt, which must be current."""
+    assert (ROOT / "components" / "image_tag.txt").read_text().strip() == computed_tag()

@@ -1,0 +1,154 @@
+"""Batched KV-cache decoding, the dynamic batcher and the choice of the served model, without a server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lmforge.artifacts import write_manifest
+from lmforge.config import ExportConfig
+from lmforge.errors import InputDataError
+from lmforge.export.onnx_export import run as export_onnx
+from lmforge.onnx_runtime import OrtDecoderWithPast
+from lmforge.serve.batcher import DoneEvent, DynamicBatcher, QueueFullError, TokenEvent
+from lmforge.serve.generate import GenerationRequest, generate_batch
+from lmforge.serve.model_dir import resolve_served_model
+from tests.support.serve_helpers import redraw_weights
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [(5, 17, 99, 3), (42,), (7, 7, 7, 7, 7, 7, 7, 8, 9), (300, 301)]
+
+
+@pytest.fixture(scope="module")
+def onnx_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    model = redraw_weights(tiny_model_dir, tmp_path_factory.mktemp("gen-model"))
+    out = tmp_path_factory.mktemp("gen") / "onnx"
+    export_onnx(ExportConfig(), model=model, onnx_model=out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def decoder(onnx_dir: Path) -> OrtDecoderWithPast:
+    return OrtDecoderWithPast(onnx_dir)
+
+
+def _alone(decoder: OrtDecoderWithPast, request: GenerationRequest) -> list[int]:
+    (result,) = generate_batch(decoder, [request], eos_token_id=None, pad_token_id=1)
+    return result.token_ids
+
+
+def test_each_row_of_a_batch_decodes_as_if_alone_even_as_rows_finish_early(decoder) -> None:
+    requests = [GenerationRequest(p, max_tokens=n) for p, n in zip(PROMPTS, (9, 2, 6, 1), strict=True)]
+    seen: list[tuple[int, int]] = []
+    results = generate_batch(
+        decoder, requests, eos_token_id=None, pad_token_id=1, on_token=lambda r, t: seen.append((r, t))
+    )
+    for request, result in zip(requests, results, strict=True):
+        assert result.token_ids == _alone(decoder, request)
+        assert len(result.token_ids) == request.max_tokens and result.finish_reason == "length"
+    for row, result in enumerate(results):  # the callback saw every token, in order
+        assert [t for r, t in seen if r == row] == result.token_ids
+
+
+def test_greedy_batch_matches_the_shared_ort_generate(decoder) -> None:
+    ids = np.array([[5, 17, 99, 3]], dtype=np.int64)
+    reference = decoder.generate(ids, max_new_tokens=8, pad_token_id=1)[0].tolist()
+    (result,) = generate_batch(decoder, [GenerationRequest(PROMPTS[0], 8)], eos_token_id=None, pad_token_id=1)
+    assert result.token_ids == reference
+
+
+def test_eos_stops_a_row_and_is_not_returned(decoder) -> None:
+    greedy = _alone(decoder, GenerationRequest(PROMPTS[2], 6))
+    eos = greedy[3]
+    (result,) = generate_batch(decoder, [GenerationRequest(PROMPTS[2], 6)], eos_token_id=eos, pad_token_id=1)
+    assert result.token_ids == greedy[: greedy.index(eos)]
+    assert result.finish_reason == "stop"
+
+
+def test_sampling_is_reproducible_by_seed_and_a_tiny_top_p_is_greedy(decoder) -> None:
+    sample = GenerationRequest(PROMPTS[0], 10, temperature=1.5, seed=7)
+    assert _alone(decoder, sample) == _alone(decoder, sample)
+    assert _alone(decoder, sample) != _alone(decoder, GenerationRequest(PROMPTS[0], 10))
+    nucleus = GenerationRequest(PROMPTS[0], 10, temperature=1.5, top_p=1e-9, seed=7)
+    assert _alone(decoder, nucleus) == _alone(decoder, GenerationRequest(PROMPTS[0], 10))
+
+
+def test_batcher_runs_requests_queued_together_as_one_batch_up_to_its_size(decoder) -> None:
+    def run(requests, on_token):
+        return generate_batch(decoder, requests, eos_token_id=None, pad_token_id=1, on_token=on_token)
+
+    async def scenario(max_batch_size: int) -> tuple[dict, list[list[int]], list[int]]:
+        batcher = DynamicBatcher(run, max_batch_size=max_batch_size, max_wait_ms=50.0, max_queue=8)
+        queues = [batcher.submit(GenerationRequest(p, 4), stream=True) for p in PROMPTS[:3]]
+        tokens, sizes = [], []
+        for queue in queues:
+            row = []
+            while not isinstance(event := await queue.get(), DoneEvent):
+                assert isinstance(event, TokenEvent)
+                row.append(event.token_id)
+            assert row == event.result.token_ids  # streamed tokens = the result
+            tokens.append(row)
+            sizes.append(event.batch_size)
+        batcher.close()
+        return batcher.stats.as_dict(), tokens, sizes
+
+    stats, tokens, sizes = asyncio.run(scenario(8))
+    assert stats["batch_sizes"] == {"3": 1} and sizes == [3, 3, 3]
+    assert tokens == [_alone(decoder, GenerationRequest(p, 4)) for p in PROMPTS[:3]]
+    stats, _, sizes = asyncio.run(scenario(2))
+    assert stats["batch_sizes"] == {"1": 1, "2": 1} and sizes == [2, 2, 1]
+
+
+def test_batcher_refuses_requests_beyond_its_queue() -> None:
+    async def scenario() -> None:
+        batcher = DynamicBatcher(lambda r, cb: [], max_batch_size=1, max_wait_ms=0.0, max_queue=2)
+        batcher.submit(GenerationRequest((1,), 1))
+        batcher.submit(GenerationRequest((1,), 1))
+        with pytest.raises(QueueFullError, match="2 requests are waiting"):
+            batcher.submit(GenerationRequest((1,), 1))
+        batcher.close()
+
+    asyncio.run(scenario())
+
+
+def _release(root: Path, onnx_dir: Path, artifacts: list[str], withheld: dict[str, str]) -> Path:
+    release = root / "models" / "demo" / "v1"
+    for name in artifacts:
+        shutil.copytree(onnx_dir, release / name)
+    manifest = {
+        "kind": "release",
+        "model_name": "demo",
+        "version": "v1",
+        "artifacts": {name: {"kind": "onnx-model"} for name in artifacts},
+        "withheld": withheld,
+    }
+    (release / "manifest.json").write_text(json.dumps(manifest))
+    return release
+
+
+def test_a_release_serves_int8_when_it_has_it_else_fp32(onnx_dir, tmp_path) -> None:
+    both = _release(tmp_path / "a", onnx_dir, ["student", "onnx_fp32", "int8_dynamic"], {})
+    served = resolve_served_model(both)
+    assert (served.artifact, served.name, served.version) == ("int8_dynamic", "demo", "v1")
+    assert resolve_served_model(both, prefer_int8=False).artifact == "onnx_fp32"
+    fp32 = _release(tmp_path / "b", onnx_dir, ["onnx_fp32"], {"int8_dynamic": "rejected: delta +9%"})
+    served = resolve_served_model(fp32)
+    assert served.artifact == "onnx_fp32" and "rejected: delta +9%" in served.reason
+    assert resolve_served_model(onnx_dir).path == onnx_dir
+
+
+def test_a_directory_without_the_kv_cache_graph_is_refused(onnx_dir, tmp_path) -> None:
+    plain = tmp_path / "plain"
+    shutil.copytree(onnx_dir, plain, ignore=shutil.ignore_patterns("decoder_with_past.onnx*"))
+    write_manifest(plain, "onnx-model")
+    with pytest.raises(InputDataError, match="no decoder_with_past.onnx"):
+        resolve_served_model(plain)
+    student_only = _release(tmp_path / "c", plain, ["student"], {})
+    with pytest.raises(InputDataError, match="no servable ONNX model"):
+        resolve_served_model(student_only)
