@@ -49,6 +49,7 @@ KFP_RUN_URL = "kfp.pipeline_run_url"
 KFP_TASK_NAME = "kfp.task_name"
 RUN_TYPE = "lmforge.run_type"
 STAGE_TAG = "lmforge.stage"
+PARENT_SETTLE_S = 1.0  # how long a new parent run may take to become visible to a racing stage
 ERROR_TAG = "lmforge.error"
 HISTORY_FILE = "training_history.json"  # lmforge.model.build.HISTORY_FILE (not imported: it pulls in torch)
 # The small files stages write next to their outputs that are worth seeing in MLflow (never weights or data).
@@ -223,30 +224,37 @@ class Tracker:
         if not _RUN_KEY.match(run.run_id):
             session.give_up(f"pipeline run id {run.run_id!r} is not usable as a search key (letters, digits, ._:@/-)")
         experiment = session.experiment_id()
-        parents = self._find_parents(session, experiment, run.run_id)
-        if not parents and not create:
+        found = self._find_parents(session, experiment, run.run_id)
+        if not found and not create:
             return None
-        if not parents:
+        created = None
+        if not found:
             name = run.name or f"lmforge-{run.run_id}"
             created = session.call(
                 "create the pipeline run",
                 lambda c: c.create_run(experiment, run_name=name, tags=self._tags(run.tags())),
             ).info.run_id
-            parents = self._find_parents(session, experiment, run.run_id) or [created]
-            if parents[0] != created:
-                log.info("pipeline run %s already had MLflow run %s; deleting the duplicate", run.run_id, parents[0])
-                with contextlib.suppress(Expected):
-                    session.call(
-                        "delete a duplicate pipeline run",
-                        lambda c: c.delete_run(created),
-                        expected=("RESOURCE_DOES_NOT_EXIST",),
-                    )
-        self._parents[run.run_id] = parents[0]
-        return parents[0]
+            found = self._find_parents(session, experiment, run.run_id) or [(created, _now_ms())]
+        if found[0][1] > _now_ms() - PARENT_SETTLE_S * 1000:
+            # Stages racing to create the parent converge on the oldest (start time, then id). A start time is its
+            # creator's clock, so a racer's older run can become visible after this search: look again once.
+            time.sleep(PARENT_SETTLE_S)
+            found = self._find_parents(session, experiment, run.run_id) or found
+        parent = found[0][0]
+        if created is not None and created != parent:
+            log.info("pipeline run %s already had MLflow run %s; deleting the duplicate", run.run_id, parent)
+            with contextlib.suppress(Expected):
+                session.call(
+                    "delete a duplicate pipeline run",
+                    lambda c: c.delete_run(created),
+                    expected=("RESOURCE_DOES_NOT_EXIST",),
+                )
+        self._parents[run.run_id] = parent
+        return parent
 
     @staticmethod
-    def _find_parents(session: Session, experiment: str, key: str) -> list[str]:
-        """Top-level runs tagged with ``key``, oldest first (start time, then id)."""
+    def _find_parents(session: Session, experiment: str, key: str) -> list[tuple[str, int]]:
+        """Top-level runs tagged with ``key`` as (run id, start time in ms), oldest first (start time, then id)."""
         from mlflow.entities import ViewType
 
         found = session.call(
@@ -258,8 +266,8 @@ class Tracker:
                 max_results=100,
             ),
         )
-        tops = [r for r in found if PARENT_TAG not in r.data.tags]
-        return [r.info.run_id for r in sorted(tops, key=lambda r: (r.info.start_time or 0, r.info.run_id))]
+        tops = [(r.info.run_id, r.info.start_time or 0) for r in found if PARENT_TAG not in r.data.tags]
+        return sorted(tops, key=lambda top: (top[1], top[0]))
 
     def _start(self, stage: str, run: PipelineRun, task: str | None) -> TrackedStage:
         session = self.session
@@ -475,3 +483,7 @@ def _summary_tags(result: StageResult) -> dict[str, str]:
             verdict = "PASS" if check.get("passed") else "FAIL"
             tags[f"gate.{check['name']}"] = truncate(f"{verdict}: {check.get('reason', '')}", 5000)
     return tags
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
