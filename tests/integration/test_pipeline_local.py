@@ -162,6 +162,9 @@ def test_report_and_gate_and_release(local_run):
         assert np.isfinite(results["models"][model]["perplexity"]), model
     assert results["models"]["base"]["uri"] == str(run.output("pretrain", "model"))  # evaluate got pretrain's model
     assert results["headline"]["teacher_bits_per_byte_vs_base"] > 0
+    served = results["served_model"]  # it answered the held-out prompts itself, through its KV-cache decoder
+    assert results["models"][served]["generation"]["prompts"] > 0
+    assert results["headline"]["empty_answer_model"] == served
     assert results["passed"] is True
     assert run.promoted
     manifest = json.loads(storage.read_bytes(_release(root, "v-test", MANIFEST)))

@@ -61,8 +61,8 @@ class GateConfig(StrictModel):
         0.5,
         ge=0.0,
         le=1.0,
-        description="Fail when more than this fraction of the student's answers to the held-out prompts are empty "
-        "(null: no check).",
+        description="Fail when more than this fraction of the served model's answers to the held-out prompts are "
+        "empty (its student's where the served model cannot generate here, e.g. a TensorRT engine; null: no check).",
     )
     max_teacher_forgetting: float | None = Field(
         0.25,
@@ -98,7 +98,12 @@ class GenerationEvalConfig(StrictModel):
     enabled: bool = Field(True, description="Generate answers to held-out Q&A prompts and score them.")
     models: list[str] = Field(
         default_factory=lambda: ["base", "teacher", "student"],
-        description="PyTorch models that generate (by name); ONNX models have no KV-cache decoder to generate with.",
+        description="PyTorch models that generate (by name); the served model generates too (see served).",
+    )
+    served: bool = Field(
+        True,
+        description="Also generate with the served model (the KV-cache decoder of the ONNX model promote serves, "
+        "decoded as lmforge serve decodes), so the gate's empty-answer check sees what users get.",
     )
     heldout_fraction: float | None = Field(
         None,

@@ -161,6 +161,61 @@ def _answer_loss(name: str, logits_fn: LogitsFn, rows: AnswerRows, pad_id: int) 
     return {"answer_loss": loss.mean, "answer_loss_tokens": loss.tokens}
 
 
+def _generate(
+    name: str, model: Any, tokenizer: Any, qa: QASet, cfg: EvaluateConfig, max_positions: int | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """Greedy answers of one model (PyTorch, or an ONNX KV-cache decoder) to the held-out prompts, scored."""
+    gen = cfg.generation
+    scores, answers = evaluate_generation(
+        model,
+        tokenizer,
+        qa.groups,
+        max_new_tokens=gen.max_new_tokens,
+        batch_size=gen.batch_size,
+        stop_at_newline=gen.stop_at_newline,
+        bleu_tokenize=gen.bleu_tokenize,
+        seed=gen.seed,
+        max_positions=max_positions,
+    )
+    log.info(
+        "%s: EM %.3f, F1 %.3f, BLEU %.2f, ROUGE-L %.3f on %d held-out prompts",
+        name,
+        scores.exact_match,
+        scores.f1,
+        scores.bleu,
+        scores.rouge_l,
+        scores.prompts,
+    )
+    figures = {
+        "exact_match": scores.exact_match,
+        "f1": scores.f1,
+        "bleu": scores.bleu,
+        "rouge_l": scores.rouge_l,
+        "empty_answer_fraction": scores.empty_predictions / scores.prompts,
+        "generation": scores.to_dict(),
+    }
+    return figures, answers
+
+
+def _generate_served(
+    name: str, path: Path, qa: QASet, cfg: EvaluateConfig, max_positions: int | None
+) -> tuple[dict[str, Any], list[str]] | None:
+    """The served ONNX model's answers through its KV-cache decoder, as ``lmforge serve`` decodes; ``None`` when
+    the directory has no such decoder (a TensorRT engine, or an export without one)."""
+    from lmforge.model.base import base_tokenizer
+    from lmforge.onnx_runtime import WITH_PAST_FILE, OrtDecoderWithPast
+
+    if not (path / WITH_PAST_FILE).is_file():
+        log.info("%s has no %s; the student's answers stand for it", name, WITH_PAST_FILE)
+        return None
+    decoder = OrtDecoderWithPast(path)
+    try:
+        return _generate(name, decoder, base_tokenizer(path), qa, cfg, max_positions)
+    finally:
+        del decoder
+        gc.collect()
+
+
 def _evaluate_torch(
     name: str, path: Path, text: HeldOutText, cfg: EvaluateConfig, qa: QASet | None, rows: AnswerRows, pad_id: int
 ) -> tuple[dict[str, Any], list[str] | None]:
@@ -174,34 +229,8 @@ def _evaluate_torch(
         fn = torch_logits_fn(model)
         result = {"format": "pytorch", **_score(name, fn, size, text, cfg), **_answer_loss(name, fn, rows, pad_id)}
         if qa is not None and name in cfg.generation.models:
-            gen = cfg.generation
-            scores, answers = evaluate_generation(
-                model,
-                base_tokenizer(path),
-                qa.groups,
-                max_new_tokens=gen.max_new_tokens,
-                batch_size=gen.batch_size,
-                stop_at_newline=gen.stop_at_newline,
-                bleu_tokenize=gen.bleu_tokenize,
-                seed=gen.seed,
-            )
-            log.info(
-                "%s: EM %.3f, F1 %.3f, BLEU %.2f, ROUGE-L %.3f on %d held-out prompts",
-                name,
-                scores.exact_match,
-                scores.f1,
-                scores.bleu,
-                scores.rouge_l,
-                scores.prompts,
-            )
-            result.update(
-                exact_match=scores.exact_match,
-                f1=scores.f1,
-                bleu=scores.bleu,
-                rouge_l=scores.rouge_l,
-                empty_answer_fraction=scores.empty_predictions / scores.prompts,
-                generation=scores.to_dict(),
-            )
+            scores, answers = _generate(name, model, base_tokenizer(path), qa, cfg)
+            result.update(scores)
     finally:
         del model
         gc.collect()
@@ -462,6 +491,12 @@ def evaluate_models(
 
     if (engine := _engine_entry(trt)) is not None:
         evaluated["tensorrt"] = {"uri": str(engine_dir), **engine}
+    served = served_model(evaluated)
+    if qa is not None and cfg.generation.served and served in onnx_models:
+        generated = _generate_served(served, paths[served], qa, cfg, _max_positions(configs[served]))
+        if generated is not None:
+            evaluated[served].update(generated[0])
+            answers[served] = generated[1]
 
     generation: dict[str, Any] = {"status": "skipped", "reason": "disabled in config"}
     if cfg.generation.enabled and qa is None:
@@ -488,7 +523,7 @@ def evaluate_models(
         "eval_bytes": n_bytes,
         "latency_runs": cfg.latency_runs,
         "models": evaluated,
-        "served_model": served_model(evaluated),
+        "served_model": served,
         "tensorrt": trt,
         "generation": generation,
         "production": production_baseline(release_root, model_name or "", cfg.production_source),

@@ -283,13 +283,23 @@ def check_f1_vs_teacher(cfg: GateConfig, results: Mapping[str, Any]) -> Check:
     return _at_most(name, drop, cfg.max_f1_drop, missing, "student F1 drop vs teacher (fraction of teacher F1)")
 
 
+def empty_answers_model(results: Mapping[str, Any]) -> str:
+    """Whose empty answers count: the served model's where it generated (evaluate decodes its ONNX KV-cache
+    graph as ``lmforge serve`` does), else its student's."""
+    served = results.get("served_model")
+    entry = (results.get("models") or {}).get(served) if served else None
+    return served if entry and entry.get("empty_answer_fraction") is not None else STUDENT
+
+
 def check_empty_answers(cfg: GateConfig, results: Mapping[str, Any]) -> Check:
-    """At most ``max_empty_answers`` of the student's answers to held-out prompts are empty."""
-    name = "student_empty_answers"
+    """At most ``max_empty_answers`` of the served model's answers to held-out prompts are empty (its student's
+    where the served model could not generate)."""
+    name = "served_empty_answers"
     if cfg.max_empty_answers is None:
         return _disabled(name, "max_empty_answers")
-    value, missing = _number(results, STUDENT, "empty_answer_fraction")
-    return _at_most(name, value, cfg.max_empty_answers, missing, "share of empty student answers")
+    model = empty_answers_model(results)
+    value, missing = _number(results, model, "empty_answer_fraction")
+    return _at_most(name, value, cfg.max_empty_answers, missing, f"share of empty {model} answers")
 
 
 def _forgetting(name: str, model: str, limit: float | None, setting: str, results: Mapping[str, Any]) -> Check:
@@ -376,8 +386,9 @@ def check_gate(cfg: GateConfig, results: Mapping[str, Any]) -> GateDecision:
 
 
 def headline(results: Mapping[str, Any]) -> dict[str, Any]:
-    """The figures a run ends with: the served model's empty answers (its student's) and answer loss against the
-    teacher's, the teacher's bits per byte against the base's, data retention, and the gate's warnings.
+    """The figures a run ends with: the served model's empty answers and its answer loss against the teacher's (its
+    student's where it has none), the teacher's bits per byte against the base's, data retention, and the gate's
+    warnings.
 
     Ratios are ``value / reference`` (1.0: equal); a figure that cannot be computed is ``None``.
     """
@@ -396,7 +407,8 @@ def headline(results: Mapping[str, Any]) -> dict[str, Any]:
     kept = retention(results)
     return {
         "served_model": served,
-        "empty_answer_fraction": figure(STUDENT, "empty_answer_fraction"),
+        "empty_answer_model": empty_answers_model(results),
+        "empty_answer_fraction": figure(empty_answers_model(results), "empty_answer_fraction"),
         "answer_loss_model": loss_model,
         "answer_loss_vs_teacher": ratio(figure(loss_model, "answer_loss"), figure(TEACHER, "answer_loss")),
         "teacher_bits_per_byte_vs_base": ratio(figure(TEACHER, "bits_per_byte"), figure(BASE, "bits_per_byte")),
@@ -417,7 +429,8 @@ def headline_lines(head: Mapping[str, Any]) -> list[str]:
 
     lines = [
         f"served model {head.get('served_model') or 'none'}: {pct(head.get('empty_answer_fraction'))} of held-out "
-        f"prompts answered with an empty string (student), answer loss {times(head.get('answer_loss_vs_teacher'))} "
+        f"prompts answered with an empty string ({head.get('empty_answer_model')}), answer loss "
+        f"{times(head.get('answer_loss_vs_teacher'))} "
         f"the teacher's ({head.get('answer_loss_model')})",
         f"teacher bits/byte on held-out corpus text: {times(head.get('teacher_bits_per_byte_vs_base'))} the base "
         "model's",

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from lmforge.data.qa import Example
+    from lmforge.onnx_runtime import OrtDecoderWithPast
 
 log = logging.getLogger("lmforge.evaluate")
 
@@ -185,8 +186,51 @@ def clean_answer(text: str, *, stop_at_newline: bool) -> str:
     return text.strip()
 
 
+def _max_positions(model: PreTrainedModel | OrtDecoderWithPast, max_positions: int | None) -> int | None:
+    config = getattr(model, "config", None)
+    return max_positions or getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+
+
+def _greedy_new_tokens(
+    model: PreTrainedModel | OrtDecoderWithPast,
+    tokenizer: PreTrainedTokenizerBase,
+    batch: list[str],
+    *,
+    max_new_tokens: int,
+    max_length: int | None,
+) -> Any:
+    """The greedy continuations of one left-padded batch: PyTorch ``generate``, or the ONNX KV-cache decoder."""
+    from lmforge.onnx_runtime import OrtDecoderWithPast
+
+    truncation = max_length is not None
+    if isinstance(model, OrtDecoderWithPast):
+        enc = tokenizer(batch, return_tensors="np", padding=True, truncation=truncation, max_length=max_length)
+        return model.generate(
+            enc["input_ids"],
+            enc["attention_mask"],
+            max_new_tokens=max_new_tokens,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    import torch
+
+    enc = tokenizer(batch, return_tensors="pt", padding=True, truncation=truncation, max_length=max_length)
+    enc = enc.to(next(model.parameters()).device)
+    with torch.inference_mode():
+        out = model.generate(
+            **enc,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            num_beams=1,
+            use_cache=True,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    return out[:, enc["input_ids"].shape[1] :]
+
+
 def generate_answers(
-    model: PreTrainedModel,
+    model: PreTrainedModel | OrtDecoderWithPast,
     tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str],
     *,
@@ -194,14 +238,18 @@ def generate_answers(
     batch_size: int,
     stop_at_newline: bool = True,
     seed: int = 0,
+    max_positions: int | None = None,
 ) -> list[str]:
-    """Greedy answers to ``prompts`` (already templated), batched with left padding and the KV cache."""
+    """Greedy answers to ``prompts`` (already templated), batched with left padding and the KV cache.
+
+    ``model`` is a PyTorch causal LM or an exported model's ONNX KV-cache decoder (the served model); the
+    latter needs ``max_positions`` (the model's context) to keep prompt and answer within it.
+    """
     import torch
 
     if tokenizer.pad_token_id is None:
         raise ValueError("the tokenizer has no padding token; batched generation needs one")
-    device = next(model.parameters()).device
-    positions = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
+    positions = _max_positions(model, max_positions)
     max_length = positions - max_new_tokens if positions else None
     if max_length is not None and max_length < 1:
         raise ValueError(f"max_new_tokens ({max_new_tokens}) leaves no room in the model's {positions} positions")
@@ -214,20 +262,7 @@ def generate_answers(
         torch.manual_seed(seed)
         for i in range(0, len(prompts), batch_size):
             batch = list(prompts[i : i + batch_size])
-            enc = tokenizer(
-                batch, return_tensors="pt", padding=True, truncation=max_length is not None, max_length=max_length
-            ).to(device)
-            with torch.inference_mode():
-                out = model.generate(
-                    **enc,
-                    max_new_tokens=max_new_tokens,
-                    do_sample=False,
-                    num_beams=1,
-                    use_cache=True,
-                    pad_token_id=tokenizer.pad_token_id,
-                    eos_token_id=tokenizer.eos_token_id,
-                )
-            new = out[:, enc["input_ids"].shape[1] :]
+            new = _greedy_new_tokens(model, tokenizer, batch, max_new_tokens=max_new_tokens, max_length=max_length)
             texts = tokenizer.batch_decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
             answers.extend(clean_answer(t, stop_at_newline=stop_at_newline) for t in texts)
     finally:
@@ -236,7 +271,7 @@ def generate_answers(
 
 
 def evaluate_generation(
-    model: PreTrainedModel,
+    model: PreTrainedModel | OrtDecoderWithPast,
     tokenizer: PreTrainedTokenizerBase,
     groups: Sequence[tuple[str, Sequence[str]]],
     *,
@@ -245,6 +280,7 @@ def evaluate_generation(
     stop_at_newline: bool,
     bleu_tokenize: str,
     seed: int,
+    max_positions: int | None = None,
 ) -> tuple[GenerationScores, list[str]]:
     """Generate an answer to every grouped (templated) prompt and score it; returns the scores and answers."""
     prompts = [prompt for prompt, _ in groups]
@@ -256,6 +292,7 @@ def evaluate_generation(
         batch_size=batch_size,
         stop_at_newline=stop_at_newline,
         seed=seed,
+        max_positions=max_positions,
     )
     scores = score_predictions(answers, [list(refs) for _, refs in groups], bleu_tokenize=bleu_tokenize)
     return scores, answers

@@ -22,7 +22,7 @@ CHECK_NAMES = [
     "student_exact_match",
     "answer_loss_vs_teacher",
     "f1_vs_teacher",
-    "student_empty_answers",
+    "served_empty_answers",
     "teacher_forgetting",
     "student_forgetting",
     "data_retention",

@@ -10,7 +10,7 @@ from lmforge.evaluate.gate import check_gate, headline, headline_lines
 RELATIVE = (
     "answer_loss_vs_teacher",
     "f1_vs_teacher",
-    "student_empty_answers",
+    "served_empty_answers",
     "teacher_forgetting",
     "student_forgetting",
     "data_retention",
@@ -28,6 +28,7 @@ def results(
     teacher_f1=0.4,
     student_f1=0.3,
     empty=0.1,
+    served_empty=None,
     clean=(100, 80, 10_000, 9_000),
     served="int8_dynamic",
 ):
@@ -45,6 +46,8 @@ def results(
         "onnx_fp32": {"perplexity": 50.0},
         "int8_dynamic": {"perplexity": 50.5, "p99_ms": 3.0, "answer_loss": served_loss},
     }
+    if served_empty is not None:  # the served model generated (its ONNX KV-cache decoder)
+        models["int8_dynamic"]["empty_answer_fraction"] = served_empty
     if base_bpb is None:
         del models["base"]
     out = {
@@ -78,8 +81,15 @@ def test_a_model_that_answers_nothing_fails_with_the_defaults_naming_the_checks(
     decision = check_gate(GateConfig(), silent)
     failed = {c.name for c in decision.checks if not c.passed}
     assert not decision.passed
-    assert failed == {"answer_loss_vs_teacher", "f1_vs_teacher", "student_empty_answers"}
-    assert "share of empty student answers 1 > 0.5: too high" in check(decision, "student_empty_answers").reason
+    assert failed == {"answer_loss_vs_teacher", "f1_vs_teacher", "served_empty_answers"}
+    assert "share of empty student answers 1 > 0.5: too high" in check(decision, "served_empty_answers").reason
+
+
+def test_the_served_models_own_empty_answers_are_the_headlines_when_it_generated():
+    head = headline(results(empty=0.1, served_empty=0.3))
+    assert head["empty_answer_model"] == "int8_dynamic" and head["empty_answer_fraction"] == 0.3
+    assert "answered with an empty string (int8_dynamic)" in headline_lines(head)[0]
+    assert headline(results(empty=0.1))["empty_answer_model"] == "student"  # it could not: the student's stand
 
 
 @pytest.mark.parametrize(
@@ -92,8 +102,10 @@ def test_a_model_that_answers_nothing_fails_with_the_defaults_naming_the_checks(
         ({"student_f1": 0.19}, "f1_vs_teacher", 0.525, False),
         ({"student_f1": 0.6}, "f1_vs_teacher", -0.5, True),
         ({"teacher_f1": 0.0, "student_f1": 0.0}, "f1_vs_teacher", 0.0, True),  # nothing to lose
-        ({"empty": 0.5}, "student_empty_answers", 0.5, True),
-        ({"empty": 0.55}, "student_empty_answers", 0.55, False),
+        ({"empty": 0.5}, "served_empty_answers", 0.5, True),
+        ({"empty": 0.55}, "served_empty_answers", 0.55, False),
+        ({"empty": 0.1, "served_empty": 0.6}, "served_empty_answers", 0.6, False),  # the served model's own
+        ({"empty": 0.9, "served_empty": 0.2}, "served_empty_answers", 0.2, True),
         ({"teacher_bpb": 2.5}, "teacher_forgetting", 0.25, True),
         ({"teacher_bpb": 2.6}, "teacher_forgetting", 0.3, False),
         ({"student_bpb": 2.6}, "student_forgetting", 0.3, False),
@@ -144,7 +156,7 @@ def test_a_relative_check_configured_as_null_is_disabled(name):
     setting = {
         "answer_loss_vs_teacher": "max_answer_loss_increase",
         "f1_vs_teacher": "max_f1_drop",
-        "student_empty_answers": "max_empty_answers",
+        "served_empty_answers": "max_empty_answers",
         "teacher_forgetting": "max_teacher_forgetting",
         "student_forgetting": "max_student_forgetting",
     }[name]

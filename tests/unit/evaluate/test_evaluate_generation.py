@@ -177,3 +177,24 @@ def test_generation_refuses_more_new_tokens_than_positions(tiny_lm):
     model, tok = tiny_lm
     with pytest.raises(ValueError, match="leaves no room"):
         generate_answers(model, tok, ["x"], max_new_tokens=64, batch_size=1)
+
+
+@pytest.mark.slow  # one ONNX export of the tiny model
+def test_the_served_onnx_decoder_answers_as_the_pytorch_model_it_was_exported_from(tiny_model_dir, tmp_path):
+    """evaluate scores the served model's own answers (its KV-cache decoder, left-padded batches)."""
+    from lmforge.config import ExportConfig
+    from lmforge.export.onnx_export import run as export_onnx
+    from lmforge.model.base import base_tokenizer
+    from lmforge.model.build import load_causal_lm
+    from lmforge.onnx_runtime import OrtDecoderWithPast
+    from tests.support.serve_helpers import redraw_weights
+
+    model_dir = redraw_weights(tiny_model_dir, tmp_path / "model")  # varied continuations, clear argmax margins
+    export_onnx(ExportConfig(), model=model_dir, onnx_model=tmp_path / "onnx")
+    tokenizer = base_tokenizer(tmp_path / "onnx")
+    prompts = ["Question: who art thou?\nAnswer:", "Q: hi\nA:", "Question: what light through yonder window?\nA:"]
+    kwargs = {"max_new_tokens": 8, "batch_size": 3, "stop_at_newline": False}
+    reference = generate_answers(load_causal_lm(model_dir), tokenizer, prompts, **kwargs)
+    served = generate_answers(OrtDecoderWithPast(tmp_path / "onnx"), tokenizer, prompts, max_positions=64, **kwargs)
+    assert served == reference
+    assert len(set(reference)) > 1 and all(reference)  # distinct, non-empty answers: the comparison can fail
