@@ -73,6 +73,12 @@ def _with_run_id(task: dsl.PipelineTask) -> dsl.PipelineTask:
     return kubernetes.use_field_path_as_env(task, env_name=RUN_ID_ENV, field_path="metadata.labels['pipeline/runid']")
 
 
+def _as_nested_step(task: dsl.PipelineTask, cpu, memory, s3_secret_name, mlflow_secret_name) -> dsl.PipelineTask:
+    """What every step inside a sub-pipeline gets: its requests, the S3 and MLflow Secrets and the run id."""
+    _with_s3_credentials(_with_requests(task, cpu, memory), s3_secret_name)
+    return _with_mlflow(_with_run_id(task), mlflow_secret_name)
+
+
 def _on_gpu_pool(task: dsl.PipelineTask, accelerator, limit, node_selector, tolerations) -> dsl.PipelineTask:
     """Request GPUs and pin the task to the GPU node pool (selector + taint tolerations), all from parameters.
 
@@ -113,8 +119,7 @@ def clean_one_shard(
         overrides=overrides,
     )
     shard.set_display_name("clean shard").set_retry(num_retries=2, backoff_duration="30s")
-    _with_s3_credentials(_with_requests(shard, cpu_request, memory_request), s3_secret_name)
-    _with_mlflow(_with_run_id(shard), mlflow_secret_name)
+    _as_nested_step(shard, cpu_request, memory_request, s3_secret_name, mlflow_secret_name)
     return shard.outputs["shard"]
 
 
@@ -134,8 +139,7 @@ def dedup_exact_one_part(
     sub-pipeline for the reason given in :func:`clean_one_shard`)."""
     exact = dedup_exact_part(shards=shards, part=part, parts=parts, preset=preset, overrides=overrides)
     exact.set_display_name("exact dedup part").set_retry(num_retries=2, backoff_duration="30s")
-    _with_s3_credentials(_with_requests(exact, cpu_request, memory_request), s3_secret_name)
-    _with_mlflow(_with_run_id(exact), mlflow_secret_name)
+    _as_nested_step(exact, cpu_request, memory_request, s3_secret_name, mlflow_secret_name)
     return exact.outputs["exact"]
 
 
@@ -198,8 +202,7 @@ def dedup_band_one_part(
         overrides=overrides,
     )
     pairs.set_display_name("LSH band part").set_retry(num_retries=2, backoff_duration="30s")
-    _with_s3_credentials(_with_requests(pairs, cpu_request, memory_request), s3_secret_name)
-    _with_mlflow(_with_run_id(pairs), mlflow_secret_name)
+    _as_nested_step(pairs, cpu_request, memory_request, s3_secret_name, mlflow_secret_name)
     return pairs.outputs["pairs"]
 
 
@@ -267,8 +270,7 @@ def promote_release(
         version=version,
     )
     released.set_display_name("promote").set_caching_options(False).set_retry(num_retries=2, backoff_duration="30s")
-    _with_s3_credentials(_with_requests(released, cpu_request, memory_request), s3_secret_name)
-    _with_mlflow(_with_run_id(released), mlflow_secret_name)
+    _as_nested_step(released, cpu_request, memory_request, s3_secret_name, mlflow_secret_name)
     return released.outputs["Output"]
 
 
@@ -297,8 +299,7 @@ def serve_release(
         overrides=overrides,
     )
     served.set_display_name("serve").set_caching_options(False).set_retry(num_retries=2, backoff_duration="30s")
-    _with_s3_credentials(_with_requests(served, cpu_request, memory_request), s3_secret_name)
-    _with_mlflow(_with_run_id(served), mlflow_secret_name)
+    _as_nested_step(served, cpu_request, memory_request, s3_secret_name, mlflow_secret_name)
     return served.outputs["serving"]
 
 
