@@ -404,11 +404,12 @@ def headline(results: Mapping[str, Any]) -> dict[str, Any]:
 
     served_loss = figure(served, "answer_loss")
     loss_model = served if served_loss is not None else STUDENT
+    empty_model = empty_answers_model(results)
     kept = retention(results)
     return {
         "served_model": served,
-        "empty_answer_model": empty_answers_model(results),
-        "empty_answer_fraction": figure(empty_answers_model(results), "empty_answer_fraction"),
+        "empty_answer_model": empty_model,
+        "empty_answer_fraction": figure(empty_model, "empty_answer_fraction"),
         "answer_loss_model": loss_model,
         "answer_loss_vs_teacher": ratio(figure(loss_model, "answer_loss"), figure(TEACHER, "answer_loss")),
         "teacher_bits_per_byte_vs_base": ratio(figure(TEACHER, "bits_per_byte"), figure(BASE, "bits_per_byte")),
