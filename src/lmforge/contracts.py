@@ -19,6 +19,20 @@ from lmforge.errors import InputDataError
 
 log = logging.getLogger("lmforge.contracts")
 
+# --- a model directory's config.json (Hugging Face format): quantize_int8 and evaluate bound their windows by the
+# --- context it declares.
+
+CONTEXT_KEYS = ("n_positions", "max_position_embeddings")  # GPT-2's, Llama's
+
+
+def max_positions(config: Mapping[str, Any]) -> int | None:
+    """The context length a model's ``config.json`` declares (the first integer of :data:`CONTEXT_KEYS`)."""
+    for key in CONTEXT_KEYS:
+        if isinstance(config.get(key), int):
+            return int(config[key])
+    return None
+
+
 # --- the INT8 accuracy gate: quantize_int8 writes it into each INT8 model's manifest; build_tensorrt, evaluate
 # --- and promote read it back.
 

@@ -34,6 +34,7 @@ from lmforge.contracts import (
     REPORT_MD,
     RESULTS_FILE,
     gate_result,
+    max_positions,
     read_engine_status,
     read_history,
     served_model,
@@ -67,13 +68,6 @@ def _model_config(path: Path) -> dict[str, Any]:
     if not config.is_file():
         raise InputDataError(f"model directory {path}: no config.json")
     return read_json_file(config)
-
-
-def _max_positions(config: Mapping[str, Any]) -> int | None:
-    for key in ("n_positions", "max_position_embeddings"):
-        if isinstance(config.get(key), int):
-            return int(config[key])
-    return None
 
 
 def _check_vocab(name: str, config: Mapping[str, Any], tokens: np.ndarray) -> None:
@@ -162,7 +156,7 @@ def _answer_loss(name: str, logits_fn: LogitsFn, rows: AnswerRows, pad_id: int) 
 
 
 def _generate(
-    name: str, model: Any, tokenizer: Any, qa: QASet, cfg: EvaluateConfig, max_positions: int | None = None
+    name: str, model: Any, tokenizer: Any, qa: QASet, cfg: EvaluateConfig, positions: int | None = None
 ) -> tuple[dict[str, Any], list[str]]:
     """Greedy answers of one model (PyTorch, or an ONNX KV-cache decoder) to the held-out prompts, scored."""
     gen = cfg.generation
@@ -175,7 +169,7 @@ def _generate(
         stop_at_newline=gen.stop_at_newline,
         bleu_tokenize=gen.bleu_tokenize,
         seed=gen.seed,
-        max_positions=max_positions,
+        max_positions=positions,
     )
     log.info(
         "%s: EM %.3f, F1 %.3f, BLEU %.2f, ROUGE-L %.3f on %d held-out prompts",
@@ -198,7 +192,7 @@ def _generate(
 
 
 def _generate_served(
-    name: str, path: Path, qa: QASet, cfg: EvaluateConfig, max_positions: int | None
+    name: str, path: Path, qa: QASet, cfg: EvaluateConfig, positions: int | None
 ) -> tuple[dict[str, Any], list[str]] | None:
     """The served ONNX model's answers through its KV-cache decoder, as ``lmforge serve`` decodes; ``None`` when
     the directory has no such decoder (a TensorRT engine, or an export without one)."""
@@ -210,7 +204,7 @@ def _generate_served(
         return None
     decoder = OrtDecoderWithPast(path)
     try:
-        return _generate(name, decoder, base_tokenizer(path), qa, cfg, max_positions)
+        return _generate(name, decoder, base_tokenizer(path), qa, cfg, positions)
     finally:
         del decoder
         gc.collect()
@@ -460,7 +454,7 @@ def evaluate_models(
     configs = {name: _model_config(path) for name, path in paths.items()}
     for name, config in configs.items():
         _check_vocab(name, config, tokens)
-    limits = [m for m in (_max_positions(c) for c in configs.values()) if m is not None]
+    limits = [m for m in (max_positions(c) for c in configs.values()) if m is not None]
     context = min([cfg.context, *limits])
     if context < cfg.context:
         log.warning("context %d exceeds a model's maximum positions; using %d for all models", cfg.context, context)
@@ -493,7 +487,7 @@ def evaluate_models(
         evaluated["tensorrt"] = {"uri": str(engine_dir), **engine}
     served = served_model(evaluated)
     if qa is not None and cfg.generation.served and served in onnx_models:
-        generated = _generate_served(served, paths[served], qa, cfg, _max_positions(configs[served]))
+        generated = _generate_served(served, paths[served], qa, cfg, max_positions(configs[served]))
         if generated is not None:
             evaluated[served].update(generated[0])
             answers[served] = generated[1]

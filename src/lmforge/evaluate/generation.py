@@ -36,6 +36,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from lmforge import contracts
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -186,11 +188,6 @@ def clean_answer(text: str, *, stop_at_newline: bool) -> str:
     return text.strip()
 
 
-def _max_positions(model: PreTrainedModel | OrtDecoderWithPast, max_positions: int | None) -> int | None:
-    config = getattr(model, "config", None)
-    return max_positions or getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
-
-
 def _greedy_new_tokens(
     model: PreTrainedModel | OrtDecoderWithPast,
     tokenizer: PreTrainedTokenizerBase,
@@ -249,7 +246,8 @@ def generate_answers(
 
     if tokenizer.pad_token_id is None:
         raise ValueError("the tokenizer has no padding token; batched generation needs one")
-    positions = _max_positions(model, max_positions)
+    config = getattr(model, "config", None)  # a PyTorch model's; the ONNX decoder's comes as max_positions
+    positions = max_positions or (contracts.max_positions(config.to_dict()) if config is not None else None)
     max_length = positions - max_new_tokens if positions else None
     if max_length is not None and max_length < 1:
         raise ValueError(f"max_new_tokens ({max_new_tokens}) leaves no room in the model's {positions} positions")

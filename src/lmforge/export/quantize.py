@@ -52,7 +52,7 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from lmforge.artifacts import input_record, staged_output, write_manifest
 from lmforge.config import QuantizeConfig
-from lmforge.contracts import GATE_KEY, gate_decision
+from lmforge.contracts import GATE_KEY, gate_decision, max_positions
 from lmforge.data.shards import TokenShards
 from lmforge.data.tokenizer import TOKENIZER_FILE, tokenizer_fingerprint
 from lmforge.errors import InputDataError, LmforgeError
@@ -300,16 +300,9 @@ def heldout_tokens(shards: TokenShards, cfg: QuantizeConfig) -> np.ndarray:
 
 
 def _max_positions(onnx_dir: Path, default: int) -> int:
-
-    config = (
-        json.loads((onnx_dir / "config.json").read_text(encoding="utf-8"))
-        if (onnx_dir / "config.json").is_file()
-        else {}
-    )
-    for key in ("n_positions", "max_position_embeddings"):
-        if isinstance(config.get(key), int):
-            return int(config[key])
-    return default
+    file = onnx_dir / "config.json"
+    found = max_positions(json.loads(file.read_text(encoding="utf-8"))) if file.is_file() else None
+    return default if found is None else found
 
 
 def html_section(metrics: dict[str, float], gates: dict[str, dict[str, Any]], facts: dict[str, Any]) -> str:
