@@ -300,6 +300,22 @@ def is_precondition_failure(exc: Exception) -> bool:
     return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in _PRECONDITION_CODES
 
 
+def _put_s3_if(uri: str, data: bytes, **condition: str | None) -> bool:
+    """``PUT`` under an S3 precondition (``IfNoneMatch`` or ``IfMatch``); False when the server refused it."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = split_s3(uri)
+    try:
+        s3_client().put_object(Bucket=bucket, Key=key, Body=data, **condition)
+    except ClientError as exc:
+        if is_precondition_failure(exc):
+            return False
+        raise StorageError(f"conditional put {uri}: {exc}") from exc
+    except BotoCoreError as exc:
+        raise StorageError(f"conditional put {uri}: {exc}") from exc
+    return True
+
+
 def create_if_absent(uri: str, data: bytes) -> bool:
     """Create ``uri`` with ``data`` unless it exists; True when this call created it.
 
@@ -307,18 +323,7 @@ def create_if_absent(uri: str, data: bytes) -> bool:
     temporary file that is hard-linked to the name, which fails atomically if the name exists.
     """
     if is_s3(uri):
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        bucket, key = split_s3(uri)
-        try:
-            s3_client().put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
-        except ClientError as exc:
-            if is_precondition_failure(exc):
-                return False
-            raise StorageError(f"conditional put {uri}: {exc}") from exc
-        except BotoCoreError as exc:
-            raise StorageError(f"conditional put {uri}: {exc}") from exc
-        return True
+        return _put_s3_if(uri, data, IfNoneMatch="*")
     tmp = _durable_temp(Path(uri), data)
     try:
         os.link(tmp, uri)
@@ -440,15 +445,4 @@ def swap_if_unchanged(uri: str, data: bytes, etag: str | None, existed: bool) ->
         return True
     if not existed:
         return create_if_absent(uri, data)
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    bucket, key = split_s3(uri)
-    try:
-        s3_client().put_object(Bucket=bucket, Key=key, Body=data, IfMatch=etag)
-    except ClientError as exc:
-        if is_precondition_failure(exc):
-            return False
-        raise StorageError(f"conditional put {uri}: {exc}") from exc
-    except BotoCoreError as exc:
-        raise StorageError(f"conditional put {uri}: {exc}") from exc
-    return True
+    return _put_s3_if(uri, data, IfMatch=etag)
