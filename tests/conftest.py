@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,22 @@ from lmforge.model.build import build_model, save_model_dir
 from tests.support.mlflow_fixtures import mlflow_executable, mlflow_server, tracking_env  # noqa: F401 - shared fixtures
 
 TINY_MODEL = ModelConfig(arch="gpt2", n_layer=2, n_head=2, n_embd=32, block_size=64)
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored():
+    """Put the root logger back after each test: a stage run in-process installs a handler on pytest's captured
+    stderr (``setup_logging``), and a later test's log line to that closed stream prints "--- Logging error ---"."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    for handler in root.handlers:
+        if handler not in handlers:
+            root.removeHandler(handler)
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")

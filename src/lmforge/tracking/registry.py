@@ -348,6 +348,13 @@ def _move_alias(
     return outcome(True, f"{alias} moved from {_describe(current)} to version {candidate.version} ({release})")
 
 
+# MLflow's SQL store answers a create that hits an existing name by reading that model back to word its error
+# (mlflow/store/model_registry/sqlalchemy_store.py, create_registered_model, ``except IntegrityError``). When the
+# holder removes the lock between the two, the refusal comes back as RESOURCE_DOES_NOT_EXIST: the lock is free
+# again, so the mover waits its turn and tries again.
+_LOCK_RELEASED_MEANWHILE = "RESOURCE_DOES_NOT_EXIST"
+
+
 class _LockBusy(Exception):
     """Another mover held the alias lock for longer than ``lock_wait_s``."""
 
@@ -368,11 +375,11 @@ def _alias_lock(session: Session, tracker: Tracker, name: str, alias: str) -> It
                     tags={_LOCK_OWNER: owner, _LOCKED_AT: repr(time.time())},
                     description=f"lmforge: held while {alias} of {name} is moved; removed after",
                 ),
-                expected=("RESOURCE_ALREADY_EXISTS",),
+                expected=("RESOURCE_ALREADY_EXISTS", _LOCK_RELEASED_MEANWHILE),
             )
             break
-        except Expected:
-            holder = _lock_holder(session, lock)
+        except Expected as refused:
+            holder = None if refused.code == _LOCK_RELEASED_MEANWHILE else _lock_holder(session, lock)
             if holder is not None and holder[0] == owner:  # our create succeeded but its answer was lost
                 break
             if holder is not None and time.time() - holder[1] > tracker.cfg.lock_ttl_s:
