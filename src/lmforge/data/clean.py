@@ -272,30 +272,46 @@ def _clean_chunk(texts: list[str]) -> tuple[list[Any], dict[str, Any]]:
 def _cleaned_chunks(cfg: CleanConfig, docs: Iterator[Document], workers: int) -> Iterator[tuple[list[Document], Any]]:
     """``(documents, (results, counters))`` for consecutive chunks of ``docs``, in corpus order.
 
-    With one worker, or a shard too small to repay starting processes, everything runs here; otherwise a
-    pool of ``workers`` processes cleans chunks while this one reads, with at most two chunks per worker in
-    flight (memory stays bounded by the chunk size). The last item carries an empty chunk and counters.
+    With one worker, or a shard too small to repay starting processes, everything runs here. Otherwise this
+    process is one of the ``workers``: a pool of ``workers - 1`` processes is kept busy with at most two
+    chunks each, and whenever they have their fill this process cleans the next chunk itself, between
+    reading the input and writing the output. No core waits while a process only coordinates, and one
+    process start fewer is paid. At most ``4 * workers`` chunks are held (memory stays bounded by the chunk
+    size). The last item carries an empty chunk and counters.
     """
     chunks = _chunked(docs, _CHUNK_DOCS)
     head = list(itertools.islice(chunks, _POOL_MIN_CHUNKS))
+    here = _DocCleaner(cfg)
+
+    def clean_here(chunk: list[Document]) -> tuple[list[Any], dict[str, Any]]:
+        return [here.clean(d.text) for d in chunk], here.counters()
+
     if workers <= 1 or len(head) < _POOL_MIN_CHUNKS:
-        cleaner = _DocCleaner(cfg)
         for chunk in itertools.chain(head, chunks):
-            yield chunk, ([cleaner.clean(d.text) for d in chunk], cleaner.counters())
-        yield [], ([], cleaner.counters())
+            yield chunk, clean_here(chunk)
+        yield [], ([], here.counters())
         return
     context = multiprocessing.get_context("spawn")  # no fork of a process that runs pyarrow's threads
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(cfg,)) as pool:
-        in_flight: deque[tuple[list[Document], Future[Any]]] = deque()
+    helpers = workers - 1
+    with ProcessPoolExecutor(helpers, mp_context=context, initializer=_init_worker, initargs=(cfg,)) as pool:
+        held: deque[tuple[list[Document], Future[Any] | tuple[list[Any], dict[str, Any]]]] = deque()
         for chunk in itertools.chain(head, chunks):
-            in_flight.append((chunk, pool.submit(_clean_chunk, [d.text for d in chunk])))
-            if len(in_flight) >= 2 * workers:
-                done, future = in_flight.popleft()
-                yield done, future.result()
-        while in_flight:
-            done, future = in_flight.popleft()
-            yield done, future.result()
-        yield [], pool.submit(_clean_chunk, []).result()  # the rule names even without a document
+            queued = sum(1 for _, r in held if isinstance(r, Future) and not r.done())
+            if queued < 2 * helpers:
+                held.append((chunk, pool.submit(_clean_chunk, [d.text for d in chunk])))
+            else:
+                held.append((chunk, clean_here(chunk)))
+            while held and (len(held) > 4 * workers or not _pending(held[0][1])):
+                done, result = held.popleft()
+                yield done, result.result() if isinstance(result, Future) else result
+        while held:
+            done, result = held.popleft()
+            yield done, result.result() if isinstance(result, Future) else result
+    yield [], ([], here.counters())
+
+
+def _pending(result: Future[Any] | tuple[Any, ...]) -> bool:
+    return isinstance(result, Future) and not result.done()
 
 
 def _chunked(docs: Iterator[Document], size: int) -> Iterator[list[Document]]:

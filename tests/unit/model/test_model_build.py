@@ -86,3 +86,40 @@ def test_seed_selects_the_weights_and_the_global_rng_is_left_seeded():
     assert torch.equal(after, torch.rand(4))
     b = _build("gpt2", seed=4)
     assert not torch.equal(a.transformer.wte.weight, b.transformer.wte.weight)
+
+
+_SAVE_IN_A_FRESH_PROCESS = """
+import sys
+from transformers import AutoTokenizer
+from lmforge.config import ModelConfig
+from lmforge.model.build import build_model, save_model_dir
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+cfg = ModelConfig(arch="gpt2", n_layer=1, n_head=2, n_embd=16, block_size=32)
+model = build_model(cfg, len(tok), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, seed=0)
+save_model_dir(model, tok, sys.argv[2])
+print("deepspeed" in sys.modules)
+from accelerate.utils import other
+import deepspeed
+print(other.is_deepspeed_available())
+"""
+
+
+def test_saving_a_model_does_not_import_deepspeed_until_a_stage_uses_it(tmp_path, tiny_tokenizer_dir):
+    """accelerate's unwrap in save_pretrained imports DeepSpeed (2.5 s per stage) to test isinstance only."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed: nothing to keep from importing")
+    pytest.importorskip("accelerate", reason="accelerate is not installed: save_pretrained does not unwrap with it")
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _SAVE_IN_A_FRESH_PROCESS, str(tiny_tokenizer_dir), str(tmp_path / "model")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()  # DeepSpeed prints a warning on stdout when imported
+    assert lines[0] == "False", "save_pretrained imported DeepSpeed"
+    assert lines[-1] == "True", "once imported, accelerate's own check applies again"
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "model").config.n_layer == 1
