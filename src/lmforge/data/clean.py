@@ -264,7 +264,10 @@ def _init_worker(cfg: CleanConfig) -> None:
     _WORKER = _DocCleaner(cfg)
 
 
-def _clean_chunk(texts: list[str]) -> tuple[list[Any], dict[str, Any]]:
+_Cleaned = tuple[list[Any], dict[str, Any]]  # a chunk's results (in its order) and the counters it moved
+
+
+def _clean_chunk(texts: list[str]) -> _Cleaned:
     assert _WORKER is not None, "_init_worker did not run in this process"
     return [_WORKER.clean(text) for text in texts], _WORKER.counters()
 
@@ -283,7 +286,7 @@ def _cleaned_chunks(cfg: CleanConfig, docs: Iterator[Document], workers: int) ->
     head = list(itertools.islice(chunks, _POOL_MIN_CHUNKS))
     here = _DocCleaner(cfg)
 
-    def clean_here(chunk: list[Document]) -> tuple[list[Any], dict[str, Any]]:
+    def clean_here(chunk: list[Document]) -> _Cleaned:
         return [here.clean(d.text) for d in chunk], here.counters()
 
     if workers <= 1 or len(head) < _POOL_MIN_CHUNKS:
@@ -294,24 +297,28 @@ def _cleaned_chunks(cfg: CleanConfig, docs: Iterator[Document], workers: int) ->
     context = multiprocessing.get_context("spawn")  # no fork of a process that runs pyarrow's threads
     helpers = workers - 1
     with ProcessPoolExecutor(helpers, mp_context=context, initializer=_init_worker, initargs=(cfg,)) as pool:
-        held: deque[tuple[list[Document], Future[Any] | tuple[list[Any], dict[str, Any]]]] = deque()
+        held: deque[tuple[list[Document], Future[_Cleaned] | _Cleaned]] = deque()
         for chunk in itertools.chain(head, chunks):
-            queued = sum(1 for _, r in held if isinstance(r, Future) and not r.done())
+            queued = sum(1 for _, result in held if _pending(result))
             if queued < 2 * helpers:
                 held.append((chunk, pool.submit(_clean_chunk, [d.text for d in chunk])))
             else:
                 held.append((chunk, clean_here(chunk)))
             while held and (len(held) > 4 * workers or not _pending(held[0][1])):
                 done, result = held.popleft()
-                yield done, result.result() if isinstance(result, Future) else result
+                yield done, _resolved(result)
         while held:
             done, result = held.popleft()
-            yield done, result.result() if isinstance(result, Future) else result
+            yield done, _resolved(result)
     yield [], ([], here.counters())
 
 
-def _pending(result: Future[Any] | tuple[Any, ...]) -> bool:
+def _pending(result: Future[_Cleaned] | _Cleaned) -> bool:
     return isinstance(result, Future) and not result.done()
+
+
+def _resolved(result: Future[_Cleaned] | _Cleaned) -> _Cleaned:
+    return result.result() if isinstance(result, Future) else result
 
 
 def _chunked(docs: Iterator[Document], size: int) -> Iterator[list[Document]]:
