@@ -22,7 +22,8 @@ Three sections, each writing JSON to ``bench/results/``:
     parts, union) over ``--docs`` synthetic signatures in 1 and in 8 shards; both must give the same plan.
 ``workers`` (``data_workers.json``)
     ``clean_shard`` on the whole corpus with 1 worker process and with ``--workers`` (default: the CPUs
-    available), alternating, ``--repeat`` rounds: docs/s of each and the ratio per round.
+    available), in ``1, N, N, 1`` order, ``--repeat`` rounds: docs/s of each and the ratio per round; the
+    peer is N 1-process runs at once on N stripes of the corpus (shared nothing: the machine's ceiling).
 
 Every run is a fresh interpreter (imports and start-up are in its wall time, nothing else is in the
 process), on one core: ours is one process (``workers: 1``; the ``workers`` section compares more),
@@ -49,6 +50,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -117,12 +119,13 @@ def child_ours(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def child_shard(spec: dict[str, Any]) -> dict[str, Any]:
-    """``clean.clean_shard`` over the whole corpus as one shard (with ``spec["overrides"]``'s worker count)."""
+    """``clean.clean_shard`` over shard ``spec["shard"]`` (default: all) with ``spec["overrides"]``'s workers."""
     from lmforge.data import clean
 
     cfg = _clean_config(spec["preset"], spec["overrides"])
     start = time.perf_counter()
-    result = clean.clean_shard(cfg, corpus_uri=spec["corpus"], shard_index=0, shard_count=1, shard=spec["out"])
+    index, count = spec.get("shard", (0, 1))
+    result = clean.clean_shard(cfg, corpus_uri=spec["corpus"], shard_index=index, shard_count=count, shard=spec["out"])
     return {"wall_s": time.perf_counter() - start, "metrics": result.metrics}
 
 
@@ -615,7 +618,13 @@ def recall(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def workers(args: argparse.Namespace) -> dict[str, Any]:
-    """``clean_shard`` with 1 and with N worker processes, alternating, ``--repeat`` rounds; docs/s and the ratio."""
+    """``clean_shard`` on 1 and on N processes, and N shared-nothing 1-process runs, ``--repeat`` rounds.
+
+    A round runs 1, N, N, 1 processes (``ABBA``: a drift of the machine's speed within the round cancels
+    in the ratio of the sums), then the peer: N ``clean_shard`` runs at once, each on its own 1/N stripe
+    of the corpus with one process: what N processes that share nothing reach on this machine at that
+    moment, the ceiling of any pool.
+    """
     from lmforge.cpus import available_cpus
 
     n = args.workers or available_cpus()
@@ -623,31 +632,50 @@ def workers(args: argparse.Namespace) -> dict[str, Any]:
     try:
         corpus = scratch / "corpus.jsonl"
         docs, size = build_corpus(corpus, args.mb, args.edit_rate, args.seed)
+
+        def shard_run(count: int, index: int = 0, of: int = 1) -> dict[str, Any]:
+            out = scratch / f"out-{count}-{index}-{of}"
+            overrides = {"language": {"enabled": False}, "workers": count}
+            spec = {"corpus": str(corpus), "out": str(out), "preset": args.preset, "overrides": overrides,
+                    "shard": [index, of]}  # fmt: skip
+            run = measure("shard", spec)
+            shutil.rmtree(out, ignore_errors=True)
+            return run
+
         rounds = []
         for rep in range(args.repeat):
             row: dict[str, Any] = {"round": rep + 1, "load_start": load_average()[0]}
+            order = (1, n, n, 1)
+            runs = [(count, shard_run(count)) for count in order]
             for count in (1, n):
-                out = scratch / f"out-{rep}-{count}"
-                overrides = {"language": {"enabled": False}, "workers": count}
-                spec = {"corpus": str(corpus), "out": str(out), "preset": args.preset, "overrides": overrides}
-                run = measure("shard", spec)
-                shutil.rmtree(out, ignore_errors=True)
-                row[f"docs_per_s_{count}"] = docs / run["wall_s"]
-                row[f"wall_s_{count}"] = run["wall_s"]
-                row[f"peak_tree_rss_mb_{count}"] = run["peak_tree_rss_mb"]
-                row[f"docs_out_{count}"] = int(run["metrics"]["docs_out"])
+                mine = [run for c, run in runs if c == count]
+                row[f"wall_s_{count}"] = [run["wall_s"] for run in mine]
+                row[f"docs_per_s_{count}"] = len(mine) * docs / sum(row[f"wall_s_{count}"])
+                row[f"peak_tree_rss_mb_{count}"] = max(run["peak_tree_rss_mb"] for run in mine)
+            row["docs_out"] = sorted({int(run["metrics"]["docs_out"]) for _, run in runs})  # one value: same output
+            with ThreadPoolExecutor(n) as pool:
+                stripes = list(pool.map(lambda index: shard_run(1, index, n), range(n)))
+            row["wall_s_stripes"] = max(r["wall_s"] for r in stripes)
+            row["docs_per_s_stripes"] = docs / row["wall_s_stripes"]
             row["speedup"] = row[f"docs_per_s_{n}"] / row["docs_per_s_1"]
+            row["stripes_speedup"] = row["docs_per_s_stripes"] / row["docs_per_s_1"]
+            row["of_ceiling"] = row[f"docs_per_s_{n}"] / row["docs_per_s_stripes"]
             row["load_end"] = load_average()[0]
             rounds.append(row)
-            one, many = row["docs_per_s_1"], row[f"docs_per_s_{n}"]
             print(
-                f"round {rep + 1}: {one:.0f} docs/s on 1 process, {many:.0f} on {n}: {row['speedup']:.2f}x "
-                f"(load {row['load_start']:.1f}-{row['load_end']:.1f})",
+                f"round {rep + 1}: {row['docs_per_s_1']:.0f} docs/s on 1 process, {row[f'docs_per_s_{n}']:.0f} on "
+                f"{n}: {row['speedup']:.2f}x; {n} shared-nothing stripes {row['stripes_speedup']:.2f}x "
+                f"(the pool reaches {row['of_ceiling']:.2f} of it; load {row['load_start']:.1f}-{row['load_end']:.1f})",
                 flush=True,
             )
-        speedups = sorted(r["speedup"] for r in rounds)
+
+        def median(key: str) -> float:
+            values = sorted(r[key] for r in rounds)
+            return values[len(values) // 2]
+
         return {"corpus_mb": size / 1e6, "docs_in": docs, "workers": n, "rounds": rounds,
-                "median_speedup": speedups[len(speedups) // 2]}  # fmt: skip
+                "median_speedup": median("speedup"), "median_stripes_speedup": median("stripes_speedup"),
+                "median_of_ceiling": median("of_ceiling")}  # fmt: skip
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -195,8 +195,10 @@ class _Quarantine:
         self.add({**record, "truncated": len(text) > len(cut)})
 
 
-_CHUNK_DOCS = 64  # documents per task sent to a worker process: amortizes pickling, bounds what is in flight
-_POOL_MIN_CHUNKS = 8  # smaller shards are cleaned in-process: starting worker processes takes about a second
+_CHUNK_DOCS = 32  # documents per task for a worker process: amortizes pickling; small, so the last ends soon
+_POOL_MIN_CHUNKS = 16  # smaller shards are cleaned in-process: starting worker processes takes about a second
+_BACKLOG_CHUNKS = 8  # chunks queued per worker process: covers a row group written and a chunk cleaned here
+_HELD_CHUNKS = 2 * _BACKLOG_CHUNKS  # chunks held per worker (queued, or cleaned and waiting for their turn)
 
 
 class _DocCleaner:
@@ -276,11 +278,12 @@ def _cleaned_chunks(cfg: CleanConfig, docs: Iterator[Document], workers: int) ->
     """``(documents, (results, counters))`` for consecutive chunks of ``docs``, in corpus order.
 
     With one worker, or a shard too small to repay starting processes, everything runs here. Otherwise this
-    process is one of the ``workers``: a pool of ``workers - 1`` processes is kept busy with at most two
-    chunks each, and whenever they have their fill this process cleans the next chunk itself, between
-    reading the input and writing the output. No core waits while a process only coordinates, and one
-    process start fewer is paid. At most ``4 * workers`` chunks are held (memory stays bounded by the chunk
-    size). The last item carries an empty chunk and counters.
+    process is one of the ``workers``: a pool of ``workers - 1`` processes gets a backlog of
+    ``_BACKLOG_CHUNKS`` chunks each, deep enough to outlast this process's pauses (a Parquet row group
+    written, a chunk cleaned here); whenever the backlog is full, this process cleans the next chunk
+    itself. When the input ends, it takes back the chunks the pool has not started and cleans them too, so
+    that no core waits while another still has a backlog. At most ``_HELD_CHUNKS * workers`` chunks are
+    held (memory stays bounded by the chunk size). The last item carries an empty chunk and counters.
     """
     chunks = _chunked(docs, _CHUNK_DOCS)
     head = list(itertools.islice(chunks, _POOL_MIN_CHUNKS))
@@ -299,14 +302,21 @@ def _cleaned_chunks(cfg: CleanConfig, docs: Iterator[Document], workers: int) ->
     with ProcessPoolExecutor(helpers, mp_context=context, initializer=_init_worker, initargs=(cfg,)) as pool:
         held: deque[tuple[list[Document], Future[_Cleaned] | _Cleaned]] = deque()
         for chunk in itertools.chain(head, chunks):
-            queued = sum(1 for _, result in held if _pending(result))
-            if queued < 2 * helpers:
+            backlog = sum(1 for _, result in held if _pending(result))
+            if backlog < _BACKLOG_CHUNKS * helpers:
                 held.append((chunk, pool.submit(_clean_chunk, [d.text for d in chunk])))
             else:
                 held.append((chunk, clean_here(chunk)))
-            while held and (len(held) > 4 * workers or not _pending(held[0][1])):
+            while held and (len(held) > _HELD_CHUNKS * workers or not _pending(held[0][1])):
                 done, result = held.popleft()
                 yield done, _resolved(result)
+        for at in reversed(range(len(held))):  # the pool works from the front: take back from the end
+            chunk, result = held[at]
+            if not isinstance(result, Future):
+                continue
+            if not result.cancel():
+                break  # started or queued in the pool, as is everything before it
+            held[at] = (chunk, clean_here(chunk))
         while held:
             done, result = held.popleft()
             yield done, _resolved(result)
