@@ -26,7 +26,7 @@ import shutil
 import time
 import unicodedata
 from collections import Counter, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -267,6 +267,7 @@ def _init_worker(cfg: CleanConfig) -> None:
 
 
 _Cleaned = tuple[list[Any], dict[str, Any]]  # a chunk's results (in its order) and the counters it moved
+_Held = deque[tuple[list[Document], "Future[_Cleaned] | _Cleaned"]]  # chunks in corpus order, with their results
 
 
 def _clean_chunk(texts: list[str]) -> _Cleaned:
@@ -300,27 +301,35 @@ def _cleaned_chunks(cfg: CleanConfig, docs: Iterator[Document], workers: int) ->
     context = multiprocessing.get_context("spawn")  # no fork of a process that runs pyarrow's threads
     helpers = workers - 1
     with ProcessPoolExecutor(helpers, mp_context=context, initializer=_init_worker, initargs=(cfg,)) as pool:
-        held: deque[tuple[list[Document], Future[_Cleaned] | _Cleaned]] = deque()
-        for chunk in itertools.chain(head, chunks):
-            backlog = sum(1 for _, result in held if _pending(result))
-            if backlog < _BACKLOG_CHUNKS * helpers:
-                held.append((chunk, pool.submit(_clean_chunk, [d.text for d in chunk])))
-            else:
-                held.append((chunk, clean_here(chunk)))
-            while held and (len(held) > _HELD_CHUNKS * workers or not _pending(held[0][1])):
+        try:
+            held: _Held = deque()
+            for chunk in itertools.chain(head, chunks):
+                backlog = sum(1 for _, result in held if _pending(result))
+                if backlog < _BACKLOG_CHUNKS * helpers:
+                    held.append((chunk, pool.submit(_clean_chunk, [d.text for d in chunk])))
+                else:
+                    held.append((chunk, clean_here(chunk)))
+                while held and (len(held) > _HELD_CHUNKS * workers or not _pending(held[0][1])):
+                    done, result = held.popleft()
+                    yield done, _resolved(result)
+            _take_back(held, clean_here)
+            while held:
                 done, result = held.popleft()
                 yield done, _resolved(result)
-        for at in reversed(range(len(held))):  # the pool works from the front: take back from the end
-            chunk, result = held[at]
-            if not isinstance(result, Future):
-                continue
-            if not result.cancel():
-                break  # started or queued in the pool, as is everything before it
-            held[at] = (chunk, clean_here(chunk))
-        while held:
-            done, result = held.popleft()
-            yield done, _resolved(result)
+        finally:  # stopped early (bad input, a failed write): the backlog is dropped, not cleaned
+            pool.shutdown(cancel_futures=True)
     yield [], ([], here.counters())
+
+
+def _take_back(held: _Held, clean_here: Callable[[list[Document]], _Cleaned]) -> None:
+    """Clean here, from the end, the chunks of ``held`` that the pool has not begun (it works from the front)."""
+    for at in reversed(range(len(held))):
+        chunk, result = held[at]
+        if not isinstance(result, Future):
+            continue
+        if not result.cancel():
+            return  # begun or queued in the pool, as is every chunk before it
+        held[at] = (chunk, clean_here(chunk))
 
 
 def _pending(result: Future[_Cleaned] | _Cleaned) -> bool:

@@ -361,32 +361,46 @@ def test_two_worker_processes_write_the_same_shard_as_one(tmp_path):
     assert stats[0]["counts"]["docs_in"] == 769 and sum(stats[0]["removed"].values()) > 0
 
 
-def test_chunks_the_pool_has_not_started_are_cleaned_here_when_the_input_ends(monkeypatch):
-    """At the input's end the stage's process takes back the pool's unstarted backlog; order and results hold."""
+@pytest.fixture
+def cancels(monkeypatch):
+    """What each ``Future.cancel`` call in this process answered (the real method, counted)."""
     from concurrent.futures import Future
 
-    cfg = CleanConfig.model_validate({"language": {"enabled": False}})
     cancel = Future.cancel
-    taken_back = []
+    answers: list[bool] = []
 
     def counted_cancel(self: Future) -> bool:
-        taken = cancel(self)
-        taken_back.append(taken)
-        return taken
+        answers.append(cancel(self))
+        return answers[-1]
 
     monkeypatch.setattr(Future, "cancel", counted_cancel)
+    return answers
+
+
+def test_chunks_the_pool_has_not_started_are_cleaned_here_when_the_input_ends(cancels):
+    """At the input's end the stage's process takes back the pool's unstarted backlog; order and results hold."""
+    cfg = CleanConfig.model_validate({"language": {"enabled": False}})
     cleaned = {}
     for workers in (1, 2):
         chunks = list(clean._cleaned_chunks(cfg, iter_documents("demo://shakespeare"), workers))
         cleaned[workers] = [
             (doc.key, result) for chunk, (results, _) in chunks for doc, result in zip(chunk, results, strict=True)
         ]
-    assert sum(taken_back) >= 1  # measured here: 3 taken back, then one the pool had begun
+    assert sum(cancels) >= 1  # measured here: 3 taken back, then one the pool had begun
     assert [key for key, _ in cleaned[2]] == sorted(key for key, _ in cleaned[2])
     assert len(cleaned[2]) == 769
     for (key_1, one), (key_2, two) in zip(cleaned[1], cleaned[2], strict=True):
         assert key_1 == key_2 and len(one) == len(two)
         assert all(bool((a == b).all()) if hasattr(a, "all") else a == b for a, b in zip(one, two, strict=True))
+
+
+def test_a_shard_stopped_early_drops_the_pools_backlog_instead_of_cleaning_it(cancels):
+    cfg = CleanConfig.model_validate({"language": {"enabled": False}})
+    chunks = clean._cleaned_chunks(cfg, iter_documents("demo://shakespeare"), 2)
+    first, _ = next(chunks)  # as when the reader raises or a write fails while the pool has its backlog
+    chunks.close()
+    assert len(first) == clean._CHUNK_DOCS
+    assert sum(cancels) >= 1  # measured here: 5 chunks dropped; the pool had taken 2 more
 
 
 def test_worker_count_defaults_to_the_cgroup_cpu_limit(tmp_path, monkeypatch):
