@@ -283,7 +283,7 @@ def _cleaned_chunks(cfg: CleanConfig, docs: Iterator[Document], workers: int) ->
     ``_BACKLOG_CHUNKS`` chunks each, deep enough to outlast this process's pauses (a Parquet row group
     written, a chunk cleaned here); whenever the backlog is full, this process cleans the next chunk
     itself. When the input ends, it takes back the chunks the pool has not started and cleans them too, so
-    that no core waits while another still has a backlog. At most ``_HELD_CHUNKS * workers`` chunks are
+    that the processes finish within a few chunks of each other. At most ``_HELD_CHUNKS * workers`` chunks are
     held (memory stays bounded by the chunk size). The last item carries an empty chunk and counters.
     """
     chunks = _chunked(docs, _CHUNK_DOCS)
