@@ -40,6 +40,10 @@ class StorageError(LmforgeError):
     """Reading or writing a local path or ``s3://`` object failed."""
 
 
+class WorkerLostError(LmforgeError):
+    """A worker process of a stage died (most often killed for memory); the stage wrote no output."""
+
+
 class UnsafePathError(InputDataError):
     """A file name from outside (a manifest, an S3 key, a symbolic link) would write or read outside its root."""
 

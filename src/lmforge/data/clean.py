@@ -28,6 +28,7 @@ import unicodedata
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,7 @@ from lmforge.data.rules import (
     TextView,
 )
 from lmforge.data.signatures import EXACT_RULE, NEAR_RULE, exact_digest, read_removed, save_signatures
-from lmforge.errors import ConfigError, InputDataError
+from lmforge.errors import ConfigError, InputDataError, WorkerLostError
 from lmforge.results import StageResult
 from lmforge.scratch import scratch_dir
 from lmforge.stages import run_stage
@@ -311,11 +312,11 @@ def _cleaned_chunks(cfg: CleanConfig, docs: Iterator[Document], workers: int) ->
                     held.append((chunk, clean_here(chunk)))
                 while held and (len(held) > _HELD_CHUNKS * workers or not _pending(held[0][1])):
                     done, result = held.popleft()
-                    yield done, _resolved(result)
+                    yield done, _resolved(done, result)
             _take_back(held, clean_here)
             while held:
                 done, result = held.popleft()
-                yield done, _resolved(result)
+                yield done, _resolved(done, result)
         finally:  # stopped early (bad input, a failed write): the backlog is dropped, not cleaned
             pool.shutdown(cancel_futures=True)
     yield [], ([], here.counters())
@@ -336,8 +337,16 @@ def _pending(result: Future[_Cleaned] | _Cleaned) -> bool:
     return isinstance(result, Future) and not result.done()
 
 
-def _resolved(result: Future[_Cleaned] | _Cleaned) -> _Cleaned:
-    return result.result() if isinstance(result, Future) else result
+def _resolved(chunk: list[Document], result: Future[_Cleaned] | _Cleaned) -> _Cleaned:
+    if not isinstance(result, Future):
+        return result
+    try:
+        return result.result()
+    except BrokenProcessPool as err:
+        raise WorkerLostError(
+            f"a cleaning worker process died while it held documents {chunk[0].source} to {chunk[-1].source} "
+            f"(most often the kernel killed it for memory: raise the pod's memory limit or lower clean.workers): {err}"
+        ) from err
 
 
 def _chunked(docs: Iterator[Document], size: int) -> Iterator[list[Document]]:

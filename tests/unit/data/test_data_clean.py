@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -16,7 +18,7 @@ from lmforge.data.clean import Normalize
 from lmforge.data.cleaned import read_cleaned
 from lmforge.data.corpus import iter_documents, stable_id
 from lmforge.data.rules import MinChars, MinWords
-from lmforge.errors import ArtifactIncompleteError, InputDataError
+from lmforge.errors import ArtifactIncompleteError, InputDataError, WorkerLostError
 from lmforge.results import StageResult
 
 # Rules off so each test turns on only what it checks; RULES_OFF leaves min_chars/min_words at defaults.
@@ -401,6 +403,24 @@ def test_a_shard_stopped_early_drops_the_pools_backlog_instead_of_cleaning_it(ca
     chunks.close()
     assert len(first) == clean._CHUNK_DOCS
     assert sum(cancels) >= 1  # measured here: 5 chunks dropped; the pool had taken 2 more
+
+
+def test_a_worker_process_that_dies_fails_the_shard_naming_the_documents_it_held():
+    import multiprocessing
+    import signal
+
+    cfg = CleanConfig.model_validate({"language": {"enabled": False}})
+    chunks = clean._cleaned_chunks(cfg, iter_documents("demo://shakespeare"), 2)
+    first, _ = next(chunks)  # the pool's process has cleaned its first chunk and holds a backlog
+    workers = multiprocessing.active_children()
+    assert len(workers) == 1
+    os.kill(workers[0].pid, signal.SIGKILL)  # as the kernel's OOM killer does
+    with pytest.raises(
+        WorkerLostError, match=r"worker process died while it held documents \S+:(\d+) to \S+:\d+ "
+    ) as lost:
+        list(chunks)
+    held_from = re.search(r"held documents \S+:(\d+) to", str(lost.value)).group(1)
+    assert int(held_from) > int(first[-1].source.rsplit(":", 1)[1])  # a chunk after the ones already used
 
 
 def test_worker_count_defaults_to_the_cgroup_cpu_limit(tmp_path, monkeypatch):
