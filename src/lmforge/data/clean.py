@@ -197,7 +197,7 @@ class _Quarantine:
 
 
 _CHUNK_DOCS = 32  # documents per task for a worker process: amortizes pickling; small, so the last ends soon
-_POOL_MIN_CHUNKS = 16  # smaller shards are cleaned in-process: starting worker processes takes about a second
+_POOL_MIN_CHUNKS = 16  # smaller shards are cleaned in-process: a worker process takes about half a second to start
 _BACKLOG_CHUNKS = 8  # chunks queued per worker process: covers a row group written and a chunk cleaned here
 _HELD_CHUNKS = 2 * _BACKLOG_CHUNKS  # chunks held per worker (queued, or cleaned and waiting for their turn)
 
@@ -226,6 +226,10 @@ class _DocCleaner:
             view.replace_text(text)
         signature = self.hasher.view_signature(view) if self.hasher is not None else _NO_SIGNATURE
         return text, view.lang, exact_digest(text), signature
+
+    def clean_chunk(self, texts: list[str]) -> _Cleaned:
+        """The results of :meth:`clean` for ``texts``, in their order, and the counters they moved."""
+        return [self.clean(text) for text in texts], self.counters()
 
     def counters(self) -> dict[str, Any]:
         """The counts since the last call (rules in their order, normalization, C4 lines, PII); then reset."""
@@ -273,7 +277,7 @@ _Held = deque[tuple[list[Document], "Future[_Cleaned] | _Cleaned"]]  # chunks in
 
 def _clean_chunk(texts: list[str]) -> _Cleaned:
     assert _WORKER is not None, "_init_worker did not run in this process"
-    return [_WORKER.clean(text) for text in texts], _WORKER.counters()
+    return _WORKER.clean_chunk(texts)
 
 
 def _cleaned_chunks(cfg: CleanConfig, docs: Iterator[Document], workers: int) -> Iterator[tuple[list[Document], Any]]:
@@ -292,7 +296,7 @@ def _cleaned_chunks(cfg: CleanConfig, docs: Iterator[Document], workers: int) ->
     here = _DocCleaner(cfg)
 
     def clean_here(chunk: list[Document]) -> _Cleaned:
-        return [here.clean(d.text) for d in chunk], here.counters()
+        return here.clean_chunk([d.text for d in chunk])
 
     if workers <= 1 or len(head) < _POOL_MIN_CHUNKS:
         for chunk in itertools.chain(head, chunks):
@@ -301,24 +305,24 @@ def _cleaned_chunks(cfg: CleanConfig, docs: Iterator[Document], workers: int) ->
         return
     context = multiprocessing.get_context("spawn")  # no fork of a process that runs pyarrow's threads
     helpers = workers - 1
-    with ProcessPoolExecutor(helpers, mp_context=context, initializer=_init_worker, initargs=(cfg,)) as pool:
-        try:
-            held: _Held = deque()
-            for chunk in itertools.chain(head, chunks):
-                backlog = sum(1 for _, result in held if _pending(result))
-                if backlog < _BACKLOG_CHUNKS * helpers:
-                    held.append((chunk, pool.submit(_clean_chunk, [d.text for d in chunk])))
-                else:
-                    held.append((chunk, clean_here(chunk)))
-                while held and (len(held) > _HELD_CHUNKS * workers or not _pending(held[0][1])):
-                    done, result = held.popleft()
-                    yield done, _resolved(done, result)
-            _take_back(held, clean_here)
-            while held:
+    pool = ProcessPoolExecutor(helpers, mp_context=context, initializer=_init_worker, initargs=(cfg,))
+    try:
+        held: _Held = deque()
+        for chunk in itertools.chain(head, chunks):
+            backlog = sum(1 for _, result in held if _pending(result))
+            if backlog < _BACKLOG_CHUNKS * helpers:
+                held.append((chunk, pool.submit(_clean_chunk, [d.text for d in chunk])))
+            else:
+                held.append((chunk, clean_here(chunk)))
+            while held and (len(held) > _HELD_CHUNKS * workers or not _pending(held[0][1])):
                 done, result = held.popleft()
                 yield done, _resolved(done, result)
-        finally:  # stopped early (bad input, a failed write): the backlog is dropped, not cleaned
-            pool.shutdown(cancel_futures=True)
+        _take_back(held, clean_here)
+        while held:
+            done, result = held.popleft()
+            yield done, _resolved(done, result)
+    finally:  # stopped early (bad input, a failed write): the backlog is dropped, not cleaned
+        pool.shutdown(cancel_futures=True)
     yield [], ([], here.counters())
 
 
