@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: install demo test lint compile images lock
+.PHONY: install demo test lint compile images lock gpu-wheels
 
 install:
 	# torch first: 2.13.0 resolves to the CPU build; an unpinned resolve pulls a multi-GB CUDA build.
@@ -64,3 +64,19 @@ lock: lock-cpu lock-train lock-tensorrt lock-serve
 lock-%:
 	$(PYTHON) -m uv pip compile --quiet --no-config --generate-hashes $(if $(UPGRADE),--upgrade,) pyproject.toml \
 	  images/$*/requirements.in --excludes images/$*/excludes.txt $(LOCK_$*) -o images/$*/requirements.lock
+
+# Wheels for bench/gpu_check.sh on a GPU machine that has PyTorch, transformers and ONNX but not the rest of
+# lmforge's needs and no network (Python 3.12, manylinux): the versions installed here, into the git-ignored .whl/.
+# DeepSpeed is published as a source package only: its pure-Python wheel is built here (no CUDA ops compiled).
+GPU_WHEELS := pydantic pydantic-core annotated-types typing-inspection boto3 botocore s3transfer jmespath zstandard \
+  hjson mlflow-skinny databricks-sdk opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions \
+  opentelemetry-proto fastapi starlette sqlparse cachetools importlib-metadata trio outcome dill python-multipart \
+  orjson ujson wcwidth sniffio anyio
+GPU_PLATFORMS := $(foreach n,17 24 27 28 31 34,--platform manylinux_2_$(n)_x86_64) --platform manylinux2014_x86_64
+
+gpu-wheels:
+	mkdir -p .whl
+	$(PIP) freeze | grep -i -E '^($(shell echo $(GPU_WHEELS) | sed 's/ /|/g'))==' | sed 's/_/-/g' > .whl/requirements.txt
+	$(PIP) download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $(GPU_PLATFORMS) \
+	  -d .whl -r .whl/requirements.txt
+	$(PIP) wheel --quiet --no-deps -w .whl "deepspeed==$$($(PIP) show deepspeed | sed -n 's/^Version: //p')"
