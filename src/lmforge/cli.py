@@ -266,6 +266,67 @@ def serve(
         fail(exc)
 
 
+@app.command()
+def plan(
+    preset: PresetOpt = "tiny-cpu",
+    set_: SetOpt = None,
+    launch: Annotated[
+        str, typer.Option("--launch", help="The training steps' LaunchConfig JSON (num_nodes, gpus_per_node).")
+    ] = "{}",
+    gpu: Annotated[str, typer.Option("--gpu", help="Accelerator type: H200, H100, A100, L40S, A10G or L4.")] = "H100",
+    mfu: Annotated[
+        float, typer.Option("--mfu", min=0.01, max=1.0, help="Assumed model FLOPs utilization for the hours.")
+    ] = 0.4,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON instead of a table.")] = False,
+) -> None:
+    """What each training stage will cost before any GPU is requested: parameters, tokens, FLOPs, memory per GPU,
+    hours and GPU-hours; refuses a plan whose memory exceeds the accelerator's."""
+    from lmforge.config import LaunchConfig
+    from lmforge.plan import Accelerator, plan_training, refuse_oversized
+
+    try:
+        resolved = resolve_config(preset, parse_assignments(set_, "--set"))
+        accelerator = Accelerator.named(gpu)
+        launch_cfg = LaunchConfig.model_validate(parse_overrides(launch))
+        plans = plan_training(
+            resolved, vocab_size=resolved.tokenize.vocab_size, launch=launch_cfg, accelerator=accelerator, mfu=mfu
+        )
+        if as_json:
+            typer.echo(json.dumps([p.as_dict() for p in plans], indent=1))
+        else:
+            _print_plan(plans, f"{preset} on {launch_cfg.num_nodes}x{launch_cfg.gpus_per_node} {gpu}, MFU {mfu:.0%}")
+        refuse_oversized(plans, accelerator)
+    except LmforgeError as exc:
+        fail(exc)
+
+
+def _print_plan(plans: list[Any], title: str) -> None:
+    table = Table(title=title)
+    table.add_column("stage", no_wrap=True)
+    for column in ("params", "trained", "tokens", "FLOPs", "GB/GPU", "hours", "GPU-h"):
+        table.add_column(column, justify="right")
+    for p in plans:
+        table.add_row(
+            p.stage,
+            _short(p.parameters),
+            _short(p.trained_parameters),
+            _short(p.tokens),
+            _short(p.flops),
+            f"{p.memory_gb_per_gpu:.1f}",
+            _short(p.hours),
+            _short(p.gpu_hours),
+        )
+    Console().print(table)
+
+
+def _short(value: float) -> str:
+    """Three significant digits with an SI suffix: 1.18G, 210G, 0.124."""
+    exponent = 0
+    while abs(value) >= 1000 and exponent < 8:
+        value, exponent = value / 1000, exponent + 1
+    return f"{value:.3g}{' kMGTPEZY'[exponent].strip()}"
+
+
 registry_app = typer.Typer(no_args_is_help=True, help="Maintain a release registry (or a staging prefix).")
 app.add_typer(registry_app, name="registry")
 

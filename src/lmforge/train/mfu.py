@@ -19,6 +19,15 @@ PEAK_FLOPS_BF16 = {
     "A10G": 125e12,
     "L4": 121e12,
 }
+# Memory per device, GB (the same data sheets; H200 141 GB HBM3e, A100 the 80 GB part).
+GPU_MEMORY_GB = {
+    "H200": 141.0,
+    "H100": 80.0,
+    "A100": 80.0,
+    "L40S": 48.0,
+    "A10G": 24.0,
+    "L4": 24.0,
+}
 
 
 def flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> float:

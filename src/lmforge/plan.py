@@ -1,0 +1,218 @@
+"""The plan before the GPUs: per training stage, parameters, tokens, FLOPs, memory per GPU, hours and GPU-hours.
+
+Parameters are counted exactly, on models built on PyTorch's ``meta`` device (no memory, no weights) from the same
+``transformers`` config, LoRA wrapping and student shape the stages build. The rest is arithmetic:
+
+* tokens = ``max_steps · batch_size · grad_accum · seq_len · data-parallel ranks``;
+* FLOPs per token (PaLM appendix B, as :mod:`lmforge.train.mfu` measures MFU): ``6·N + 12·L·H·Q·T`` for training
+  every weight; LoRA trains no base weight, so its frozen weights cost the forward and the input-gradient
+  products only (``4·N``); distillation adds the teacher's forward (``2·N_teacher + 4·L·H·Q·T``);
+* memory per GPU: weights, gradients and AdamW states (16 bytes per trained parameter in lmforge's fp32-master
+  loop; DeepSpeed's bf16: 2 + 2 + 12, ZeRO-1/2/3 dividing the optimizer / gradient / weight parts by the ranks,
+  Rajbhandari et al. 2020), frozen weights (4 bytes, the teacher in bf16: 2), activations (Korthikanti et al. 2022:
+  ``34·s·b·h`` bytes per layer in 16-bit with a fused attention that keeps no ``s²`` scores; with gradient
+  checkpointing ``2·s·b·h`` per layer plus one layer recomputed), and the fp32 logits and their gradient
+  (``8·s·b·V``);
+* hours = FLOPs / (ranks · peak · MFU), with the accelerator's dense bf16 peak from
+  :data:`lmforge.train.mfu.PEAK_FLOPS_BF16` and an assumed MFU.
+
+A plan whose memory exceeds the accelerator's, less :data:`HEADROOM`, is refused with what to change.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from lmforge.config import LaunchConfig, ModelConfig
+from lmforge.errors import ConfigError
+from lmforge.train.mfu import GPU_MEMORY_GB, PEAK_FLOPS_BF16, flops_per_token
+
+HEADROOM = 0.10
+"""Fraction of the accelerator's memory a plan leaves free (allocator fragmentation, CUDA context, NCCL buffers)."""
+DEFAULT_MFU = 0.40
+"""Assumed model FLOPs utilization when none is given: what well-tuned bf16 training of this size reaches."""
+TRAINING_STAGES = ("pretrain", "finetune_lora", "distill")
+_ADAM_BYTES = {"torch": (4, 4, 8), "deepspeed": (2, 2, 12)}  # per trained parameter: weights, gradients, optimizer
+_ACTIVATION_BYTES = 34  # per token, per unit of width, per layer (16-bit, fused attention)
+_CHECKPOINTED_BYTES = 2  # the saved layer input (16-bit) per token and unit of width
+_LOGIT_BYTES = 8  # fp32 logits and their gradient, per token and vocabulary entry
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """What one training stage will cost."""
+
+    stage: str
+    parameters: int
+    trained_parameters: int
+    tokens: int
+    flops: float
+    memory_gb_per_gpu: float
+    gpus: int
+    hours: float
+    gpu_hours: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """The plan as plain data (console, KFP Metrics, JSON)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """An accelerator type: its name, dense bf16 peak FLOP/s and memory."""
+
+    name: str
+    peak_flops: float
+    memory_gb: float
+
+    @classmethod
+    def named(cls, name: str) -> Accelerator:
+        """A known accelerator by name (``H100``, ``A100``, ...)."""
+        if name not in PEAK_FLOPS_BF16:
+            raise ConfigError(f"unknown accelerator {name!r}; known: {', '.join(PEAK_FLOPS_BF16)}")
+        return cls(name, PEAK_FLOPS_BF16[name], GPU_MEMORY_GB[name])
+
+
+def count_parameters(model: ModelConfig, vocab_size: int) -> tuple[int, int]:
+    """(all parameters, those without a matrix multiply: GPT-2's learned positions) of a model shape."""
+    model_obj = _meta_model(model, vocab_size)
+    total = sum(p.numel() for p in model_obj.parameters())
+    lookup = sum(p.numel() for name, p in model_obj.named_parameters() if name.endswith("wpe.weight"))
+    return total, lookup
+
+
+def _meta_model(model: ModelConfig, vocab_size: int) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lmforge.model.build import hf_config
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(hf_config(model, vocab_size, eos_id=0, pad_id=1))
+
+
+def lora_trainable_parameters(cfg: Any, model: ModelConfig, vocab_size: int) -> int:
+    """Parameters the ``finetune_lora`` stage trains on ``model``: the adapters (and any ``modules_to_save``)."""
+    import peft
+
+    from lmforge.train.lora import peft_config, target_modules
+
+    base = _meta_model(model, vocab_size)
+    with warnings.catch_warnings():  # peft asks transformers a deprecated question; not the user's concern
+        warnings.simplefilter("ignore", FutureWarning)
+        wrapped = peft.get_peft_model(base, peft_config(cfg, base, target_modules(base, cfg.target_modules)))
+    return sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+
+
+def _attention_flops(model: ModelConfig, seq_len: int, units: int) -> float:
+    """Attention score and value products per token, ``units · 2·L·H·Q·T``: a forward pass is 2 units, training 6."""
+    return units * 2.0 * model.n_layer * model.n_embd * seq_len
+
+
+def _memory_bytes(
+    *,
+    backend: str,
+    zero_stage: int,
+    ranks: int,
+    trained: int,
+    frozen_bytes: float,
+    model: ModelConfig,
+    micro_batch: int,
+    seq_len: int,
+    vocab_size: int,
+    checkpointing: bool,
+) -> float:
+    weight_b, grad_b, optim_b = _ADAM_BYTES[backend]
+    stage = zero_stage if backend == "deepspeed" else 0
+    weights = trained * weight_b / (ranks if stage >= 3 else 1)
+    grads = trained * grad_b / (ranks if stage >= 2 else 1)
+    optimizer = trained * optim_b / (ranks if stage >= 1 else 1)
+    per_layer = seq_len * micro_batch * model.n_embd
+    if checkpointing:
+        activations = per_layer * (_CHECKPOINTED_BYTES * model.n_layer + _ACTIVATION_BYTES)
+    else:
+        activations = per_layer * _ACTIVATION_BYTES * model.n_layer
+    logits = _LOGIT_BYTES * seq_len * micro_batch * vocab_size
+    return weights + grads + optimizer + frozen_bytes + activations + logits
+
+
+def plan_training(
+    config: Any,
+    *,
+    vocab_size: int,
+    launch: LaunchConfig | None = None,
+    accelerator: Accelerator | None = None,
+    mfu: float = DEFAULT_MFU,
+) -> list[StagePlan]:
+    """The plan of every training stage of a resolved pipeline config (``resolve_config``'s result)."""
+    launch = launch or LaunchConfig()
+    accelerator = accelerator or Accelerator.named("H100")
+    ranks = max(1, launch.num_nodes * launch.gpus_per_node)
+    teacher = config.pretrain.model
+    n_teacher, lookup = count_parameters(teacher, vocab_size)
+    student = teacher.model_copy(update={"n_layer": _student_layers(config.distill, teacher)})
+    n_student, student_lookup = count_parameters(student, vocab_size)
+    n_lora = lora_trainable_parameters(config.finetune_lora, teacher, vocab_size)
+
+    def stage_plan(name: str, train: Any, model: ModelConfig, total: int, trained: int, frozen_bytes: float,
+                   flops_token: float) -> StagePlan:  # fmt: skip
+        tokens = train.max_steps * train.batch_size * train.grad_accum * train.seq_len * ranks
+        memory = _memory_bytes(
+            backend=train.distributed.backend,
+            zero_stage=train.distributed.deepspeed.zero.stage,
+            ranks=ranks,
+            trained=trained,
+            frozen_bytes=frozen_bytes,
+            model=model,
+            micro_batch=train.batch_size,
+            seq_len=train.seq_len,
+            vocab_size=vocab_size,
+            checkpointing=train.grad_checkpointing,
+        )
+        flops = tokens * flops_token
+        hours = flops / (ranks * accelerator.peak_flops * mfu) / 3600
+        return StagePlan(name, total, trained, tokens, flops, memory / 1e9, ranks, hours, hours * ranks)
+
+    pretrain, lora, distill = config.pretrain.train, config.finetune_lora.train, config.distill.train
+    matmul_teacher = n_teacher - lookup
+    return [
+        stage_plan(
+            "pretrain", pretrain, teacher, n_teacher, n_teacher, 0.0,
+            flops_per_token(matmul_teacher, teacher.n_layer, teacher.n_head, teacher.n_embd // teacher.n_head,
+                            pretrain.seq_len),
+        ),
+        stage_plan(
+            "finetune_lora", lora, teacher, n_teacher + n_lora, n_lora, 4.0 * n_teacher,
+            4.0 * matmul_teacher + 6.0 * n_lora + _attention_flops(teacher, lora.seq_len, 6),
+        ),
+        stage_plan(
+            "distill", distill, student, n_student, n_student, 2.0 * n_teacher,
+            flops_per_token(n_student - student_lookup, student.n_layer, student.n_head,
+                            student.n_embd // student.n_head, distill.seq_len)
+            + 2.0 * matmul_teacher + _attention_flops(teacher, distill.seq_len, 2),
+        ),
+    ]  # fmt: skip
+
+
+def _student_layers(distill: Any, teacher: ModelConfig) -> int:
+    from lmforge.train.distill import student_layers
+
+    return len(student_layers(teacher.n_layer, distill.student_layer_fraction))
+
+
+def refuse_oversized(plans: list[StagePlan], accelerator: Accelerator) -> None:
+    """Raise ``ConfigError`` naming each stage whose memory estimate exceeds the accelerator less the headroom."""
+    limit = accelerator.memory_gb * (1 - HEADROOM)
+    over = [plan for plan in plans if plan.memory_gb_per_gpu > limit]
+    if over:
+        lines = "; ".join(
+            f"{plan.stage}: {plan.memory_gb_per_gpu:.1f} GB per GPU, over {limit:.1f} GB "
+            f"({accelerator.name} {accelerator.memory_gb:.0f} GB less {HEADROOM:.0%} headroom)"
+            for plan in over
+        )
+        raise ConfigError(
+            f"{lines}. Lower train.batch_size (raise grad_accum to keep the batch), turn on "
+            "train.grad_checkpointing, use distributed.backend deepspeed with a higher zero.stage, or add GPUs"
+        )

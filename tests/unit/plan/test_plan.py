@@ -1,0 +1,96 @@
+"""The training plan (lmforge plan): counts against real models, costs against a hand computation."""
+
+from __future__ import annotations
+
+import json
+
+import peft
+import pytest
+from typer.testing import CliRunner
+
+from lmforge.cli import app
+from lmforge.config import LaunchConfig, ModelConfig
+from lmforge.errors import ConfigError
+from lmforge.model.build import build_model
+from lmforge.plan import (
+    DEFAULT_MFU,
+    Accelerator,
+    count_parameters,
+    lora_trainable_parameters,
+    plan_training,
+    refuse_oversized,
+)
+from lmforge.stages import resolve_config, resolve_stage_config
+from lmforge.train.lora import peft_config, target_modules
+
+
+def test_gpt2_124m_pretrain_matches_a_hand_computation():
+    """GPT-2 small, 1 H100 at the assumed MFU: every figure from the formulas written out here."""
+    vocab, d, layers, context = 50257, 768, 12, 1024
+    params = vocab * d + context * d + layers * (12 * d * d + 13 * d) + 2 * d  # wte, wpe, blocks, ln_f
+    assert params == 124_439_808  # GPT-2 small as published (tied output head)
+    steps, micro, accum, seq = 20_000, 16, 32, 1024
+    tokens = steps * micro * accum * seq
+    flops = tokens * (6 * (params - context * d) + 12 * layers * d * seq)
+    memory = 16 * params + 34 * seq * micro * d * layers + 8 * seq * micro * vocab
+    hours = flops / (989e12 * DEFAULT_MFU) / 3600
+
+    config = resolve_config("gpt2-124m")
+    pretrain = plan_training(config, vocab_size=vocab)[0]
+
+    assert pretrain.stage == "pretrain"
+    assert pretrain.parameters == params
+    assert pretrain.tokens == tokens
+    assert pretrain.flops == pytest.approx(flops, rel=0.10)
+    assert pretrain.memory_gb_per_gpu == pytest.approx(memory / 1e9, rel=0.10)
+    assert pretrain.hours == pytest.approx(hours, rel=0.10)
+    assert pretrain.gpu_hours == pretrain.hours
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_parameters_counted_on_the_meta_device_equal_the_built_model(arch):
+    shape = ModelConfig(arch=arch, n_layer=3, n_head=4, n_embd=64, block_size=128)
+    model = build_model(shape, 1000, eos_id=0, pad_id=1, seed=0)
+    total, lookup = count_parameters(shape, 1000)
+    assert total == sum(p.numel() for p in model.parameters())
+    assert lookup == (128 * 64 if arch == "gpt2" else 0)
+
+
+def test_lora_trained_parameters_equal_the_stages_peft_model():
+    cfg = resolve_stage_config("finetune_lora", "tiny-cpu")
+    shape = resolve_config("tiny-cpu").pretrain.model
+    model = build_model(shape, 2048, eos_id=0, pad_id=1, seed=0)
+    wrapped = peft.get_peft_model(model, peft_config(cfg, model, target_modules(model, cfg.target_modules)))
+    expected = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+    assert lora_trainable_parameters(cfg, shape, 2048) == expected
+
+
+def test_zero3_across_ranks_divides_the_model_state_but_not_the_activations():
+    config = resolve_config("llama-1b")
+    one = plan_training(config, vocab_size=50257)[0]
+    sixteen = plan_training(config, vocab_size=50257, launch=LaunchConfig(num_nodes=2, gpus_per_node=8))[0]
+    state_one = 16 * one.parameters / 1e9  # bf16 weights + grads + fp32 master and Adam moments
+    assert sixteen.memory_gb_per_gpu == pytest.approx(one.memory_gb_per_gpu - state_one * 15 / 16, rel=1e-6)
+    assert sixteen.tokens == 16 * one.tokens
+    assert sixteen.gpu_hours == pytest.approx(16 * sixteen.hours)
+
+
+def test_a_plan_over_the_accelerators_memory_is_refused_naming_the_stage_and_what_to_change():
+    plans = plan_training(resolve_config("llama-1b"), vocab_size=50257)
+    refuse_oversized(plans, Accelerator.named("H100"))
+    with pytest.raises(ConfigError, match=r"pretrain: 23\.\d GB per GPU, over 21\.6 GB \(A10G 24 GB") as err:
+        refuse_oversized(plans, Accelerator.named("A10G"))
+    assert "grad_checkpointing" in str(err.value)
+
+
+def test_plan_command_prints_every_training_stage_and_fails_on_an_oversized_plan():
+    runner = CliRunner()
+    ok = runner.invoke(app, ["plan", "--preset", "gpt2-124m", "--json"])
+    assert ok.exit_code == 0, ok.output
+    rows = json.loads(ok.stdout)
+    assert [row["stage"] for row in rows] == ["pretrain", "finetune_lora", "distill"]
+    assert rows[0]["parameters"] == 124_439_808
+    refused = runner.invoke(app, ["plan", "--preset", "llama-1b", "--gpu", "A10G"], env={"COLUMNS": "80"})
+    assert refused.exit_code != 0
+    assert "A10G 24 GB less 10% headroom" in refused.output
+    assert all(len(line) <= 80 for line in refused.output.splitlines() if not line.startswith("error:"))
