@@ -111,6 +111,16 @@ def _attention_flops(model: ModelConfig, seq_len: int, units: int) -> float:
     return units * 2.0 * model.n_layer * model.n_embd * seq_len
 
 
+def model_state_bytes(*, backend: str, zero_stage: int, ranks: int, trained: int) -> float:
+    """Bytes per GPU of the trained parameters' weights, gradients and AdamW moments (ZeRO shards them by stage)."""
+    weight_b, grad_b, optim_b = _ADAM_BYTES[backend]
+    stage = zero_stage if backend == "deepspeed" else 0
+    weights = trained * weight_b / (ranks if stage >= 3 else 1)
+    grads = trained * grad_b / (ranks if stage >= 2 else 1)
+    optimizer = trained * optim_b / (ranks if stage >= 1 else 1)
+    return weights + grads + optimizer
+
+
 def _memory_bytes(
     *,
     backend: str,
@@ -124,18 +134,14 @@ def _memory_bytes(
     vocab_size: int,
     checkpointing: bool,
 ) -> float:
-    weight_b, grad_b, optim_b = _ADAM_BYTES[backend]
-    stage = zero_stage if backend == "deepspeed" else 0
-    weights = trained * weight_b / (ranks if stage >= 3 else 1)
-    grads = trained * grad_b / (ranks if stage >= 2 else 1)
-    optimizer = trained * optim_b / (ranks if stage >= 1 else 1)
     per_layer = seq_len * micro_batch * model.n_embd
     if checkpointing:
         activations = per_layer * (_CHECKPOINTED_BYTES * model.n_layer + _ACTIVATION_BYTES)
     else:
         activations = per_layer * _ACTIVATION_BYTES * model.n_layer
     logits = _LOGIT_BYTES * seq_len * micro_batch * vocab_size
-    return weights + grads + optimizer + frozen_bytes + activations + logits
+    state = model_state_bytes(backend=backend, zero_stage=zero_stage, ranks=ranks, trained=trained)
+    return state + frozen_bytes + activations + logits
 
 
 def plan_training(
