@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 NAME = "tiny"
 MAX_PROMPTS = 8
-MAX_BYTES = 64 * 1024
+MAX_BYTES = 128 * 1024
 ROUTES = {
     "v1": f"/v1/models/{NAME}:predict",
     "v2": f"/v2/models/{NAME}/infer",
