@@ -138,7 +138,7 @@ class LmforgePredictor(Model):
         self.limits: Limits | None = None
         self.eos_token_id: int | None = None
         self.pad_token_id = 0
-        # One thread tokenizes (off the event loop); one at a time, as a Rust tokenizer is not shared between calls.
+        # One thread tokenizes, off the event loop; calls never overlap on the one shared tokenizer object.
         self._tokenize = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmforge-tokenize")
 
     def load(self) -> bool:
