@@ -18,6 +18,11 @@ are answered or ``--duration-s`` has passed, whichever is first. Modes:
   ``generate(do_sample=False)`` for one prompt at a time (no server, no HTTP);
 * ``decode`` — the predictor's batched decoding alone (``generate_batch`` on the served ONNX model in this
   process, batch = concurrency, no HTTP, no queue): what batching buys where HTTP and tokenizing cost nothing.
+* ``hostile`` — the batched predictor under ``--requests`` requests at each concurrency, once with well-formed
+  requests only and once with ``--hostile-share`` of them hostile (bad sampling values, 10k-prompt bodies,
+  malformed and 100k-deep JSON: ``tests/support/serve_helpers.py``), the two loads taking turns on one server:
+  the well-formed requests' latency with and without the hostile ones, every status, and the server's log lines
+  per request.
 
 Client and server share the machine's cores: on 2 cores the load generator's own work is in the figures. The
 modes take turns for ``--rounds`` rounds (a fresh server each time), so a change in the machine's other load
@@ -49,7 +54,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from serve_helpers import serving
+from serve_helpers import mixed_load, serving
 
 from bench.common import load_average, machine_facts, result_path, text_table, write_results
 from lmforge.artifacts import write_manifest
@@ -173,6 +178,53 @@ def server_rows(
     return rows
 
 
+def hostile_rows(
+    model: Path, overrides: dict[str, Any], levels: list[int], texts: list[str], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """Clean and hostile loads taking turns on one batched predictor, per concurrency level."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, serving(model, Path(tmp) / "serve.log", overrides) as server:
+        asyncio.run(_load(server.url, texts, 4, 16, args.duration_s, args.max_tokens))  # warm up
+        for concurrency in levels:
+            for share in (0.0, args.hostile_share):
+                lines_before = len(server.log_file.read_text(errors="replace").splitlines())
+                start = time.perf_counter()
+                answers = asyncio.run(
+                    mixed_load(
+                        server.url,
+                        texts,
+                        model=MODEL_NAME,
+                        requests=args.requests,
+                        concurrency=concurrency,
+                        hostile_share=share,
+                        max_tokens=args.max_tokens,
+                    )
+                )
+                wall = time.perf_counter() - start
+                lines = len(server.log_file.read_text(errors="replace").splitlines()) - lines_before
+                good = [a for a in answers if not a.hostile]
+                hostile = [a for a in answers if a.hostile]
+                kinds = sorted({a.kind for a in hostile})
+                row = {
+                    "mode": "hostile" if share else "clean",
+                    "concurrency": concurrency,
+                    "requests": len(answers),
+                    "hostile_requests": len(hostile),
+                    **percentiles([a.latency_s for a in good]),
+                    "requests_per_s": len(answers) / wall,
+                    "wall_s": wall,
+                    "good_not_200": sum(a.status != 200 for a in good),
+                    "hostile_not_4xx": sum(not 400 <= a.status < 500 for a in hostile),
+                    "hostile_statuses": {k: sorted({a.status for a in hostile if a.kind == k}) for k in kinds},
+                    "log_lines": lines,
+                    "log_lines_per_request": lines / len(answers),
+                    "load_1m_after": os.getloadavg()[0],
+                }
+                log.info("%s", row)
+                rows.append(row)
+    return rows
+
+
 def transformers_rows(hf_model: Path, levels: list[int], texts: list[str], args: argparse.Namespace) -> list[dict]:
     """``concurrency`` threads, each calling ``generate`` on one prompt at a time."""
     tok = load_tokenizer(hf_model)
@@ -276,6 +328,31 @@ def decode_rows(served: Path, levels: list[int], texts: list[str], args: argpars
     return rows
 
 
+def hostile_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per concurrency: the well-formed requests' p99 under the hostile load over the clean one's (same round and
+    server; each round's ratio and their median), the statuses that missed, and the log lines per request."""
+    summary: dict[str, Any] = {"every_round": rows, "by_concurrency": {}}
+    for concurrency in sorted({r["concurrency"] for r in rows}):
+        pairs = {}
+        for r in rows:
+            if r["concurrency"] == concurrency:
+                pairs.setdefault(r["round"], {})[r["mode"]] = r
+        ratios = [p["hostile"]["p99_ms"] / p["clean"]["p99_ms"] for p in pairs.values() if len(p) == 2]
+        mine = [r for r in rows if r["concurrency"] == concurrency]
+        entry = {
+            "p99_ratio_hostile_over_clean": float(np.median(ratios)),
+            "p99_ratio_each_round": ratios,
+            "clean_p99_ms_median": float(np.median([r["p99_ms"] for r in mine if r["mode"] == "clean"])),
+            "hostile_p99_ms_median": float(np.median([r["p99_ms"] for r in mine if r["mode"] == "hostile"])),
+            "good_not_200": sum(r["good_not_200"] for r in mine),
+            "hostile_not_4xx": sum(r["hostile_not_4xx"] for r in mine),
+            "log_lines_per_request_max": max(r["log_lines_per_request"] for r in mine),
+        }
+        summary["by_concurrency"][str(concurrency)] = entry
+        print(f"hostile load at concurrency {concurrency}:", {k: v for k, v in entry.items() if "each" not in k})
+    return summary
+
+
 def print_table(rows: list[dict[str, Any]]) -> None:
     """One line per mode and concurrency."""
     header = ["mode", "conc", "reqs", "p50 ms", "p90 ms", "p99 ms", "tok/s", "req/s", "batch"]
@@ -306,6 +383,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: all)")
     parser.add_argument("--modes", nargs="+", default=["batched", "unbatched", "transformers", "decode"])
     parser.add_argument("--rounds", type=int, default=3, help="times every mode runs, taking turns")
+    parser.add_argument("--hostile-share", type=float, default=0.1, help="share of hostile requests (hostile mode)")
     parser.add_argument("--out", type=Path, default=result_path("serve_bench"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -334,11 +412,16 @@ def main() -> None:
                     new = transformers_rows(hf_model, args.concurrency, texts, args)
                 elif mode == "decode":
                     new = decode_rows(served, args.concurrency, texts, args)
+                elif mode == "hostile":
+                    new = hostile_rows(served, modes["batched"], args.concurrency, texts, args)
                 else:
                     new = server_rows(served, mode, modes[mode], args.concurrency, texts, args)
                 every += [{**row, "round": round_} for row in new]
+    hostile = [r for r in every if r["mode"] in ("clean", "hostile")]
+    every = [r for r in every if r["mode"] not in ("clean", "hostile")]
     rows = median_rows(every)
-    print_table(rows)
+    if rows:
+        print_table(rows)
     by = {(r["mode"], r["concurrency"]): r for r in rows}
     speedup = {
         str(c): by[("batched", c)]["tokens_per_s"] / by[("unbatched", c)]["tokens_per_s"]
@@ -354,6 +437,8 @@ def main() -> None:
         "every_round": every,
         "batching_speedup_tokens_per_s": speedup,
     }
+    if hostile:
+        result["hostile"] = hostile_summary(hostile)
     machine = {**machine, "load_average_after": load_average()}  # load_average: at the start
     print(f"wrote {write_results('serve_bench', result, path=args.out, machine=machine)}")
 

@@ -1,4 +1,5 @@
-"""Helpers of the serve tests and bench/serve_bench.py: a predictor subprocess on loopback, a varied tiny model.
+"""Helpers of the serve tests and bench/serve_bench.py: a predictor subprocess on loopback, a varied tiny model,
+and a load of well-formed and hostile requests.
 
 :class:`ServeProcess` starts ``python -m lmforge.serve`` (the real kserve ModelServer), or ``lmforge serve``, on a free
 127.0.0.1 port.
@@ -6,6 +7,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -13,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +115,67 @@ def redraw_weights(model_dir: Path, out: Path, *, std: float = 0.3, seed: int = 
     save_model_dir(model, load_tokenizer(model_dir), out)
     write_manifest(out, "model")
     return out
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One request of :func:`mixed_load`: hostile or not, which kind, its HTTP status and latency."""
+
+    hostile: bool
+    kind: str
+    status: int
+    latency_s: float
+
+
+def hostile_request(i: int, model: str) -> tuple[str, str, bytes]:
+    """The ``i``-th hostile request, cycling through the attacks: ``(kind, path, body)``."""
+    kinds = [
+        ("bad_seed", "/openai/v1/completions", {"model": model, "prompt": "hi", "temperature": 1.0, "seed": -1}),
+        ("tiny_temperature", "/openai/v1/completions", {"model": model, "prompt": "hi", "temperature": 1e-310}),
+        ("10k_prompts", "/openai/v1/completions", {"model": model, "prompt": ["To be"] * 10_000}),
+        ("10k_instances", f"/v1/models/{model}:predict", {"instances": ["To be"] * 10_000}),
+        ("malformed_json", "/openai/v1/completions", None),
+        ("deep_json", f"/v2/models/{model}/infer", None),
+    ]
+    kind, path, body = kinds[i % len(kinds)]
+    if kind == "malformed_json":
+        return kind, path, b'{"model": "' + model.encode() + b'", "prompt": "unterminated'
+    if kind == "deep_json":
+        return kind, path, b"[" * 100_000
+    return kind, path, json.dumps(body).encode()
+
+
+async def mixed_load(
+    url: str,
+    prompts: list[str],
+    *,
+    model: str,
+    requests: int,
+    concurrency: int,
+    hostile_share: float,
+    max_tokens: int,
+) -> list[Answer]:
+    """``requests`` requests from ``concurrency`` clients in a closed loop; every ``1 / hostile_share``-th one is
+    hostile (:func:`hostile_request`), the others are greedy OpenAI completions of ``prompts``."""
+    every = round(1 / hostile_share) if hostile_share > 0 else 0
+    order = iter(range(requests))
+    answers: list[Answer] = []
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    headers = {"content-type": "application/json"}
+    async with httpx.AsyncClient(base_url=url, timeout=120.0, limits=limits, headers=headers) as client:
+
+        async def client_loop() -> None:
+            for i in order:
+                if every and i % every == every - 1:
+                    kind, path, body = hostile_request(i // every, model)
+                else:
+                    prompt = prompts[i % len(prompts)]
+                    kind, path = "completion", "/openai/v1/completions"
+                    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+                    body = body.encode()
+                start = time.perf_counter()
+                resp = await client.post(path, content=body)
+                answers.append(Answer(kind != "completion", kind, resp.status_code, time.perf_counter() - start))
+
+        await asyncio.gather(*(client_loop() for _ in range(concurrency)))
+    return answers

@@ -57,7 +57,21 @@ class ServeConfig(StrictModel):
         description="How long the first queued request waits for others to join its batch before it starts.",
     )
     max_queue: int = Field(
-        256, ge=1, description="Requests waiting for a batch at most; more are refused with 503 until it drains."
+        256,
+        ge=1,
+        description="Prompts waiting for a batch at most; a request whose prompts do not all fit is refused whole "
+        "with 503 (before any of them is tokenized) until the queue drains.",
+    )
+    max_prompts_per_request: int = Field(
+        32,
+        ge=1,
+        description="Most prompts in one request (v1 instances, v2 text elements, an OpenAI prompt list); more is "
+        "refused with 400 before any prompt is read. At most max_queue.",
+    )
+    max_request_bytes: int = Field(
+        1_048_576,
+        ge=1024,
+        description="Largest request body in bytes; a larger one is refused with 413 before it is read in full.",
     )
     default_max_tokens: int = Field(
         32, ge=1, description="New tokens per request when the request names none (max_tokens)."
@@ -146,6 +160,11 @@ class ServeConfig(StrictModel):
         if self.default_max_tokens > self.max_tokens_limit:
             raise ValueError(
                 f"default_max_tokens {self.default_max_tokens} exceeds max_tokens_limit {self.max_tokens_limit}"
+            )
+        if self.max_prompts_per_request > self.max_queue:
+            raise ValueError(
+                f"max_prompts_per_request {self.max_prompts_per_request} exceeds max_queue {self.max_queue}: "
+                "a request that large could never be queued"
             )
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas {self.min_replicas} exceeds max_replicas {self.max_replicas}")

@@ -12,7 +12,7 @@ _argv, sys.argv = sys.argv, sys.argv[:1]
 try:
     from kserve import Model, ModelServer
     from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
-    from kserve.errors import InvalidInput
+    from kserve.errors import InferenceError, InvalidInput, ModelNotFound
     from kserve.model_server import app
     from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
     from kserve.protocol.rest.server import RESTServer
@@ -24,8 +24,10 @@ __all__ = [
     "InferOutput",
     "InferRequest",
     "InferResponse",
+    "InferenceError",
     "InvalidInput",
     "Model",
+    "ModelNotFound",
     "ModelServer",
     "RESTServer",
     "app",

@@ -5,6 +5,10 @@ most ``max_wait_ms`` after the oldest one arrived, and decodes the batch in a wo
 the GIL, so the event loop keeps accepting requests meanwhile). One batch runs at a time; requests that arrive
 during it form the next one. A streaming request gets every new token on its event queue at once. A request
 whose client went away is still decoded to its end (at most ``max_tokens``).
+
+A request with several prompts first reserves a place in the queue for all of them (:meth:`DynamicBatcher.reserve`):
+refused whole, before any prompt is tokenized, when they cannot all wait; its prompts then go in together.
+A request whose own decoding failed gets its error; the others of its batch get their results.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ import collections
 import concurrent.futures
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +52,7 @@ class DoneEvent:
 
 @dataclass(frozen=True)
 class ErrorEvent:
-    """Decoding the request's batch failed."""
+    """Decoding the request (or its whole batch) failed."""
 
     error: BaseException
 
@@ -99,18 +104,41 @@ class DynamicBatcher:
         self.max_queue = max_queue
         self.stats = BatchStats()
         self._queue: collections.deque[_Pending] = collections.deque()
+        self._reserved = 0
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmforge-decode")
 
+    @contextmanager
+    def reserve(self, count: int) -> Iterator[Reservation]:
+        """Hold ``count`` places in the queue, or raise :class:`QueueFullError` at once (nothing is queued).
+
+        Requests submitted through the reservation take its places; those it still holds are freed on exit.
+        """
+        waiting = len(self._queue) + self._reserved
+        if waiting + count > self.max_queue:
+            raise QueueFullError(
+                f"{waiting} requests are waiting and this one brings {count} (serve.max_queue is {self.max_queue}); "
+                "retry later"
+            )
+        reservation = Reservation(self, count)
+        self._reserved += count
+        try:
+            yield reservation
+        finally:
+            self._reserved -= reservation.left
+
     def submit(self, request: GenerationRequest, *, stream: bool = False) -> asyncio.Queue[Event]:
-        """Queue ``request``; a :class:`DoneEvent` (or an :class:`ErrorEvent`) arrives on the returned queue,
-        after a :class:`TokenEvent` per new token if ``stream`` (only then: each one wakes the event loop).
+        """Queue ``request`` (one place: see :meth:`reserve`); a :class:`DoneEvent` (or an :class:`ErrorEvent`)
+        arrives on the returned queue, after a :class:`TokenEvent` per new token if ``stream`` (only then: each one
+        wakes the event loop).
 
         Must be called from the event loop that serves the requests; the scheduler starts on the first call.
         """
-        if len(self._queue) >= self.max_queue:
-            raise QueueFullError(f"{len(self._queue)} requests are waiting (serve.max_queue); retry later")
+        with self.reserve(1) as reservation:
+            return reservation.submit(request, stream=stream)
+
+    def _enqueue(self, request: GenerationRequest, stream: bool) -> asyncio.Queue[Event]:
         if self._task is None or self._task.done():
             self._wakeup = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._schedule(), name="lmforge-batcher")
@@ -158,10 +186,26 @@ class DynamicBatcher:
                     pending.events.put_nowait(ErrorEvent(exc))
                 continue
             for pending, result in zip(batch, results, strict=True):
-                pending.events.put_nowait(DoneEvent(result, size))
+                pending.events.put_nowait(ErrorEvent(result.error) if result.error else DoneEvent(result, size))
 
     def close(self) -> None:
         """Stop the scheduler and the decoding thread (requests still queued get no answer)."""
         if self._task is not None:
             self._task.cancel()
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class Reservation:
+    """Places held in a :class:`DynamicBatcher`'s queue (see :meth:`DynamicBatcher.reserve`)."""
+
+    def __init__(self, batcher: DynamicBatcher, count: int) -> None:
+        self._batcher = batcher
+        self.left = count
+
+    def submit(self, request: GenerationRequest, *, stream: bool = False) -> asyncio.Queue[Event]:
+        """Queue ``request`` in one of the held places; its events arrive on the returned queue."""
+        if self.left < 1:
+            raise LmforgeError("this reservation holds no place left; reserve one per request")
+        self.left -= 1
+        self._batcher._reserved -= 1
+        return self._batcher._enqueue(request, stream)

@@ -4,16 +4,22 @@ Rows are left-padded to the longest prompt with attention mask 0 on the padding;
 position ids from the mask (``cumsum(mask) - 1``), so a padded row sees the same positions and attends to the same
 tokens as the unpadded prompt. After every step a finished row (EOS or its own ``max_tokens``) leaves the batch: its
 cache rows are dropped, and mask columns that are padding in every remaining row are trimmed with the cache.
+
+A row whose own work fails (its random generator or its sampling step raises) leaves the batch the same way, with
+the error in its result: one request's failure never fails the other rows of its batch.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from lmforge.onnx_runtime import OrtDecoderWithPast
+
+log = logging.getLogger("lmforge.serve")
 
 TokenCallback = Callable[[int, int], None]
 """Called with (row index in the request list, token id) for each new token, EOS excluded."""
@@ -34,29 +40,31 @@ class GenerationRequest:
 
 @dataclass
 class GenerationResult:
-    """The new tokens of one request (EOS excluded) and why decoding stopped: ``stop`` (EOS) or ``length``."""
+    """The new tokens of one request (EOS excluded) and why decoding stopped: ``stop`` (EOS), ``length``, or
+    ``error`` (then ``error`` holds what this request's own decoding raised)."""
 
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str = "length"
+    error: Exception | None = None
 
 
-def next_tokens(
-    logits: np.ndarray, requests: Sequence[GenerationRequest], rngs: Sequence[np.random.Generator | None]
-) -> np.ndarray:
-    """One token per row from last-position ``logits`` ``[rows, vocab]``: argmax, or a tempered top-p sample."""
-    tokens = logits.argmax(-1)
-    for i, (req, rng) in enumerate(zip(requests, rngs, strict=True)):
-        if req.temperature <= 0.0 or rng is None:
-            continue
-        scaled = logits[i].astype(np.float64) / req.temperature
-        probs = np.exp(scaled - scaled.max())
-        probs /= probs.sum()
-        order = np.argsort(-probs, kind="stable")
-        cumulative = np.cumsum(probs[order])
-        keep = order[: int(np.searchsorted(cumulative, req.top_p) + 1)]
-        kept = probs[keep] / probs[keep].sum()
-        tokens[i] = keep[rng.choice(len(keep), p=kept)]
-    return tokens
+def next_token(logits: np.ndarray, request: GenerationRequest, rng: np.random.Generator | None) -> int:
+    """One token from last-position ``logits`` ``[vocab]``: argmax, or a tempered top-p sample."""
+    if request.temperature <= 0.0 or rng is None:
+        return int(logits.argmax())
+    scaled = logits.astype(np.float64) / request.temperature
+    probs = np.exp(scaled - scaled.max())
+    probs /= probs.sum()
+    order = np.argsort(-probs, kind="stable")
+    cumulative = np.cumsum(probs[order])
+    keep = order[: int(np.searchsorted(cumulative, request.top_p) + 1)]
+    kept = probs[keep] / probs[keep].sum()
+    return int(keep[rng.choice(len(keep), p=kept)])
+
+
+def _failed(result: GenerationResult, index: int, size: int, exc: Exception) -> None:
+    log.error("request %d of a batch of %d failed in decoding: %s: %s", index, size, type(exc).__name__, exc)
+    result.finish_reason, result.error = "error", exc
 
 
 def generate_batch(
@@ -71,7 +79,13 @@ def generate_batch(
     if not requests:
         return []
     results = [GenerationResult() for _ in requests]
-    rngs = [np.random.default_rng(r.seed) if r.temperature > 0.0 else None for r in requests]
+    rngs: list[np.random.Generator | None] = []
+    for i, req in enumerate(requests):
+        try:
+            rngs.append(np.random.default_rng(req.seed) if req.temperature > 0.0 else None)
+        except Exception as exc:  # this request fails alone; its row still runs the prefill, then leaves
+            _failed(results[i], i, len(requests), exc)
+            rngs.append(None)
     longest = max(len(r.prompt_ids) for r in requests)
     ids = np.full((len(requests), longest), pad_token_id, dtype=np.int64)
     mask = np.zeros_like(ids)
@@ -81,10 +95,18 @@ def generate_batch(
     logits, past = decoder.step(ids, mask, decoder.empty_past(len(requests)))
     rows = list(range(len(requests)))  # request index of each batch row
     while True:
-        tokens = next_tokens(logits[:, -1], [requests[r] for r in rows], [rngs[r] for r in rows])
+        tokens = np.zeros(len(rows), dtype=np.int64)
         keep = []
         for b, r in enumerate(rows):
-            token = int(tokens[b])
+            if results[r].error is not None:
+                continue
+            with np.errstate(all="ignore"):  # a NaN from one row's sampling is that row's error, not a warning
+                try:
+                    token = next_token(logits[b, -1], requests[r], rngs[r])
+                except Exception as exc:  # one request's sampling fails alone; the other rows go on
+                    _failed(results[r], r, len(requests), exc)
+                    continue
+            tokens[b] = token
             if eos_token_id is not None and token == eos_token_id:
                 results[r].finish_reason = "stop"
                 continue

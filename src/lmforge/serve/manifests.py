@@ -46,6 +46,8 @@ PREDICTOR_OPTIONS = (
     "max_batch_size",
     "max_wait_ms",
     "max_queue",
+    "max_prompts_per_request",
+    "max_request_bytes",
     "default_max_tokens",
     "max_tokens_limit",
     "default_temperature",

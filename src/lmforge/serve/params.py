@@ -6,6 +6,7 @@ which each route answers with HTTP 400 and the message.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,13 @@ from typing import Any
 from lmforge.errors import LmforgeError
 
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed")
+# The domains the decoder accepts. A seed seeds numpy's ``default_rng`` (``SeedSequence``: non-negative integers;
+# bounded to 64 bits, what OpenAI's int64 seed and orjson carry). The sampler divides float32 logits by the
+# temperature in float64: below MIN_TEMPERATURE the quotient can overflow to inf and the probabilities to NaN, and
+# the distribution is greedy to within rounding anyway, so such a temperature is refused (0 asks for greedy).
+MAX_SEED = 2**64 - 1
+MIN_TEMPERATURE = 0.01
+MAX_TEMPERATURE = 2.0
 # A prompt longer than this many characters per context token cannot fit (no BPE token is that long), so it is
 # refused before it is tokenized on the event loop.
 MAX_CHARS_PER_TOKEN = 64
@@ -34,6 +42,7 @@ class Limits:
     max_tokens_limit: int
     default_max_tokens: int
     default_temperature: float
+    max_prompts: int
 
 
 @dataclass(frozen=True)
@@ -47,16 +56,24 @@ class Sampling:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """A JSON number that is finite (not a bool, NaN or an infinity)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def parse_sampling(raw: Mapping[str, Any], limits: Limits, *, where: str = "") -> Sampling:
-    """Sampling settings from ``raw`` (missing keys take the defaults); raise :class:`RequestError` if invalid."""
+    """Sampling settings from ``raw`` (missing keys take the defaults); raise :class:`RequestError` if invalid.
+
+    Every value is checked against the domain the decoder accepts, so a request that passes cannot fail decoding.
+    """
     at = f"{where}." if where else ""
     max_tokens = raw.get("max_tokens", limits.default_max_tokens)
     if max_tokens is None:
         max_tokens = limits.default_max_tokens
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+    if not _integer(max_tokens) or max_tokens < 1:
         raise RequestError(f"{at}max_tokens must be a positive integer, got {max_tokens!r}", "max_tokens")
     if max_tokens > limits.max_tokens_limit:
         raise RequestError(
@@ -65,17 +82,33 @@ def parse_sampling(raw: Mapping[str, Any], limits: Limits, *, where: str = "") -
     temperature = raw.get("temperature", limits.default_temperature)
     if temperature is None:
         temperature = limits.default_temperature
-    if not _number(temperature) or not 0.0 <= temperature <= 2.0:
-        raise RequestError(f"{at}temperature must be a number in [0, 2], got {temperature!r}", "temperature")
+    if not _number(temperature) or not (temperature == 0 or MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE):
+        raise RequestError(
+            f"{at}temperature must be 0 (greedy) or a number in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], "
+            f"got {temperature!r}",
+            "temperature",
+        )
     top_p = raw.get("top_p", 1.0)
     if top_p is None:
         top_p = 1.0
     if not _number(top_p) or not 0.0 < top_p <= 1.0:
         raise RequestError(f"{at}top_p must be a number in (0, 1], got {top_p!r}", "top_p")
     seed = raw.get("seed")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise RequestError(f"{at}seed must be an integer, got {seed!r}", "seed")
+    if seed is not None and (not _integer(seed) or not 0 <= seed <= MAX_SEED):
+        raise RequestError(f"{at}seed must be an integer in [0, 2**64 - 1], got {seed!r}", "seed")
     return Sampling(max_tokens, float(temperature), float(top_p), seed)
+
+
+def check_prompt_count(count: int, limits: Limits, where: str = "prompt") -> None:
+    """Refuse a request with no prompt or more than ``limits.max_prompts``, before any per-prompt work."""
+    if count < 1:
+        raise RequestError(f"{where} holds no prompt", "prompt")
+    if count > limits.max_prompts:
+        raise RequestError(
+            f"{where} holds {count} prompts; this server takes at most {limits.max_prompts} per request "
+            "(serve.max_prompts_per_request): split it into several requests",
+            "prompt",
+        )
 
 
 def check_prompt(prompt: Any, limits: Limits, where: str = "prompt") -> str:
@@ -89,6 +122,12 @@ def check_prompt(prompt: Any, limits: Limits, where: str = "prompt") -> str:
             f"{where} has {len(prompt)} characters, far more than the model's context of {limits.context} tokens",
             "prompt",
         )
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RequestError(
+            f"{where} is not valid Unicode text: {exc.reason} at character {exc.start}", "prompt"
+        ) from exc
     return prompt
 
 

@@ -11,13 +11,18 @@ Routes (the ``kserve.ModelServer`` serves the first two; :mod:`lmforge.serve.ope
   (``BYTES [n]``), ``token_ids`` (``INT64 [n, longest]``, right-padded with -1) and ``token_count`` (``INT32 [n]``).
 * OpenAI ``POST /openai/v1/completions`` (with ``stream: true`` as server-sent events).
 
-Every prompt becomes one row of the dynamic batcher (:mod:`lmforge.serve.batcher`); a bad request raises
-``kserve.errors.InvalidInput`` (HTTP 400 with the message) before anything is queued.
+Every prompt becomes one row of the dynamic batcher (:mod:`lmforge.serve.batcher`). A request is checked in this
+order, each step before any work of the next: its prompt count (``serve.max_prompts_per_request``), a place in the
+queue for all its prompts (else HTTP 503, nothing done), then each prompt and its sampling settings, tokenized in a
+worker thread (the event loop keeps answering health checks and other requests meanwhile). A bad request raises
+``kserve.errors.InvalidInput`` (HTTP 400 with the message) before anything is queued; a request whose own decoding
+fails gets HTTP 500 alone, the other requests of its batch are answered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -28,9 +33,10 @@ import numpy as np
 from fastapi import HTTPException
 
 from lmforge.config.serve import ServeConfig
+from lmforge.errors import LmforgeError
 from lmforge.model.build import load_tokenizer
 from lmforge.onnx_runtime import OrtDecoderWithPast
-from lmforge.serve._kserve import InferOutput, InferRequest, InferResponse, InvalidInput, Model
+from lmforge.serve._kserve import InferenceError, InferOutput, InferRequest, InferResponse, InvalidInput, Model
 from lmforge.serve.batcher import DoneEvent, DynamicBatcher, ErrorEvent, Event, QueueFullError, TokenEvent
 from lmforge.serve.generate import GenerationRequest, GenerationResult, TokenCallback, generate_batch
 from lmforge.serve.model_dir import ServedModel, context_length
@@ -41,12 +47,27 @@ from lmforge.serve.params import (
     Sampling,
     check_length,
     check_prompt,
+    check_prompt_count,
     parse_sampling,
 )
 
 log = logging.getLogger("lmforge.serve")
 
 TEXT_INPUT = "text"
+
+
+class DecodingError(LmforgeError):
+    """This request's own decoding failed (HTTP 500); the other requests of its batch were answered."""
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One prompt of a request, not yet checked: the prompt, its sampling keys, and their names for messages."""
+
+    prompt: Any
+    raw: Mapping[str, Any]
+    where: str = "prompt"
+    params_at: str = ""
 
 
 @dataclass(frozen=True)
@@ -117,6 +138,8 @@ class LmforgePredictor(Model):
         self.limits: Limits | None = None
         self.eos_token_id: int | None = None
         self.pad_token_id = 0
+        # One thread tokenizes, off the event loop; calls never overlap on the one shared tokenizer object.
+        self._tokenize = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmforge-tokenize")
 
     def load(self) -> bool:
         """Open the ONNX Runtime session and the tokenizer; set ``ready``."""
@@ -130,6 +153,7 @@ class LmforgePredictor(Model):
             max_tokens_limit=self.cfg.max_tokens_limit,
             default_max_tokens=self.cfg.default_max_tokens,
             default_temperature=self.cfg.default_temperature,
+            max_prompts=self.cfg.max_prompts_per_request,
         )
         self.batcher = DynamicBatcher(
             self._run_batch,
@@ -153,6 +177,7 @@ class LmforgePredictor(Model):
         """Stop the batcher."""
         if self.batcher is not None:
             self.batcher.close()
+        self._tokenize.shutdown(wait=False, cancel_futures=True)
         super().stop()
 
     def _run_batch(self, requests: Sequence[GenerationRequest], on_token: TokenCallback) -> list[GenerationResult]:
@@ -163,27 +188,35 @@ class LmforgePredictor(Model):
 
     # ---- requests -------------------------------------------------------------------------------------------
 
-    def prepare(self, prompt: Any, raw: Mapping[str, Any], where: str = "prompt", params_at: str = "") -> Prepared:
-        """Validate and tokenize one prompt with its sampling keys; raise :class:`RequestError` if invalid.
-
-        ``where`` names the prompt and ``params_at`` the object holding the sampling keys in error messages.
-        """
+    def prepare(self, ask: Ask) -> Prepared:
+        """Validate and tokenize one prompt with its sampling keys; raise :class:`RequestError` if invalid."""
         assert self.limits is not None
-        text = check_prompt(prompt, self.limits, where)
-        sampling = parse_sampling(raw, self.limits, where=params_at)
+        text = check_prompt(ask.prompt, self.limits, ask.where)
+        sampling = parse_sampling(ask.raw, self.limits, where=ask.params_at)
         ids = tuple(int(i) for i in self.tokenizer(text)["input_ids"])
-        check_length(len(ids), sampling, self.limits, where)
+        check_length(len(ids), sampling, self.limits, ask.where)
         return Prepared(ids, sampling)
 
-    def submit(self, prepared: Prepared, *, stream: bool = False) -> asyncio.Queue[Event]:
-        """Queue a prepared prompt; its events (token events only if ``stream``) arrive on the returned queue."""
-        assert self.batcher is not None
-        return self.batcher.submit(prepared.request(), stream=stream)
+    async def submit(
+        self, asks: Sequence[Ask], *, stream: bool = False, where: str = "prompt"
+    ) -> list[tuple[Prepared, asyncio.Queue[Event]]]:
+        """Check, tokenize and queue every prompt of one request; each one's events arrive on its queue (token
+        events only if ``stream``).
 
-    async def complete(self, prepared: Sequence[Prepared]) -> list[Completion]:
-        """Generate every prompt (queued together, so they may share batches); results in order."""
-        queues = [self.submit(p) for p in prepared]
-        results = await asyncio.gather(*(_finished(q) for q in queues))
+        Raises :class:`RequestError` for too many prompts or a bad one, :class:`QueueFullError` when the queue
+        cannot take them all; either way nothing is queued.
+        """
+        assert self.batcher is not None and self.limits is not None
+        check_prompt_count(len(asks), self.limits, where)
+        with self.batcher.reserve(len(asks)) as places:
+            loop = asyncio.get_running_loop()
+            prepared = await loop.run_in_executor(self._tokenize, lambda: [self.prepare(a) for a in asks])
+            return [(p, places.submit(p.request(), stream=stream)) for p in prepared]
+
+    async def complete(self, asks: Sequence[Ask], where: str = "prompt") -> list[Completion]:
+        """Generate every prompt of one request (queued together, so they may share batches); results in order."""
+        queued = await self.submit(asks, where=where)
+        results = await asyncio.gather(*(_finished(q) for _, q in queued))
         return [
             Completion(
                 text=self.tokenizer.decode(done.result.token_ids, skip_special_tokens=True),
@@ -192,13 +225,13 @@ class LmforgePredictor(Model):
                 prompt_tokens=len(p.prompt_ids),
                 batch_size=done.batch_size,
             )
-            for p, done in zip(prepared, results, strict=True)
+            for (p, _), done in zip(queued, results, strict=True)
         ]
 
-    async def stream(self, prepared: Prepared) -> AsyncIterator[tuple[str, DoneEvent | None]]:
-        """Text deltas of one prompt as its tokens arrive; the last item carries the :class:`DoneEvent`."""
+    async def stream(self, events: asyncio.Queue[Event]) -> AsyncIterator[tuple[str, DoneEvent | None]]:
+        """Text deltas of one queued prompt (see :meth:`submit` with ``stream``) as its tokens arrive; the last
+        item carries the :class:`DoneEvent`."""
         stream = TextStream(self.tokenizer)
-        events = self.submit(prepared, stream=True)
         while True:
             event = await events.get()
             if isinstance(event, TokenEvent):
@@ -208,7 +241,7 @@ class LmforgePredictor(Model):
                 yield stream.finish(), event
                 return
             else:
-                raise event.error
+                raise _decoding_error(event)
 
     # ---- kserve handlers ------------------------------------------------------------------------------------
 
@@ -224,6 +257,8 @@ class LmforgePredictor(Model):
             raise InvalidInput(str(exc)) from exc
         except QueueFullError as exc:
             raise HTTPException(status_code=503, detail=str(exc)) from exc
+        except DecodingError as exc:
+            raise InferenceError(str(exc)) from exc
 
     async def _predict_v1(self, payload: Any) -> dict[str, Any]:
         if isinstance(payload, bytes):
@@ -237,17 +272,17 @@ class LmforgePredictor(Model):
             raise RequestError("'instances' must be a non-empty list of prompts")
         if not isinstance(defaults, dict) or set(defaults) - set(SAMPLING_KEYS):
             raise RequestError(f"'parameters' must be an object with keys among {list(SAMPLING_KEYS)}")
-        prepared = []
+        check_prompt_count(len(instances), self.limits, "instances")
+        asks = []
         for i, instance in enumerate(instances):
             where = f"instances[{i}]"
             if isinstance(instance, dict):
                 if unknown := sorted(set(instance) - {"prompt", *SAMPLING_KEYS}):
                     raise RequestError(f"{where}: unknown field(s) {unknown}")
-                merged = {**defaults, **instance}
-                prepared.append(self.prepare(instance.get("prompt"), merged, f"{where}.prompt", where))
+                asks.append(Ask(instance.get("prompt"), {**defaults, **instance}, f"{where}.prompt", where))
             else:
-                prepared.append(self.prepare(instance, defaults, where, "parameters"))
-        completions = await self.complete(prepared)
+                asks.append(Ask(instance, defaults, where, "parameters"))
+        completions = await self.complete(asks, "instances")
         return {
             "predictions": [
                 {
@@ -269,17 +304,18 @@ class LmforgePredictor(Model):
         tensor = request.inputs[0]
         if tensor.datatype != "BYTES":
             raise RequestError(f"input '{TEXT_INPUT}' must have datatype BYTES, got {tensor.datatype}")
+        assert self.limits is not None
+        check_prompt_count(int(np.prod(tensor.shape)), self.limits, f"input '{TEXT_INPUT}'")
         try:
             values = tensor.as_numpy().reshape(-1).tolist()
         except ValueError as exc:
             raise RequestError(f"input '{TEXT_INPUT}': data does not match shape {tensor.shape}: {exc}") from exc
-        if not values:
-            raise RequestError(f"input '{TEXT_INPUT}' holds no prompt")
         params = dict(request.parameters or {})
         raw = {k: params[k] for k in SAMPLING_KEYS if k in params}
-        prompts = [v.decode("utf-8") if isinstance(v, bytes) else v for v in values]
-        prepared = [self.prepare(p, raw, f"{TEXT_INPUT}[{i}]", "parameters") for i, p in enumerate(prompts)]
-        completions = await self.complete(prepared)
+        asks = [
+            Ask(_text(v, f"{TEXT_INPUT}[{i}]"), raw, f"{TEXT_INPUT}[{i}]", "parameters") for i, v in enumerate(values)
+        ]
+        completions = await self.complete(asks, f"input '{TEXT_INPUT}'")
         longest = max(len(c.token_ids) for c in completions)
         ids = np.full((len(completions), longest), -1, dtype=np.int64)
         for i, c in enumerate(completions):
@@ -325,7 +361,23 @@ async def _finished(events: asyncio.Queue[Event]) -> DoneEvent:
         if isinstance(event, DoneEvent):
             return event
         if isinstance(event, ErrorEvent):
-            raise event.error
+            raise _decoding_error(event)
+
+
+def _decoding_error(event: ErrorEvent) -> DecodingError:
+    error = DecodingError(f"decoding this request failed: {type(event.error).__name__}: {event.error}")
+    error.__cause__ = event.error
+    return error
+
+
+def _text(value: Any, where: str) -> Any:
+    """A v2 BYTES element as text (the binary extension hands bytes); other values go to the prompt check."""
+    if not isinstance(value, bytes):
+        return value
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestError(f"{where} is not UTF-8 text: {exc.reason} at byte {exc.start}", "prompt") from exc
 
 
 def _output(name: str, data: np.ndarray, datatype: str) -> InferOutput:

@@ -12,7 +12,7 @@ same path and with the request and response fields of OpenAI's completions API (
 * ``GET /lmforge/v1/models/<name>/stats`` — how many batches of each size ran (dynamic batching at work).
 
 Errors have OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}`` (400 bad request, 404 unknown
-model, 503 queue full).
+model, 413 body too large, 500 this request's decoding failed, 503 queue full).
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from lmforge.serve.batcher import QueueFullError
-from lmforge.serve.params import SAMPLING_KEYS, RequestError
-from lmforge.serve.predictor import LmforgePredictor, Prepared
+from lmforge.serve.batcher import Event, QueueFullError
+from lmforge.serve.http_guard import openai_error, parse_json
+from lmforge.serve.params import SAMPLING_KEYS, RequestError, check_prompt_count
+from lmforge.serve.predictor import Ask, DecodingError, LmforgePredictor
 
 OPENAI_PREFIX = "/openai/v1"
 STATS_PATH = "/lmforge/v1/models/{model_name}/stats"
@@ -50,9 +51,7 @@ UNSUPPORTED = {
 
 
 def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse(
-        status_code=status, content={"error": {"message": message, "type": kind, "param": param, "code": None}}
-    )
+    return JSONResponse(status_code=status, content=openai_error(message, param, kind))
 
 
 def _parse_body(body: Any) -> tuple[str, list[Any], dict[str, Any], bool]:
@@ -69,8 +68,6 @@ def _parse_body(body: Any) -> tuple[str, list[Any], dict[str, Any], bool]:
         raise RequestError("model must be the name of a served model", "model")
     prompt = body.get("prompt")
     prompts = prompt if isinstance(prompt, list) else [prompt]
-    if not prompts:
-        raise RequestError("prompt is an empty list", "prompt")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise RequestError(f"stream must be true or false, got {stream!r}", "stream")
@@ -83,20 +80,22 @@ def _chunk(cid: str, created: int, model: str, index: int, text: str, finish: st
     return f"data: {json.dumps(body)}\n\n"
 
 
-async def _events(predictor: LmforgePredictor, prepared: list[Prepared], cid: str, created: int) -> AsyncIterator[str]:
+async def _events(
+    predictor: LmforgePredictor, queues: list[asyncio.Queue[Event]], cid: str, created: int
+) -> AsyncIterator[str]:
     """Server-sent events of every prompt's deltas, interleaved as they arrive, then ``[DONE]``."""
     merged: asyncio.Queue[tuple[int, str, str | None, BaseException | None]] = asyncio.Queue()
 
-    async def pump(index: int, item: Prepared) -> None:
+    async def pump(index: int, events: asyncio.Queue[Event]) -> None:
         try:
-            async for delta, done in predictor.stream(item):
+            async for delta, done in predictor.stream(events):
                 finish = done.result.finish_reason if done is not None else None
                 if delta or finish:
                     await merged.put((index, delta, finish, None))
         except Exception as exc:  # reported to the client as an error event; the stream then ends
             await merged.put((index, "", None, exc))
 
-    tasks = [asyncio.create_task(pump(i, p)) for i, p in enumerate(prepared)]
+    tasks = [asyncio.create_task(pump(i, q)) for i, q in enumerate(queues)]
     try:
         left = len(tasks)
         while left:
@@ -121,24 +120,26 @@ def build_router(models: Mapping[str, LmforgePredictor]) -> APIRouter:
     @router.post(f"{OPENAI_PREFIX}/completions")
     async def completions(request: Request) -> Any:
         try:
-            body = await request.json()
-        except ValueError as exc:
-            return _error(400, f"the request body is not valid JSON: {exc}")
-        try:
-            name, prompts, raw, stream = _parse_body(body)
+            name, prompts, raw, stream = _parse_body(parse_json(await request.body()))
             predictor = models.get(name)
             if predictor is None:
                 return _error(404, f"model {name!r} is not served here (models: {sorted(models)})", "model")
+            assert predictor.limits is not None
+            check_prompt_count(len(prompts), predictor.limits, "the prompt list")
             where = "prompt" if len(prompts) == 1 else "prompt[{}]"
-            prepared = [predictor.prepare(p, raw, where.format(i)) for i, p in enumerate(prompts)]
+            asks = [Ask(p, raw, where.format(i)) for i, p in enumerate(prompts)]
             cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
             if stream:
-                return StreamingResponse(_events(predictor, prepared, cid, created), media_type="text/event-stream")
-            completed = await predictor.complete(prepared)
+                queued = await predictor.submit(asks, stream=True, where="the prompt list")
+                events = _events(predictor, [q for _, q in queued], cid, created)
+                return StreamingResponse(events, media_type="text/event-stream")
+            completed = await predictor.complete(asks, "the prompt list")
         except RequestError as exc:
             return _error(400, str(exc), exc.param)
         except QueueFullError as exc:
             return _error(503, str(exc), kind="server_busy")
+        except DecodingError as exc:
+            return _error(500, str(exc), kind="server_error")
         prompt_tokens = sum(c.prompt_tokens for c in completed)
         completion_tokens = sum(len(c.token_ids) for c in completed)
         return {

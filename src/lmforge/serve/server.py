@@ -2,8 +2,10 @@
 
 ``kserve.ModelServer`` registers the model and owns the data plane; its ``RESTServer`` serves the v1 and v2
 routes, ``/metrics`` and the health checks, with lmforge's OpenAI and stats routes (:mod:`lmforge.serve.routes`)
-on the same app. The only departure from ``ModelServer.start``: the listening address is ``host`` (kserve always
-binds 0.0.0.0, right in a pod and wrong on a laptop), and gRPC is off. One server per process: kserve serves
+on the same app. The departures from ``ModelServer.start``: the listening address is ``host`` (kserve always
+binds 0.0.0.0, right in a pod and wrong on a laptop), gRPC is off, every request body passes
+:class:`lmforge.serve.http_guard.RequestGuard` first, and the log holds one access line per request (kserve's
+per-request timings and its traceback per client error are left out). One server per process: kserve serves
 from one module-level FastAPI app.
 """
 
@@ -14,8 +16,11 @@ import logging
 import tempfile
 from pathlib import Path
 
+from fastapi import FastAPI
+
 from lmforge.config.serve import ServeConfig
 from lmforge.serve._kserve import FASTAPI_APP_IMPORT_STRING, ModelServer, RESTServer, app
+from lmforge.serve.http_guard import RequestGuard, quiet_client_errors
 from lmforge.serve.model_dir import fetch_release, resolve_served_model
 from lmforge.serve.predictor import LmforgePredictor
 from lmforge.serve.routes import build_router
@@ -55,11 +60,23 @@ def serve_model(
         _serve_until_stopped(predictor, host=host, port=port, grace_period_s=grace_period_s)
 
 
+class _RESTServer(RESTServer):
+    """kserve's REST server with lmforge's client-error handlers in place of kserve's."""
+
+    def _add_exception_handlers(self, app: FastAPI) -> None:
+        super()._add_exception_handlers(app)
+        quiet_client_errors(app)
+
+
 def _serve_until_stopped(predictor: LmforgePredictor, *, host: str, port: int, grace_period_s: int) -> None:
     server = ModelServer(http_port=port, enable_grpc=False, workers=1, grace_period=grace_period_s)
     server.register_model(predictor)
     app.include_router(build_router({predictor.name: predictor}))
-    rest = RESTServer(
+    app.add_middleware(RequestGuard, max_body_bytes=predictor.cfg.max_request_bytes)
+    # kserve's TimingMiddleware logs two INFO lines per request (wall and CPU time); only its warnings are kept,
+    # so a request logs its one uvicorn access line.
+    logging.getLogger("kserve.trace").setLevel(logging.WARNING)
+    rest = _RESTServer(
         FASTAPI_APP_IMPORT_STRING,
         server.dataplane,
         server.model_repository_extension,

@@ -15,7 +15,7 @@ from lmforge.config import ExportConfig
 from lmforge.errors import InputDataError
 from lmforge.export.onnx_export import run as export_onnx
 from lmforge.onnx_runtime import OrtDecoderWithPast
-from lmforge.serve.batcher import DoneEvent, DynamicBatcher, QueueFullError, TokenEvent
+from lmforge.serve.batcher import DoneEvent, DynamicBatcher, ErrorEvent, QueueFullError, TokenEvent
 from lmforge.serve.generate import GenerationRequest, generate_batch
 from lmforge.serve.model_dir import resolve_served_model
 from tests.support.serve_helpers import redraw_weights
@@ -112,6 +112,52 @@ def test_batcher_refuses_requests_beyond_its_queue() -> None:
         batcher.submit(GenerationRequest((1,), 1))
         with pytest.raises(QueueFullError, match="2 requests are waiting"):
             batcher.submit(GenerationRequest((1,), 1))
+        batcher.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_request_whose_own_decoding_fails_fails_alone_in_its_batch(decoder) -> None:
+    """Requests that bypass the predictor's checks (seed -1: numpy refuses it; temperature 1e-310: the tempered
+    logits overflow and the probabilities are NaN) fail in decoding; the other rows of their batch decode as if
+    alone, and the batcher gives each request its own outcome."""
+    good = [GenerationRequest(PROMPTS[0], 5), GenerationRequest(PROMPTS[2], 5, temperature=1.2, seed=3)]
+    bad = [
+        GenerationRequest(PROMPTS[1], 5, temperature=1.0, seed=-1),
+        GenerationRequest(PROMPTS[3], 5, temperature=1e-310, seed=1),
+    ]
+    batch = [good[0], bad[0], good[1], bad[1]]
+    results = generate_batch(decoder, batch, eos_token_id=None, pad_token_id=1)
+    assert [r.finish_reason for r in results] == ["length", "error", "length", "error"]
+    assert "non-negative" in str(results[1].error) and "NaN" in str(results[3].error)
+    assert results[0].token_ids == _alone(decoder, good[0]) and results[2].token_ids == _alone(decoder, good[1])
+
+    def run(requests, on_token):
+        return generate_batch(decoder, requests, eos_token_id=None, pad_token_id=1, on_token=on_token)
+
+    async def scenario() -> list:
+        batcher = DynamicBatcher(run, max_batch_size=4, max_wait_ms=50.0, max_queue=8)
+        queues = [batcher.submit(r) for r in batch]
+        events = [await q.get() for q in queues]
+        batcher.close()
+        return events
+
+    events = asyncio.run(scenario())
+    assert [type(e) for e in events] == [DoneEvent, ErrorEvent, DoneEvent, ErrorEvent]
+    assert events[0].batch_size == 4 and events[0].result.token_ids == results[0].token_ids
+
+
+def test_batcher_reserves_places_for_all_prompts_of_a_request_or_refuses_it_whole() -> None:
+    async def scenario() -> None:
+        batcher = DynamicBatcher(lambda r, cb: [], max_batch_size=1, max_wait_ms=0.0, max_queue=4)
+        batcher.submit(GenerationRequest((1,), 1))
+        with batcher.reserve(2) as places:
+            with pytest.raises(QueueFullError, match="3 requests are waiting and this one brings"), batcher.reserve(2):
+                pass
+            places.submit(GenerationRequest((1,), 1))
+        # the place the reservation still held is free again: one waits, one was submitted, two are free
+        with batcher.reserve(2):
+            pass
         batcher.close()
 
     asyncio.run(scenario())

@@ -151,7 +151,7 @@ def test_openai_completion_and_its_stream_carry_the_same_text(server, expected) 
         ("v1", {"instances": [{"prompt": "hi", "colour": "red"}]}, "unknown field"),
         ("v1", {"instances": ["word " * 40], "parameters": {"max_tokens": 30}}, "exceeds the model's context of 64"),
         ("openai", {"prompt": ""}, "prompt is empty"),
-        ("openai", {"prompt": "hi", "temperature": "hot"}, "temperature must be a number"),
+        ("openai", {"prompt": "hi", "temperature": "hot"}, "temperature must be 0 (greedy) or a number"),
         ("openai", {"prompt": "hi", "max_tokens": LIMIT + 1}, f"exceeds this server's limit of {LIMIT}"),
         ("openai", {"prompt": "word " * 60, "max_tokens": 10}, "exceeds the model's context of 64"),
         ("openai", {"prompt": "x" * 5000}, "characters, far more than the model's context"),
