@@ -112,9 +112,20 @@ def check_tensor_only(folder: str | Path, *, uri: str | None = None) -> None:
 
 
 def _unpickler_reason(lines: list[str]) -> str:
-    """The informative part of PyTorch's multi-paragraph weights_only error: the global it refused."""
+    """The informative part of PyTorch's multi-paragraph weights_only error: the global it refused.
+
+    PyTorch words it as ``Unsupported global: GLOBAL io.open was not an allowed global`` or, for a module it
+    blocks outright (``os``, ``subprocess``, ``builtins``' import machinery; torch >= 2.7),
+    ``Trying to load unsupported GLOBAL posix.system whose module posix is blocked``; either becomes
+    ``Unsupported global: GLOBAL <name>``, with the blocked module said.
+    """
     for line in lines:
-        if match := re.search(r"Unsupported (global|operand): \S+ \S+", line):
+        if match := re.search(
+            r"unsupported (?:global: )?GLOBAL (\S+)(?: whose module (\S+) is blocked)?", line, re.IGNORECASE
+        ):
+            blocked = f" (module {match[2]} is blocked)" if match[2] else ""
+            return f"Unsupported global: GLOBAL {match[1]}{blocked}"
+        if match := re.search(r"Unsupported operand: \S+", line):
             return match[0]
     return lines[-1][:300]
 

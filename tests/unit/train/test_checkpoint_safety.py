@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -65,6 +67,32 @@ def test_a_crafted_pickle_in_a_checkpoint_is_refused_before_it_is_unpickled(tmp_
         match=r"step-00000004/deepspeed/mp_rank_00_model_states\.pt: refused.*Unsupported global: GLOBAL io\.open",
     ):
         ckpt.fetch(4, tmp_path / "work")
+    assert not marker.exists()
+
+
+class _ShellPayload:
+    """Unpickling this runs a shell command that creates ``marker``: a real attack on ``torch.load``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {shlex.quote(self.marker)}",))
+
+
+def test_a_checkpoint_calling_a_blocked_module_is_refused_naming_the_global(tmp_path):
+    # torch >= 2.7 words a global of a blocked module (os, subprocess) differently from any other refused global
+    ckpt = Checkpointer(CheckpointConfig(dir=str(tmp_path / "ckpt"), every_steps=1), DistContext())
+    ckpt.save(2, lambda folder: torch.save({"w": torch.ones(2)}, folder / "optimizer.pt"))
+    folder = tmp_path / "ckpt" / step_name(2)
+    marker = tmp_path / "PWNED"
+    torch.save({"state": _ShellPayload(marker)}, folder / "optimizer.pt")
+    manifest = json.loads((folder / MANIFEST).read_text())
+    (folder / MANIFEST).write_text(json.dumps({**manifest, "files": describe_files(folder)}))
+
+    with pytest.raises(UnsafeCheckpointError) as refused:
+        ckpt.fetch(2, tmp_path / "work")
+    assert f"Unsupported global: GLOBAL {os.system.__module__}.system" in str(refused.value)
     assert not marker.exists()
 
 
