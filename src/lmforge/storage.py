@@ -102,8 +102,8 @@ def safe_join(root: str | os.PathLike[str], name: str, *, where: str) -> Path:
 def local_files(root: str | os.PathLike[str]) -> list[str]:
     """Relative POSIX paths of the regular files below ``root``, sorted; symbolic links are refused, not followed.
 
-    An artifact holds regular files only: following a link such as ``merges.txt -> /etc/secret`` would publish
-    whatever it points to.
+    An artifact, a model folder or a corpus folder holds regular files only: following a link such as
+    ``merges.txt -> /etc/secret`` would publish, load or train on whatever it points to.
 
     Raises:
         UnsafePathError: a symbolic link below ``root``, named with its target.
@@ -116,7 +116,7 @@ def local_files(root: str | os.PathLike[str]) -> list[str]:
             if path.is_symlink():
                 raise UnsafePathError(
                     f"{root}: {path.relative_to(root).as_posix()} is a symbolic link (to {os.readlink(path)}); "
-                    "artifacts are made of regular files only, copy the file in instead"
+                    "lmforge reads only regular files inside the folder it is given, copy the file in instead"
                 )
         names.extend(Path(dirpath, f).relative_to(root).as_posix() for f in filenames if Path(dirpath, f).is_file())
     return sorted(names)

@@ -15,6 +15,10 @@ dropped in chunks up to its newline), a ``.txt`` file larger than that, invalid 
 nested too deeply to parse are each one bad record (:mod:`lmforge.data.jsonl`). A UTF-8 byte order mark at
 the start of a file is accepted.
 
+Reading a local folder or glob never leaves it: a symbolic link below the folder (or below the glob's fixed
+leading folders), to a file or a folder, is refused with :class:`~lmforge.errors.UnsafePathError` naming it and
+its target, before any document is read.
+
 Every document carries ``source`` (``file:line``, ``file:row`` for Parquet, ``file`` for text files)
 and ``id`` (the record's ``id`` when present, else a stable hash of ``source``). Malformed records are
 counted (and passed to ``on_bad`` when given); one more than ``max_bad_records`` raises
@@ -33,6 +37,7 @@ import gzip
 import hashlib
 import itertools
 import logging
+import os
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -42,7 +47,7 @@ from typing import Any
 from lmforge import storage
 from lmforge.data import jsonl
 from lmforge.data.demo import is_demo, materialize
-from lmforge.errors import FieldMissingError, InputDataError
+from lmforge.errors import FieldMissingError, InputDataError, UnsafePathError
 from lmforge.scratch import scratch_dir
 
 log = logging.getLogger("lmforge.corpus")
@@ -169,7 +174,7 @@ class CorpusReader:
             return self._check_files([(p, str(p)) for p in _files_below(path)], explicit=False)
         if _GLOB_CHARS & set(uri):
             matches = sorted(glob.glob(uri, recursive=True))
-            files = [(Path(m), m) for m in matches if Path(m).is_file()]
+            files = [(Path(m), m) for m in matches if _no_link_below(_glob_base(uri), Path(m)).is_file()]
             if not files:
                 raise InputDataError(f"corpus not found: {uri} (the pattern matches no files)")
             return self._check_files(files, explicit=False)
@@ -324,11 +329,30 @@ def _hidden(relative: str) -> bool:
 
 
 def _files_below(root: Path) -> list[Path]:
-    """Every non-hidden file under ``root``, sorted by relative path."""
-    files = (p for p in root.rglob("*") if p.is_file())
-    return sorted(
-        (p for p in files if not _hidden(p.relative_to(root).as_posix())), key=lambda p: p.relative_to(root).as_posix()
-    )
+    """Every non-hidden file under ``root``, sorted by relative path; a symbolic link below ``root`` is refused."""
+    return [root / name for name in storage.local_files(root) if not _hidden(name)]
+
+
+def _glob_base(pattern: str) -> Path:
+    """The folder a glob pattern searches: its path up to the first segment with a glob character."""
+    return Path(*itertools.takewhile(lambda part: not _GLOB_CHARS & set(part), Path(pattern).parts))
+
+
+def _no_link_below(base: Path, match: Path) -> Path:
+    """``match``, after checking that neither it nor a folder between ``base`` and it is a symbolic link.
+
+    Raises:
+        UnsafePathError: naming the link and its target.
+    """
+    current = base
+    for part in match.relative_to(base).parts:
+        current = current / part
+        if current.is_symlink():
+            raise UnsafePathError(
+                f"{current} is a symbolic link (to {os.readlink(current)}); lmforge reads only regular files "
+                f"inside the folder it is given ({base}), copy the file in instead"
+            )
+    return match
 
 
 def first_file_uri(uri: str) -> str:
