@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -185,3 +186,57 @@ def test_deepspeed_resume_refuses_a_crafted_model_states_file_and_resumes_the_ol
     assert history["resumed_from"] == 2  # a real ZeRO-2 checkpoint loads through the weights_only allowlist
     [moved] = history["quarantined_checkpoints"]
     assert moved["uri"] == str(root / step_name(4)) and "Unsupported global: GLOBAL io.open" in moved["reason"]
+
+
+def _state_of_the_wrong_shape(folder: Path) -> str:
+    (folder / "trainer_state.json").write_text('{"step": 4, "history": []}')
+    return "trainer_state.json: 'global_batch' is missing"
+
+
+def _rng_of_the_wrong_shape(folder: Path) -> str:
+    (folder / "rng.json").write_text('[{"torch": [1, 2, 3], "cuda": null, "numpy": [], "python": []}]')
+    return "rng.json: the RNG state of rank 0 does not load"
+
+
+def _weights_of_another_model(folder: Path) -> str:
+    from safetensors.torch import save_file
+
+    save_file({"transformer.wte.weight": torch.zeros(7, 3)}, folder / "model.safetensors")
+    return "model.safetensors: tensor 'transformer.wte.weight' has shape [7, 3], the model's is"
+
+
+def _optimizer_of_another_model(folder: Path) -> str:
+    torch.save({"state": {}, "param_groups": [{"params": [0]}]}, folder / "optimizer.pt")
+    return "optimizer.pt: parameter groups of sizes [1], the optimizer's are"
+
+
+@pytest.fixture(scope="module")
+def two_checkpoints(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir) -> Path:
+    root = tmp_path_factory.mktemp("two-checkpoints")
+    pretrain.run(_cfg(4, str(root / "ckpt")), shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=root / "m")
+    assert complete_steps(str(root / "ckpt")) == [2, 4]
+    return root / "ckpt"
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [_state_of_the_wrong_shape, _rng_of_the_wrong_shape, _weights_of_another_model, _optimizer_of_another_model],
+)
+def test_a_newest_checkpoint_whose_files_resume_cannot_use_is_quarantined_and_the_older_one_resumed(
+    corrupt, tmp_path, two_checkpoints, tiny_shards_dir, tiny_tokenizer_dir
+):
+    root = tmp_path / "ckpt"
+    shutil.copytree(two_checkpoints, root)
+    newest = root / step_name(4)
+    expected = corrupt(newest)
+    manifest = json.loads((newest / MANIFEST).read_text())
+    (newest / MANIFEST).write_text(json.dumps({**manifest, "files": describe_files(newest)}))  # as a writer can
+
+    inputs = {"shards": tiny_shards_dir, "tokenizer": tiny_tokenizer_dir}
+    result = pretrain.run(_cfg(6, str(root)), **inputs, model=tmp_path / "second")
+
+    history = json.loads((tmp_path / "second" / HISTORY_FILE).read_text())
+    assert history["resumed_from"] == 2
+    [moved] = history["quarantined_checkpoints"]
+    assert moved["uri"] == str(newest) and f"{newest}/{expected}" in moved["reason"]
+    assert result.summary["quarantined_checkpoints"] == [str(newest)]
