@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from contextlib import closing
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -90,7 +90,8 @@ def fingerprint_uri(uri: str) -> str:
     path = Path(uri)
     if not path.exists():
         raise StorageError(f"no such file or directory: {uri}")
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    # a folder's symbolic links are refused (storage.local_files), never hashed as if they were its content
+    files = [path] if path.is_file() else [path / n for n in sorted(storage.local_files(path), key=PurePosixPath)]
     for file in files:
         name = file.name if path.is_file() else file.relative_to(path).as_posix()
         digest.update(f"{name}\0{sha256_file(file)}\n".encode())

@@ -50,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
 import shutil
 import time
@@ -101,17 +102,6 @@ def _check_name(kind: str, value: str) -> None:
         raise ConfigError(
             f"invalid {kind} {value!r}: use letters, digits, '.', '_' or '-', starting with a letter or digit"
         )
-
-
-def _occupied(uri: str) -> bool:
-    """True when anything exists at ``uri``.
-
-    On S3 ``storage.exists`` matches any key starting with the prefix (``.../v1`` also matches
-    ``.../v10/...``), so a release prefix is confirmed by listing below ``<uri>/``.
-    """
-    if not storage.exists(uri):
-        return False
-    return not storage.is_s3(uri) or bool(storage.list_files(uri))
 
 
 @contextlib.contextmanager
@@ -260,15 +250,18 @@ def promote(
         log.warning(
             "%s records no gate baseline (production); latest.json is moved without re-checking it", evaluation_dir
         )
-    if _occupied(target):
-        raise ReleaseExistsError(
-            f"release {target} already exists as {_state(target)}; releases are never overwritten, choose a new version"
-        )
+    refused = "releases are never overwritten, choose a new version"
+    if storage.is_file(release_manifest_uri):
+        raise ReleaseExistsError(f"release {target} already exists as a complete release; {refused}")
     claim = {"run_id": run_id, "claim_id": uuid.uuid4().hex, "claimed_at": _now()}
-    if not storage.create_if_absent(storage.join(target, CLAIM), json.dumps(claim).encode()):
+    claim_uri = storage.join(target, CLAIM)
+    if not storage.create_if_absent(claim_uri, json.dumps(claim).encode()):
+        raise ReleaseExistsError(f"release {target} {_held_by_another(target)}; {refused}")
+    if leftovers := _leftovers(target):
+        storage.delete(claim_uri)  # ours, taken a moment ago: nothing else was written
         raise ReleaseExistsError(
-            f"release {target} was claimed by a concurrent promotion; releases are never overwritten, "
-            "choose a new version"
+            f"release {target} already exists as an incomplete release ({leftovers[0]} and no {MANIFEST} or claim: "
+            f"an earlier promotion was interrupted); {refused}"
         )
 
     try:
@@ -532,9 +525,25 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
 
 
-def _state(target: str) -> str:
+def _held_by_another(target: str) -> str:
+    """What holds ``target`` when this promotion could not claim it: a complete release, or another's claim."""
     if storage.is_file(storage.join(target, MANIFEST)):
-        return "a complete release"
-    if storage.is_file(storage.join(target, CLAIM)):
-        return f"an incomplete release (claimed, no {MANIFEST}: a promotion is running or was interrupted)"
-    return f"an incomplete release (no {MANIFEST}; an earlier promotion was interrupted)"
+        return "already exists as a complete release"
+    claim_uri = storage.join(target, CLAIM)
+    try:
+        holder = parse_json_object(storage.read_bytes(claim_uri), claim_uri) or {}
+    except LmforgeError:  # released in the meantime: the other promotion failed and gave the version back
+        return "was claimed by a concurrent promotion"
+    by = f", run {holder['run_id']}" if holder.get("run_id") else ""
+    return (
+        f"is claimed by another promotion (since {holder.get('claimed_at', '?')}{by}): it is in progress, or it was "
+        f"killed before writing {MANIFEST} and `lmforge registry gc` removes its claim"
+    )
+
+
+def _leftovers(target: str) -> list[str]:
+    """What lies under ``target`` besides its claim (and another contender's claim being written), sorted."""
+    if storage.is_s3(target):
+        return [name for name in storage.list_files(target) if name != CLAIM]
+    in_flight = re.compile(rf"^\.{re.escape(CLAIM)}\..*\.tmp$")  # storage.create_if_absent's temporary name
+    return sorted(name for name in os.listdir(target) if name != CLAIM and not in_flight.match(name))

@@ -17,6 +17,7 @@ and local directories are listed without following symbolic links (:func:`local_
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import shutil
@@ -101,8 +102,8 @@ def safe_join(root: str | os.PathLike[str], name: str, *, where: str) -> Path:
 def local_files(root: str | os.PathLike[str]) -> list[str]:
     """Relative POSIX paths of the regular files below ``root``, sorted; symbolic links are refused, not followed.
 
-    An artifact holds regular files only: following a link such as ``merges.txt -> /etc/secret`` would publish
-    whatever it points to.
+    An artifact, a model folder or a corpus folder holds regular files only: following a link such as
+    ``merges.txt -> /etc/secret`` would publish, load or train on whatever it points to.
 
     Raises:
         UnsafePathError: a symbolic link below ``root``, named with its target.
@@ -115,7 +116,7 @@ def local_files(root: str | os.PathLike[str]) -> list[str]:
             if path.is_symlink():
                 raise UnsafePathError(
                     f"{root}: {path.relative_to(root).as_posix()} is a symbolic link (to {os.readlink(path)}); "
-                    "artifacts are made of regular files only, copy the file in instead"
+                    "lmforge reads only regular files inside the folder it is given, copy the file in instead"
                 )
         names.extend(Path(dirpath, f).relative_to(root).as_posix() for f in filenames if Path(dirpath, f).is_file())
     return sorted(names)
@@ -124,6 +125,21 @@ def local_files(root: str | os.PathLike[str]) -> list[str]:
 def write_error(path: str | os.PathLike[str], exc: OSError) -> StorageError:
     """The one-line error for a failed local write (disk full, quota, permission), naming ``path``."""
     return StorageError(f"cannot write {path}: {exc.strerror or exc}")
+
+
+_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
+"""What only a write fails with: a full disk, a quota, a file too large, a read-only file system."""
+
+
+def copy_error(source: str | os.PathLike[str], dest: str | os.PathLike[str], exc: OSError) -> StorageError:
+    """The one-line error for a failed local copy: ``cannot read <source>`` or ``cannot write <dest>``.
+
+    ``shutil.copyfile`` copies with ``sendfile`` and then sets ``filename`` to the *source* whatever failed
+    (a full destination disk included), so a write errno names the destination whatever ``filename`` says.
+    """
+    if exc.errno not in _WRITE_ERRNOS and exc.filename is not None and Path(exc.filename) == Path(source):
+        return StorageError(f"cannot read {source}: {exc.strerror or exc}")
+    return write_error(dest, exc)
 
 
 @functools.cache
@@ -350,9 +366,7 @@ def upload_file(local: str | Path, uri: str) -> None:
         os.replace(tmp, dest)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        if exc.filename is not None and Path(exc.filename) == Path(local):
-            raise StorageError(f"cannot read {local}: {exc.strerror or exc}") from exc
-        raise write_error(dest, exc) from exc
+        raise copy_error(local, dest, exc) from exc
 
 
 def download_file(uri: str, local: str | Path) -> Path:
@@ -369,9 +383,9 @@ def download_file(uri: str, local: str | Path) -> Path:
             shutil.copyfile(uri, local)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        if exc.filename is not None and not is_s3(uri) and Path(exc.filename) == Path(uri):
-            raise StorageError(f"cannot read {uri}: {exc.strerror or exc}") from exc
-        raise write_error(local, exc) from exc
+        if is_s3(uri):
+            raise write_error(local, exc) from exc
+        raise copy_error(uri, local, exc) from exc
     return local
 
 

@@ -7,13 +7,18 @@ directory first), or a ``demo://`` corpus. Formats by extension:
 * ``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst``, ``.json``: one JSON object per line; the text is in
   ``text_field``. A truncated or corrupt compressed stream counts as one bad record and ends that file.
 * ``.parquet``: one document per row; the text is in the ``text_field`` column. An unreadable file counts as
-  one bad record.
+  one bad record. A row group whose text and id columns hold more than ``max_record_bytes`` (file metadata)
+  has each row's size measured in Arrow before it becomes Python objects, and a larger row is one bad record.
 * ``.txt``: the whole file is one document.
 
 No record can crash the reader or take unbounded memory: a line longer than ``max_record_bytes`` (read and
-dropped in chunks up to its newline), a ``.txt`` file larger than that, invalid UTF-8, invalid JSON and JSON
-nested too deeply to parse are each one bad record (:mod:`lmforge.data.jsonl`). A UTF-8 byte order mark at
+dropped in chunks up to its newline), a ``.txt`` file or Parquet row larger than that, invalid UTF-8, invalid
+JSON and JSON nested too deeply to parse are each one bad record (:mod:`lmforge.data.jsonl`). A UTF-8 byte order mark at
 the start of a file is accepted.
+
+Reading a local folder or glob never leaves it: a symbolic link below the folder (or below the glob's fixed
+leading folders), to a file or a folder, is refused with :class:`~lmforge.errors.UnsafePathError` naming it and
+its target, before any document is read.
 
 Every document carries ``source`` (``file:line``, ``file:row`` for Parquet, ``file`` for text files)
 and ``id`` (the record's ``id`` when present, else a stable hash of ``source``). Malformed records are
@@ -33,6 +38,7 @@ import gzip
 import hashlib
 import itertools
 import logging
+import os
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -42,7 +48,7 @@ from typing import Any
 from lmforge import storage
 from lmforge.data import jsonl
 from lmforge.data.demo import is_demo, materialize
-from lmforge.errors import FieldMissingError, InputDataError
+from lmforge.errors import FieldMissingError, InputDataError, UnsafePathError
 from lmforge.scratch import scratch_dir
 
 log = logging.getLogger("lmforge.corpus")
@@ -169,7 +175,7 @@ class CorpusReader:
             return self._check_files([(p, str(p)) for p in _files_below(path)], explicit=False)
         if _GLOB_CHARS & set(uri):
             matches = sorted(glob.glob(uri, recursive=True))
-            files = [(Path(m), m) for m in matches if Path(m).is_file()]
+            files = [(Path(m), m) for m in matches if _no_link_below(_glob_base(uri), Path(m)).is_file()]
             if not files:
                 raise InputDataError(f"corpus not found: {uri} (the pattern matches no files)")
             return self._check_files(files, explicit=False)
@@ -249,13 +255,20 @@ class CorpusReader:
                     text_fields=text_columns[:FIELDS_KEPT],
                 )
             columns = [c for c in (self.text_field, "id") if c in parquet.schema_arrow.names]
-            for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH, columns=columns):
-                for record in batch.to_pylist():
-                    row += 1
-                    if row % stripe[1] != stripe[0]:
-                        continue
-                    if (doc := self._document(record, f"{name}:{row}", document_key(file_index, row))) is not None:
-                        yield doc
+            for group in range(parquet.num_row_groups):
+                checked = _column_bytes(parquet.metadata.row_group(group), columns) > self.max_record_bytes
+                for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH, row_groups=[group], columns=columns):
+                    sizes = _record_bytes(batch) if checked else None
+                    for index, record in enumerate(_records(batch, sizes, self.max_record_bytes)):
+                        row += 1
+                        if row % stripe[1] != stripe[0]:
+                            continue
+                        source = f"{name}:{row}"
+                        if record is None:
+                            problem = f"record larger than {self.max_record_bytes} bytes ({sizes[index]} bytes)"
+                            self._bad(BadRecord(source, problem))
+                        elif (doc := self._document(record, source, document_key(file_index, row))) is not None:
+                            yield doc
         except (OSError, ValueError) as exc:
             if stripe[0] == 0:  # one bad record for the file, counted once
                 self._bad(BadRecord(f"{name}:{row + 1}", f"not a readable Parquet file, rest of file skipped ({exc})"))
@@ -294,6 +307,42 @@ class CorpusReader:
         return Document(id=doc_id, text=text, source=source, key=key)
 
 
+def _column_bytes(row_group: Any, columns: Sequence[str]) -> int:
+    """Uncompressed bytes of ``columns`` in one Parquet row group (file metadata; nothing is read).
+
+    No value of the row group is larger, so a row group within the record limit needs no check per record.
+    """
+    chunks = (row_group.column(i) for i in range(row_group.num_columns))
+    return sum(c.total_uncompressed_size for c in chunks if c.path_in_schema.split(".")[0] in columns)
+
+
+def _record_bytes(batch: Any) -> list[int]:
+    """Bytes of each row of a Parquet batch: the lengths of its string and binary values (other types: 0)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    total = pa.array([0] * batch.num_rows, pa.int64())
+    for column in batch.columns:
+        kind = column.type
+        if (
+            pa.types.is_string(kind)
+            or pa.types.is_large_string(kind)
+            or pa.types.is_binary(kind)
+            or pa.types.is_large_binary(kind)
+        ):
+            total = pc.add(total, pc.fill_null(pc.binary_length(column).cast(pa.int64()), 0))
+    return total.to_pylist()
+
+
+def _records(batch: Any, sizes: list[int] | None, limit: int) -> Iterator[dict[str, Any] | None]:
+    """The rows of a Parquet batch as dicts; ``None`` for a row longer than ``limit`` bytes (never converted)."""
+    if sizes is None or max(sizes, default=0) <= limit:
+        yield from batch.to_pylist()
+        return
+    for index, size in enumerate(sizes):
+        yield None if size > limit else batch.slice(index, 1).to_pylist()[0]
+
+
 def _stream_errors(suffix: str) -> tuple[type[BaseException], ...]:
     """What a truncated or corrupt compressed file raises while it is read."""
     if suffix == ".jsonl.gz":
@@ -324,11 +373,30 @@ def _hidden(relative: str) -> bool:
 
 
 def _files_below(root: Path) -> list[Path]:
-    """Every non-hidden file under ``root``, sorted by relative path."""
-    files = (p for p in root.rglob("*") if p.is_file())
-    return sorted(
-        (p for p in files if not _hidden(p.relative_to(root).as_posix())), key=lambda p: p.relative_to(root).as_posix()
-    )
+    """Every non-hidden file under ``root``, sorted by relative path; a symbolic link below ``root`` is refused."""
+    return [root / name for name in storage.local_files(root) if not _hidden(name)]
+
+
+def _glob_base(pattern: str) -> Path:
+    """The folder a glob pattern searches: its path up to the first segment with a glob character."""
+    return Path(*itertools.takewhile(lambda part: not _GLOB_CHARS & set(part), Path(pattern).parts))
+
+
+def _no_link_below(base: Path, match: Path) -> Path:
+    """``match``, after checking that neither it nor a folder between ``base`` and it is a symbolic link.
+
+    Raises:
+        UnsafePathError: naming the link and its target.
+    """
+    current = base
+    for part in match.relative_to(base).parts:
+        current = current / part
+        if current.is_symlink():
+            raise UnsafePathError(
+                f"{current} is a symbolic link (to {os.readlink(current)}); lmforge reads only regular files "
+                f"inside the folder it is given ({base}), copy the file in instead"
+            )
+    return match
 
 
 def first_file_uri(uri: str) -> str:

@@ -28,7 +28,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from lmforge import storage
 from lmforge.artifacts import describe_files, input_record, read_json_file
 from lmforge.errors import ArtifactIncompleteError, InputDataError, LmforgeError
-from lmforge.model.build import WEIGHT_FILES, check_model_dir, load_tokenizer
+from lmforge.model.build import check_model_dir, load_tokenizer
+from lmforge.model.folder import WEIGHT_FILES, WEIGHT_INDEX, WEIGHTS, custom_code_problem, index_problem
 
 SUPPORTED_ARCHITECTURES = ("gpt2", "llama")
 """``config.model_type`` values a base model may have."""
@@ -85,13 +86,13 @@ def tokenizer_problem(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> st
 def fetch_metadata(uri: str | Path, workdir: str | Path) -> Path:
     """A local directory with a base model's ``config.json`` and tokenizer files (the directory itself when local).
 
-    For ``s3://`` only those files are downloaded, never the weights.
+    For ``s3://`` only those files (and ``model.safetensors.index.json``) are downloaded, never the weights.
     """
     if not storage.is_s3(str(uri)):
         if not Path(uri).is_dir():
             raise InputDataError(f"base model {uri}: not a directory")
         return Path(uri)
-    for name in sorted(set(storage.list_files(str(uri))) & {"config.json", *TOKENIZER_FILES}):
+    for name in sorted(set(storage.list_files(str(uri))) & {"config.json", WEIGHT_INDEX, *TOKENIZER_FILES}):
         storage.download_file(storage.join(str(uri), name), storage.safe_join(workdir, name, where=str(uri)))
     return Path(workdir)
 
@@ -116,7 +117,10 @@ def check_base_model(uri: str) -> str:
         return f"{uri}: no tokenizer.json (the base's fast tokenizer is what tokenize and every stage use)"
     with tempfile.TemporaryDirectory(prefix="lmforge-base-check-") as workdir:
         try:
-            problem = base_problem(fetch_metadata(uri, workdir))
+            local = fetch_metadata(uri, workdir)
+            problem = base_problem(local)
+            if not problem and WEIGHTS not in names:
+                problem = index_problem(read_json_file(local / WEIGHT_INDEX), names)
         except LmforgeError as exc:
             return str(exc).replace(workdir, str(uri))
         except (OSError, ValueError) as exc:  # what a tokenizer file that transformers cannot parse raises
@@ -157,7 +161,11 @@ def base_problem(local: str | Path) -> str | None:
     config = read_json_file(path)
     if not isinstance(config, dict):
         return "config.json is not a JSON object"
-    if problem := architecture_problem(config):
+    if problem := custom_code_problem("config.json", config) or architecture_problem(config):
+        return problem
+    tokenizer_config = Path(local, "tokenizer_config.json")
+    tok_config = read_json_file(tokenizer_config) if tokenizer_config.is_file() else {}
+    if isinstance(tok_config, dict) and (problem := custom_code_problem("tokenizer_config.json", tok_config)):
         return problem
     vocab_size = config.get("vocab_size")
     if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size <= 0:

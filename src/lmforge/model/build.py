@@ -25,9 +25,9 @@ from transformers import (
 from lmforge.config import ModelConfig
 from lmforge.contracts import HISTORY_FILE
 from lmforge.errors import InputDataError
+from lmforge.model.folder import refuse_custom_code, weight_files
 
 FUSED_GPT2_GELU = "gelu_pytorch_tanh"
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 
 
 def hf_config(cfg: ModelConfig, vocab_size: int, *, eos_id: int, pad_id: int) -> PretrainedConfig:
@@ -194,13 +194,16 @@ def _left_alone(params: list[torch.nn.Parameter]) -> Iterator[None]:
 
 
 def check_model_dir(path: str | Path) -> Path:
-    """Raise a clear error unless ``path`` is an HF causal-LM directory with weights."""
+    """Raise a clear error unless ``path`` is an HF causal-LM directory with weights inside it and no custom code.
+
+    See :mod:`lmforge.model.folder` for what is refused and why.
+    """
     path = Path(path)
     if not (path / "config.json").is_file():
         raise InputDataError(f"model directory {path}: no config.json")
-    if not any((path / name).is_file() for name in WEIGHT_FILES):
-        raise InputDataError(f"model directory {path}: no weights ({' or '.join(WEIGHT_FILES)})")
-    config = AutoConfig.from_pretrained(path)
+    refuse_custom_code(path)
+    weight_files(path)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=False)
     if not any(arch.endswith("ForCausalLM") or arch.endswith("LMHeadModel") for arch in config.architectures or []):
         raise InputDataError(f"model directory {path}: {config.architectures} is not a causal LM")
     return path
@@ -208,7 +211,7 @@ def check_model_dir(path: str | Path) -> Path:
 
 def load_causal_lm(path: str | Path, *, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
     """Load a model directory written by any lmforge training stage (eval mode)."""
-    model = AutoModelForCausalLM.from_pretrained(check_model_dir(path), dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(check_model_dir(path), dtype=dtype, trust_remote_code=False)
     return model.eval()
 
 
@@ -217,7 +220,8 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     path = Path(path)
     if not (path / "tokenizer.json").is_file():
         raise InputDataError(f"{path}: no tokenizer.json (expected an HF fast tokenizer directory)")
-    return AutoTokenizer.from_pretrained(path)
+    refuse_custom_code(path)
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
 
 
 def skip_deepspeed_import_on_unwrap() -> None:

@@ -112,9 +112,20 @@ def check_tensor_only(folder: str | Path, *, uri: str | None = None) -> None:
 
 
 def _unpickler_reason(lines: list[str]) -> str:
-    """The informative part of PyTorch's multi-paragraph weights_only error: the global it refused."""
+    """The informative part of PyTorch's multi-paragraph weights_only error: the global it refused.
+
+    PyTorch words it as ``Unsupported global: GLOBAL io.open was not an allowed global`` or, for a module it
+    blocks outright (``os``, ``subprocess``, ``builtins``' import machinery; torch >= 2.7),
+    ``Trying to load unsupported GLOBAL posix.system whose module posix is blocked``; either becomes
+    ``Unsupported global: GLOBAL <name>``, with the blocked module said.
+    """
     for line in lines:
-        if match := re.search(r"Unsupported (global|operand): \S+ \S+", line):
+        if match := re.search(
+            r"unsupported (?:global: )?GLOBAL (\S+)(?: whose module (\S+) is blocked)?", line, re.IGNORECASE
+        ):
+            blocked = f" (module {match[2]} is blocked)" if match[2] else ""
+            return f"Unsupported global: GLOBAL {match[1]}{blocked}"
+        if match := re.search(r"Unsupported operand: \S+", line):
             return match[0]
     return lines[-1][:300]
 
@@ -264,14 +275,17 @@ class Checkpointer:
         check_tensor_only(local, uri=uri)
         return local
 
-    def fetch_newest_valid(self, workdir: str | Path) -> tuple[int, Path] | None:
+    def fetch_newest_valid(
+        self, workdir: str | Path, check: Callable[[int, Path], None] | None = None
+    ) -> tuple[int, Path] | None:
         """The newest checkpoint that verifies, fetched into ``workdir``; newer bad ones are quarantined.
 
         Called on every rank. Rank 0 tries the complete checkpoints newest first; one that fails
-        :meth:`fetch` is moved to ``<dir>/quarantine/`` (:meth:`quarantine`) and the next older one is
-        tried. The other ranks then fetch the step rank 0 chose. Returns ``(step, local folder)``, or
-        ``None`` when no checkpoint verifies; either way :attr:`quarantined` lists
-        ``{"uri", "moved_to", "reason"}`` of each checkpoint moved aside.
+        :meth:`fetch`, or ``check(step, local folder)`` (which reads what resume will read and raises
+        :class:`ArtifactIncompleteError` when it is unusable), is moved to ``<dir>/quarantine/``
+        (:meth:`quarantine`) and the next older one is tried. The other ranks then fetch the step rank 0
+        chose. Returns ``(step, local folder)``, or ``None`` when no checkpoint verifies; either way
+        :attr:`quarantined` lists ``{"uri", "moved_to", "reason"}`` of each checkpoint moved aside.
         """
         chosen: int | None = None
         quarantined: list[dict[str, str]] = []
@@ -280,6 +294,11 @@ class Checkpointer:
             for step in reversed(complete_steps(self.root)):
                 try:
                     folder = self.fetch(step, Path(workdir, step_name(step)))
+                    if check is not None:
+                        try:
+                            check(step, folder)
+                        except ArtifactIncompleteError as exc:  # name the checkpoint, not the temporary copy
+                            raise type(exc)(str(exc).replace(str(folder), self.uri(step))) from exc
                 except ArtifactIncompleteError as exc:  # the content is bad; a storage outage is not caught
                     quarantined.append(self.quarantine(step, str(exc)))
                     continue

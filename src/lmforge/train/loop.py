@@ -46,6 +46,16 @@ from lmforge.errors import ConfigError, LmforgeError
 from lmforge.train.batches import Prefetcher, map_tensors
 from lmforge.train.distributed import DistContext
 from lmforge.train.mfu import device_peak_flops, mfu
+from lmforge.train.resume_state import (
+    MODEL_STATE,
+    OPTIMIZER_STATE,
+    RNG_STATE,
+    TRAINER_STATE,
+    check_model_weights,
+    check_optimizer_state,
+    read_rng_states,
+    read_trainer_state,
+)
 
 logger = logging.getLogger("lmforge.train")
 
@@ -53,10 +63,6 @@ LossFn = Callable[[torch.nn.Module, Any], tuple[torch.Tensor, int | torch.Tensor
 OnStep = Callable[[int, dict[str, Any]], None]
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-TRAINER_STATE = "trainer_state.json"
-RNG_STATE = "rng.json"
-MODEL_STATE = "model.safetensors"
-OPTIMIZER_STATE = "optimizer.pt"
 DEEPSPEED_TAG = "deepspeed"
 
 
@@ -420,6 +426,13 @@ def train(
             extra={"backend": cfg.distributed.backend, "global_batch": global_batch},
         )
 
+    def check_resumable(step: int, folder: Path) -> None:
+        read_trainer_state(folder, step)
+        read_rng_states(folder)
+        if engine is None:  # DeepSpeed checks its own shards when it loads them
+            check_model_weights(folder / MODEL_STATE, model)
+            check_optimizer_state(folder / OPTIMIZER_STATE, optimizer)
+
     global_batch = cfg.batch_size * cfg.grad_accum * ctx.world_size
     checkpointer = None
     start_step = 0
@@ -434,10 +447,11 @@ def train(
         checkpointer = Checkpointer(resolve_checkpoint_config(cfg.checkpoint, stage=desc), ctx)
         if checkpointer.resume_step() is not None:
             with tempfile.TemporaryDirectory(prefix="lmforge-resume-") as scratch:
-                found = checkpointer.fetch_newest_valid(scratch)  # quarantines newer ones that do not verify
+                # quarantines newer ones that do not verify or hold what resume reads
+                found = checkpointer.fetch_newest_valid(scratch, check_resumable)
                 if found is not None:
                     resume, folder = found
-                    state = json.loads((folder / TRAINER_STATE).read_text(encoding="utf-8"))
+                    state = read_trainer_state(folder, resume)
                     if state["global_batch"] != global_batch or state["seed"] != cfg.seed:
                         raise ConfigError(
                             f"checkpoint {checkpointer.uri(resume)} was made with global batch "
@@ -454,7 +468,7 @@ def train(
                         optimizer.load_state_dict(load_tensor_file(folder / OPTIMIZER_STATE))
                     if state["scaler"] is not None:
                         scaler.load_state_dict(state["scaler"])
-                    rng_states = json.loads((folder / RNG_STATE).read_text(encoding="utf-8"))
+                    rng_states = read_rng_states(folder)
                     _set_rng_state(rng_states[ctx.rank % len(rng_states)], device)
                     history, window, bad_in_row = state["history"], state["window"], state["bad_in_row"]
                     history.setdefault("warmup_seconds", 0.0)  # checkpoints written before these were recorded

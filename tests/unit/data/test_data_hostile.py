@@ -12,6 +12,7 @@ import gzip
 import json
 import subprocess
 import sys
+import tracemalloc
 import zlib
 from pathlib import Path
 
@@ -208,3 +209,31 @@ def test_a_bad_qa_line_is_one_error_naming_file_and_line(tmp_path, bad_line, pro
     uri = _qa(tmp_path, b"\n".join([ok, ok, bad_line, ok]) + b"\n")
     with pytest.raises(InputDataError, match=rf"^{uri}:3: {problem}"):
         load_examples(uri, max_line_bytes=200_000)
+
+
+def test_a_parquet_row_over_the_record_limit_is_one_bad_record_never_turned_into_python(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    limit = 1 << 20
+    path = tmp_path / "c.parquet"
+    texts = ["good document 1", "a" * (2 * limit), "good document 3", "short text", "good document 5"]
+    ids = ["1", "2", "3", "i" * (limit + 1), "5"]
+    pq.write_table(pa.table({"id": ids, "text": texts}), path)  # one row group: 3 MiB in all
+    assert path.stat().st_size < 300_000  # compressed: the file's size is no guide to a row's
+    list(CorpusReader(path, max_bad_records=10, max_record_bytes=64 << 20))  # imports done, caches warm
+
+    reader = CorpusReader(path, max_bad_records=10, max_record_bytes=limit)
+    tracemalloc.start()  # Python's allocations only: Arrow's buffers are not traced, Python strings are
+    try:
+        docs = list(reader)
+        python_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+    assert [d.text for d in docs] == ["good document 1", "good document 3", "good document 5"]
+    assert [(b.source, b.problem) for b in reader.bad_samples] == [
+        (f"{path}:2", f"record larger than {limit} bytes ({2 * limit + 1} bytes)"),
+        (f"{path}:4", f"record larger than {limit} bytes ({limit + 11} bytes)"),
+    ]
+    assert python_peak < limit, f"{python_peak} bytes"  # the oversized rows never became Python strings

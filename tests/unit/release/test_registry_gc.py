@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import errno
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,6 +94,44 @@ def test_a_disk_full_promotion_fails_in_one_line_and_does_not_burn_the_version(r
     monkeypatch.setattr(storage, "upload_file", upload)
     assert _promote(registry, inputs).summary["version"] == "v1"  # the version was not burned
     assert latest_release(registry, "tiny")["version"] == "v1"
+
+
+def _can_mount_tmpfs() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"], capture_output=True)
+    return probe.returncode == 0
+
+
+_PROMOTE = """
+import sys
+from pathlib import Path
+from lmforge.errors import StorageError
+from lmforge.release import promote
+src = Path(sys.argv[1])
+try:
+    promote(model_name="tiny", release_root=sys.argv[2], version="v1", evaluation_dir=src / "evaluation",
+            artifacts={"student": src / "student", "int8_qdq": src / "qdq"})
+except StorageError as exc:
+    print("ERROR", exc)
+"""
+
+
+@pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs `unshare -m` and mount rights for a private 64 KiB tmpfs")
+def test_a_promotion_onto_a_really_full_disk_says_cannot_write_naming_the_destination(tmp_path, inputs):
+    (inputs["student"] / "a.bin").write_bytes(os.urandom(200_000))  # more than the 64 KiB disk holds
+    write_manifest(inputs["student"], "model")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = (
+        f"mount -t tmpfs -o size=64k tmpfs {disk} || exit 99\n{sys.executable} -c '{_PROMOTE}' {tmp_path / 'in'} {disk}"
+    )
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [error] = [line for line in proc.stdout.splitlines() if line.startswith("ERROR")]
+    destination = disk / "models" / "tiny" / "v1" / "student" / "a.bin"
+    assert f"cannot write {destination}: No space left on device" in error
+    assert "cannot read" not in error and "can be promoted again" in error
 
 
 def test_registry_gc_removes_the_stale_claim_of_a_killed_promotion(registry, inputs):

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import threading
 from pathlib import Path
 
 import pytest
 
+from lmforge import storage
 from lmforge.artifacts import fingerprint, read_manifest, write_manifest
 from lmforge.errors import ArtifactIncompleteError, ConfigError, InputDataError, ReleaseExistsError
 from lmforge.release import default_version, promote
@@ -208,3 +211,58 @@ def test_a_release_of_only_rejected_models_is_refused(tmp_path, inputs):
     with pytest.raises(InputDataError, match=r"every artifact failed its accuracy gate \(int8_qdq\)"):
         _promote(tmp_path, inputs)
     assert not (tmp_path / "releases" / "models" / "tiny" / "v1").exists()
+
+
+def _promote_in_thread(tmp_path, inputs, results: list) -> threading.Thread:
+    def target() -> None:
+        try:
+            results.append(_promote(tmp_path, inputs).summary["status"])
+        except ReleaseExistsError as exc:
+            results.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread
+
+
+def test_a_promotion_meeting_another_still_copying_is_told_it_is_in_progress(tmp_path, inputs, monkeypatch):
+    copying, finish = threading.Event(), threading.Event()
+    copy_tree = storage.copy_tree
+
+    def held_copy(src, dst, **kwargs):
+        copying.set()
+        assert finish.wait(60)
+        return copy_tree(src, dst, **kwargs)
+
+    monkeypatch.setattr(storage, "copy_tree", held_copy)
+    results: list = []
+    first = _promote_in_thread(tmp_path, inputs, results)
+    assert copying.wait(60)
+    with pytest.raises(ReleaseExistsError, match=r"v1 is claimed by another promotion \(since .*\): it is in progress"):
+        _promote(tmp_path, inputs)
+    finish.set()
+    first.join()
+    assert results == ["published"]
+
+
+def test_a_promotion_meeting_another_mid_claim_is_not_told_of_an_interrupted_one(tmp_path, inputs, monkeypatch):
+    # The other promotion has created the version folder and its claim's temporary file, not yet the claim.
+    in_window, resume = threading.Event(), threading.Event()
+    link = os.link
+
+    def link_held_for_the_first_claim(src, dst, *args, **kwargs):
+        if str(dst).endswith(".promotion.json") and not in_window.is_set():
+            in_window.set()
+            assert resume.wait(60)
+        return link(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "link", link_held_for_the_first_claim)
+    results: list = []
+    first = _promote_in_thread(tmp_path, inputs, results)
+    assert in_window.wait(60)
+    results.append(_promote(tmp_path, inputs).summary["status"])  # the claim is free: this one takes it
+    resume.set()
+    first.join()
+    [refused] = [r for r in results if isinstance(r, ReleaseExistsError)]
+    assert results.count("published") == 1
+    assert "already exists as a complete release" in str(refused) and "interrupted" not in str(refused)

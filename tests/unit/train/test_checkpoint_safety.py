@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -65,6 +68,32 @@ def test_a_crafted_pickle_in_a_checkpoint_is_refused_before_it_is_unpickled(tmp_
         match=r"step-00000004/deepspeed/mp_rank_00_model_states\.pt: refused.*Unsupported global: GLOBAL io\.open",
     ):
         ckpt.fetch(4, tmp_path / "work")
+    assert not marker.exists()
+
+
+class _ShellPayload:
+    """Unpickling this runs a shell command that creates ``marker``: a real attack on ``torch.load``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {shlex.quote(self.marker)}",))
+
+
+def test_a_checkpoint_calling_a_blocked_module_is_refused_naming_the_global(tmp_path):
+    # torch >= 2.7 words a global of a blocked module (os, subprocess) differently from any other refused global
+    ckpt = Checkpointer(CheckpointConfig(dir=str(tmp_path / "ckpt"), every_steps=1), DistContext())
+    ckpt.save(2, lambda folder: torch.save({"w": torch.ones(2)}, folder / "optimizer.pt"))
+    folder = tmp_path / "ckpt" / step_name(2)
+    marker = tmp_path / "PWNED"
+    torch.save({"state": _ShellPayload(marker)}, folder / "optimizer.pt")
+    manifest = json.loads((folder / MANIFEST).read_text())
+    (folder / MANIFEST).write_text(json.dumps({**manifest, "files": describe_files(folder)}))
+
+    with pytest.raises(UnsafeCheckpointError) as refused:
+        ckpt.fetch(2, tmp_path / "work")
+    assert f"Unsupported global: GLOBAL {os.system.__module__}.system" in str(refused.value)
     assert not marker.exists()
 
 
@@ -157,3 +186,57 @@ def test_deepspeed_resume_refuses_a_crafted_model_states_file_and_resumes_the_ol
     assert history["resumed_from"] == 2  # a real ZeRO-2 checkpoint loads through the weights_only allowlist
     [moved] = history["quarantined_checkpoints"]
     assert moved["uri"] == str(root / step_name(4)) and "Unsupported global: GLOBAL io.open" in moved["reason"]
+
+
+def _state_of_the_wrong_shape(folder: Path) -> str:
+    (folder / "trainer_state.json").write_text('{"step": 4, "history": []}')
+    return "trainer_state.json: 'global_batch' is missing"
+
+
+def _rng_of_the_wrong_shape(folder: Path) -> str:
+    (folder / "rng.json").write_text('[{"torch": [1, 2, 3], "cuda": null, "numpy": [], "python": []}]')
+    return "rng.json: the RNG state of rank 0 does not load"
+
+
+def _weights_of_another_model(folder: Path) -> str:
+    from safetensors.torch import save_file
+
+    save_file({"transformer.wte.weight": torch.zeros(7, 3)}, folder / "model.safetensors")
+    return "model.safetensors: tensor 'transformer.wte.weight' has shape [7, 3], the model's is"
+
+
+def _optimizer_of_another_model(folder: Path) -> str:
+    torch.save({"state": {}, "param_groups": [{"params": [0]}]}, folder / "optimizer.pt")
+    return "optimizer.pt: parameter groups of sizes [1], the optimizer's are"
+
+
+@pytest.fixture(scope="module")
+def two_checkpoints(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir) -> Path:
+    root = tmp_path_factory.mktemp("two-checkpoints")
+    pretrain.run(_cfg(4, str(root / "ckpt")), shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=root / "m")
+    assert complete_steps(str(root / "ckpt")) == [2, 4]
+    return root / "ckpt"
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [_state_of_the_wrong_shape, _rng_of_the_wrong_shape, _weights_of_another_model, _optimizer_of_another_model],
+)
+def test_a_newest_checkpoint_whose_files_resume_cannot_use_is_quarantined_and_the_older_one_resumed(
+    corrupt, tmp_path, two_checkpoints, tiny_shards_dir, tiny_tokenizer_dir
+):
+    root = tmp_path / "ckpt"
+    shutil.copytree(two_checkpoints, root)
+    newest = root / step_name(4)
+    expected = corrupt(newest)
+    manifest = json.loads((newest / MANIFEST).read_text())
+    (newest / MANIFEST).write_text(json.dumps({**manifest, "files": describe_files(newest)}))  # as a writer can
+
+    inputs = {"shards": tiny_shards_dir, "tokenizer": tiny_tokenizer_dir}
+    result = pretrain.run(_cfg(6, str(root)), **inputs, model=tmp_path / "second")
+
+    history = json.loads((tmp_path / "second" / HISTORY_FILE).read_text())
+    assert history["resumed_from"] == 2
+    [moved] = history["quarantined_checkpoints"]
+    assert moved["uri"] == str(newest) and f"{newest}/{expected}" in moved["reason"]
+    assert result.summary["quarantined_checkpoints"] == [str(newest)]
