@@ -10,6 +10,10 @@ Three rules, applied to every param, tag and uploaded text file:
   ``MLFLOW_TRACKING_TOKEN``, ...) and of every secret-looking config key is replaced wherever it appears;
 * the password of a URL (``https://user:password@host``) is replaced.
 
+The values are found however the text escapes or breaks them up (HTML character references and ``<wbr>``, soft
+hyphens and zero-width characters, ``%XX``, JSON backslash escapes; :mod:`lmforge.tracking.unescape`): the
+escaped characters that spell a secret are replaced, the rest of the text is kept as it is.
+
 Nothing here logs or returns the environment.
 """
 
@@ -22,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from lmforge.config.base import CREDENTIAL_WORDS
+from lmforge.tracking.unescape import source_span, views
 
 REDACTED = "***"
 # Beyond the launcher's list: names that also hold credentials in configs and client env.
@@ -64,7 +69,7 @@ class Scrubber:
     def __init__(self, secrets: Iterable[str] = (), *, env: Mapping[str, str] | None = None) -> None:
         environ = os.environ if env is None else env
         values = {v for k, v in environ.items() if secret_like(k)} | set(secrets)
-        # Longest first, so a secret containing another is replaced whole.
+        # Overlapping finds (a secret inside another) merge into one ``***``; longest first only for tidiness.
         self._values = sorted((v for v in values if len(v) >= _MIN_SECRET_CHARS), key=len, reverse=True)
 
     def add(self, values: Iterable[str]) -> None:
@@ -73,10 +78,29 @@ class Scrubber:
         self._values = sorted([*self._values, *more], key=len, reverse=True)
 
     def text(self, value: str) -> str:
-        """``value`` with every known secret and URL password replaced by ``***``."""
+        """``value`` with every known secret and URL password replaced by ``***``, escaped forms included."""
+        spans = []
+        for layer, chain in views(value):
+            for start, end in self._found(layer):
+                spans.append(source_span(chain, start, end))
+        out, last = [], 0
+        for start, end in sorted(spans):
+            if end <= last:
+                continue
+            if start >= last:
+                out += [value[last:start], REDACTED]
+            last = end
+        return "".join([*out, value[last:]])
+
+    def _found(self, text: str) -> list[tuple[int, int]]:
+        """Spans of every known secret and URL password in ``text``."""
+        spans = [m.span("password") for m in _URL_PASSWORD.finditer(text)]
         for secret in self._values:
-            value = value.replace(secret, REDACTED)
-        return redact_url(value)
+            at = text.find(secret)
+            while at >= 0:
+                spans.append((at, at + len(secret)))
+                at = text.find(secret, at + len(secret))
+        return spans
 
     def mapping(self, items: Mapping[str, Any], *, limit: int) -> dict[str, str]:
         """String values for MLflow: secret-keyed values redacted, the rest scrubbed and cut to ``limit`` chars."""
