@@ -165,6 +165,10 @@ def _env(cfg: LaunchConfig) -> list[dict[str, Any]]:
             {"name": key, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": key, "optional": ref.optional}}}
             for key in ref.keys
         ]
+    env += [
+        {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.secret, "key": ref.key, "optional": ref.optional}}}
+        for name, ref in cfg.secret_env.items()
+    ]
     return env
 
 

@@ -3,8 +3,8 @@
 Three rules, applied to every param, tag and uploaded text file:
 
 * a key (or any dotted part of it) whose words name a credential (the words of
-  :data:`lmforge.config.base.CREDENTIAL_WORDS`, matched as whole words so that ``max_new_tokens`` is not one,
-  plus a few more; the last word also in the plural, ``credentials``, but not ``tokens``, a count) has its
+  :data:`lmforge.config.base.CREDENTIAL_WORDS`, matched as whole words so that ``max_new_tokens`` is not one;
+  the last word also in the plural, ``credentials``, but not ``tokens``, a count) has its
   value replaced by ``***``; tokenizer special tokens (``eos_token``) are not credentials;
 * the value of every environment variable whose name looks like a credential (``AWS_SECRET_ACCESS_KEY``,
   ``MLFLOW_TRACKING_TOKEN``, ...) and of every secret-looking config key is replaced wherever it appears;
@@ -25,15 +25,12 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from lmforge.config.base import CREDENTIAL_WORDS
+from lmforge.config.base import CREDENTIAL_WORDS, URL_PASSWORD
 from lmforge.tracking.unescape import source_span, views
 
 REDACTED = "***"
-# Beyond the launcher's list: names that also hold credentials in configs and client env.
-_MORE_SECRET_WORDS = ("PASSWD", "API_KEY", "APIKEY", "AUTHORIZATION", "COOKIE", "SESSION_KEY")
-_SECRET_WORDS = tuple(w.split("_") for w in (*CREDENTIAL_WORDS, *_MORE_SECRET_WORDS))
+_SECRET_WORDS = tuple(w.split("_") for w in CREDENTIAL_WORDS)
 _SPECIAL_TOKEN = re.compile(r"^(bos|eos|pad|unk|sep|cls|mask)_token$", re.IGNORECASE)
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):(?P<password>[^/\s@]+)@")
 _MIN_SECRET_CHARS = 6  # shorter env values ("1", "true") would redact ordinary text
 
 
@@ -60,7 +57,7 @@ def _same(words: list[str], secret: list[str]) -> bool:
 
 def redact_url(text: str) -> str:
     """``text`` with the password of every ``scheme://user:password@`` replaced."""
-    return _URL_PASSWORD.sub(lambda m: f"{m['head']}:{REDACTED}@", text)
+    return URL_PASSWORD.sub(lambda m: f"{m['head']}:{REDACTED}@", text)
 
 
 class Scrubber:
@@ -94,7 +91,7 @@ class Scrubber:
 
     def _found(self, text: str) -> list[tuple[int, int]]:
         """Spans of every known secret and URL password in ``text``."""
-        spans = [m.span("password") for m in _URL_PASSWORD.finditer(text)]
+        spans = [m.span("password") for m in URL_PASSWORD.finditer(text)]
         for secret in self._values:
             at = text.find(secret)
             while at >= 0:

@@ -243,6 +243,70 @@ def test_secret_values_never_appear_in_manifests_only_secret_key_refs(backend, m
 
 
 @pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("WANDB_API_KEY", "wandb-key-1234"),
+        ("OPENAI_API_KEY", "sk-123456"),
+        ("DB_PASSWD", "hunter22"),
+        ("SENTRY_DSN", "https://abc@o1.ingest.sentry.io/1"),
+        ("openaiApiKey", "sk-123456"),
+        ("GH_AUTH", "ghp_123456"),
+        ("AZURE_STORAGE_CONNECTION_STRING", "AccountKey=abc"),
+        ("SSH_PRIVATE", "-----BEGIN"),
+        ("DATABASE_URL", "postgres://app:hunter22@db:5432/app"),
+    ],
+)
+def test_env_that_may_hold_a_credential_is_refused_saying_how_to_pass_it_by_secret_reference(name, value):
+    with pytest.raises(ConfigError) as caught:
+        validate_config(LaunchConfig, {"env": {name: value}}, prefix="launch")
+    message = str(caught.value)
+    assert name in message and "secret_env" in message and "kubectl create secret" in message
+    assert value not in message
+
+
+@pytest.mark.parametrize("name", ["AWS_ENDPOINT_URL", "NCCL_IB_HCA", "WANDB_PROJECT", "TOKENIZERS_PARALLELISM"])
+def test_plain_settings_stay_allowed_in_env(name):
+    assert validate_config(LaunchConfig, {"env": {name: "http://minio:9000"}}).env == {name: "http://minio:9000"}
+
+
+@pytest.mark.parametrize(("backend", "release"), [*(("trainjob", r) for r in POD_OVERRIDES_OF), ("pytorchjob", None)])
+def test_secret_env_reaches_the_pods_as_secret_key_refs_and_validates(backend, release, validators):
+    cfg = validate_config(
+        LaunchConfig,
+        {
+            "backend": backend,
+            "num_nodes": 2,
+            "secret_env": {"WANDB_API_KEY": {"secret": "wandb", "key": "api-key"}},
+            "env": {"WANDB_PROJECT": "lmforge"},
+        },
+    )
+    overrides = POD_OVERRIDES_OF.get(release, "runtimePatches")
+    manifest = build_job(cfg, ARGS, image="img", run_id="r", task="pretrain", pod_overrides=overrides)
+    assert_valid(manifest, validators, release)
+    if backend == "trainjob":
+        env = manifest["spec"]["trainer"]["env"]
+    else:
+        env = manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]
+    (wandb,) = [e for e in env if e["name"] == "WANDB_API_KEY"]
+    assert wandb == {
+        "name": "WANDB_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key", "optional": False}},
+    }
+
+
+def test_secret_env_names_are_env_names_set_in_one_place():
+    ref = {"secret": "wandb", "key": "api-key"}
+    with pytest.raises(ConfigError, match="secret_env: 'WANDB_API_KEY' is also set in s3_credentials.keys"):
+        validate_config(
+            LaunchConfig, {"secret_env": {"WANDB_API_KEY": ref}, "s3_credentials": {"keys": ["WANDB_API_KEY"]}}
+        )
+    with pytest.raises(ConfigError, match="not a valid env var name"):
+        validate_config(LaunchConfig, {"secret_env": {"1X": ref}})
+    with pytest.raises(ConfigError, match="secret_env"):
+        validate_config(LaunchConfig, {"secret_env": {"X": {"secret": "Not A Name", "key": "k"}}})
+
+
+@pytest.mark.parametrize(
     ("bad", "field"),
     [
         ({"env": {"AWS_SECRET_ACCESS_KEY": "x"}}, "AWS_SECRET_ACCESS_KEY"),

@@ -108,7 +108,9 @@ def test_every_tracking_setting_is_described_and_unknown_keys_are_refused():
 AWS_SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfi&CYEXAMPLEKEY"  # the shape of an AWS secret key: '/', '+' and more
 _ESCAPINGS = {
     "report.html path": lambda s: breakable(f"s3://corpus/{s}/part-0.jsonl"),
-    "HTML numeric references": lambda s: "".join(f"&#{ord(c)};" if i % 2 else f"&#x{ord(c):x};" for i, c in enumerate(s)),
+    "HTML numeric references": lambda s: "".join(
+        f"&#{ord(c)};" if i % 2 else f"&#x{ord(c):x};" for i, c in enumerate(s)
+    ),
     "soft hyphens": lambda s: "\u00ad".join(s),
     "&shy; and zero-width": lambda s: "".join(c + ("&shy;" if i % 2 else "\u200b\u2060") for i, c in enumerate(s)),
     "URL-encoded": lambda s: f"https://h/x?sig={urllib.parse.quote(s, safe='')}",
@@ -130,4 +132,3 @@ def test_text_around_an_escaped_secret_is_kept_byte_for_byte():
     html_path = breakable(f"s3://corpus/{AWS_SECRET}/part-0.jsonl")
     clean = Scrubber([AWS_SECRET]).text(f"<td>{html_path}</td> &amp; %41 \\n")
     assert clean == f"<td>s3:<wbr>/<wbr>/<wbr>corpus/<wbr>{REDACTED}/<wbr>part-<wbr>0.<wbr>jsonl</td> &amp; %41 \\n"
-
