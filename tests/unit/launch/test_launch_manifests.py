@@ -25,6 +25,8 @@ from lmforge.launch import (
 )
 from lmforge.launch.manifests import MAX_JOB_NAME, job_command, kind_of
 from tests.support.crd_schema import CRDS, TRAINER_CRDS, load_crd, strict_validator
+from tests.support.pod_security import restricted_violations
+from tests.support.pods import pytorchjob_pods, trainjob_pods
 
 ARGS = stage_args("pretrain", {"shards": "s3://b/shards", "model": "s3://b/model"}, preset="gpt2-124m")
 RFC1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -403,3 +405,86 @@ def test_tolerations_config_maps_to_kubernetes_fields():
     pod = build_job(cfg.model_copy(update={"backend": "pytorchjob"}), ARGS, image="i", run_id="r", task="t")
     spec = pod["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     assert spec["tolerations"] == [{"key": "k", "operator": "Equal", "value": "v"}]
+
+
+RUNTIME_OF = {  # Trainer release -> its stock torch-distributed runtime (deepspeed: main only)
+    "v2.1.0": "trainer-v2.1.0/torch_distributed.yaml",
+    "v2.3.0": "trainer-v2.3.0/torch_distributed.yaml",
+    "main": "torch_distributed.yaml",
+}
+
+
+@pytest.mark.parametrize("overrides", CONFIGS.values(), ids=CONFIGS.keys())
+@pytest.mark.parametrize(("release", "runtime_file"), [*RUNTIME_OF.items(), ("v2.3.0", "deepspeed_distributed.yaml")])
+def test_trainjob_pods_meet_pod_security_restricted_where_the_trainer_can_say_so(
+    release, runtime_file, overrides, validators
+):
+    """The pods Trainer makes of the stock runtime and lmforge's patches pass the ``restricted`` checks
+    (tests/support/pod_security.py) and the TrainJob still validates strictly. Trainer v2.1's podTemplateOverrides
+    has no securityContext field: there the pods are as restricted as the runtime makes them, and the stock one
+    sets nothing, so exactly the four checks that need a securityContext fail."""
+    runtime = _load_crd(runtime_file)
+    fields = {k: v for k, v in overrides.items() if k != "active_deadline_s" or release != "v2.1.0"}
+    cfg = LaunchConfig.model_validate({"runtime": runtime["metadata"]["name"], "num_nodes": 2, **fields})
+    manifest = build_job(cfg, ARGS, image="img", run_id="r", task="pretrain", pod_overrides=POD_OVERRIDES_OF[release])
+    assert_valid(manifest, validators, release)
+    for job, pod in trainjob_pods(manifest, runtime).items():
+        violations = restricted_violations(pod)
+        if release == "v2.1.0":
+            failed = {v.split(":")[0] for v in violations}
+            assert failed == {
+                "allowPrivilegeEscalation",
+                "capabilities_restricted",
+                "runAsNonRoot",
+                "seccompProfile_restricted",
+            }
+        else:
+            assert violations == [], (job, violations)
+        assert pod.get("serviceAccountName") == fields.get("service_account", "lmforge-worker")
+
+
+@pytest.mark.parametrize("num_nodes", [1, 3])
+@pytest.mark.parametrize("overrides", CONFIGS.values(), ids=CONFIGS.keys())
+def test_pytorchjob_pods_meet_pod_security_restricted_and_mount_no_api_token(num_nodes, overrides, validators):
+    cfg = LaunchConfig.model_validate({"backend": "pytorchjob", **overrides, "num_nodes": num_nodes})
+    manifest = build_job(cfg, ARGS, image="img", run_id="r", task="distill")
+    assert_valid(manifest, validators)
+    for kind, pod in pytorchjob_pods(manifest).items():
+        assert restricted_violations(pod) == [], kind
+        assert pod["automountServiceAccountToken"] is False
+
+
+def test_the_restricted_checker_refuses_what_the_profile_forbids():
+    """The stand-in is not vacuous: each kind of breach is caught, by the check upstream names."""
+    good = {
+        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [
+            {"name": "c", "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}
+        ],
+        "volumes": [{"name": "tmp", "emptyDir": {}}],
+    }
+    assert restricted_violations(good) == []
+    breaches = {
+        "hostNamespaces": {"hostNetwork": True},
+        "restrictedVolumes": {"volumes": [{"name": "h", "hostPath": {"path": "/"}}]},
+        "runAsNonRoot": {"securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}},
+        "seccompProfile_restricted": {
+            "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "Unconfined"}}
+        },
+        "sysctls": {
+            "securityContext": {**good["securityContext"], "sysctls": [{"name": "kernel.msgmax", "value": "1"}]}
+        },
+    }
+    for check, change in breaches.items():
+        assert [v.split(":")[0] for v in restricted_violations({**good, **change})] == [check]
+    container = good["containers"][0]
+    for check, sc in {
+        "privileged": {"privileged": True},
+        "capabilities_restricted": {"capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]}},
+        "allowPrivilegeEscalation": {"allowPrivilegeEscalation": True},
+        "runAsUser": {"runAsUser": 0},
+    }.items():
+        pod = {**good, "initContainers": [{"name": "i", "securityContext": {**container["securityContext"], **sc}}]}
+        assert check in [v.split(":")[0] for v in restricted_violations(pod)], check
+    ports = {**good, "containers": [{**container, "ports": [{"containerPort": 80, "hostPort": 80}]}]}
+    assert [v.split(":")[0] for v in restricted_violations(ports)] == ["hostPorts"]
