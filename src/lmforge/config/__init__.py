@@ -36,7 +36,7 @@ from lmforge.config.data import (
 )
 from lmforge.config.evaluate import EvaluateConfig, GateConfig, GenerationEvalConfig
 from lmforge.config.export import ExportConfig, QuantizeConfig, TensorRTConfig
-from lmforge.config.launch import LaunchConfig, SecretEnvConfig, TolerationConfig
+from lmforge.config.launch import LaunchConfig, SecretEnvConfig, SecretKeyRefConfig, TolerationConfig
 from lmforge.config.presets import describe_preset, list_presets, load_preset
 from lmforge.config.serve import ResourcesConfig, ServeConfig
 from lmforge.config.train import (
@@ -85,6 +85,7 @@ __all__ = [
     "QuantizeConfig",
     "ResourcesConfig",
     "SecretEnvConfig",
+    "SecretKeyRefConfig",
     "ServeConfig",
     "StrictModel",
     "TensorRTConfig",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -60,6 +61,9 @@ def parse_overrides(overrides: str | dict[str, Any] | None) -> dict[str, Any]:
 def format_validation_error(exc: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
     """One line per problem: ``field.path: message (got value)``; an unknown field names the nearest valid one.
 
+    The value is left out when a model's own check failed (the message names what is wrong) or sits under a key
+    that may hold a credential: an error message must not carry a secret into logs.
+
     Args:
         exc: pydantic's error.
         prefix: dotted path of the validated model inside the whole config (``pretrain``).
@@ -68,12 +72,19 @@ def format_validation_error(exc: ValidationError, prefix: str = "", model: type[
     lines = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
-        got = "" if err["type"] == "missing" else f" (got {err.get('input')!r:.60})"
+        got = "" if _unquoted(err) else f" (got {err.get('input')!r:.60})"
         hint = ""
         if err["type"] == "extra_forbidden" and model is not None:
             hint = _nearest_field(model, err["loc"])
         lines.append(f"{loc or '<root>'}: {err['msg']}{got}{hint}")
     return "; ".join(lines)
+
+
+def _unquoted(err: Any) -> bool:
+    """True when an error's input must not be quoted (see :func:`format_validation_error`)."""
+    if err["type"] == "missing" or (err["type"] == "value_error" and isinstance(err.get("input"), dict)):
+        return True  # a model's own check: its input is the whole object
+    return any(isinstance(part, str) and credential_fragment(part) for part in err["loc"])
 
 
 def _nearest_field(model: type[BaseModel], loc: tuple[int | str, ...]) -> str:
@@ -101,6 +112,27 @@ def validate_config(model: type[T], data: dict[str, Any], prefix: str = "") -> T
         raise ConfigError(f"invalid config: {format_validation_error(exc, prefix, model)}") from exc
 
 
-# Words that mark a name as holding a credential: such an env var comes from a Secret, never as a value in a
-# manifest (LaunchConfig.env), and such a key is redacted from what tracking logs (lmforge.tracking.redact).
-CREDENTIAL_WORDS = ("SECRET", "PASSWORD", "TOKEN", "ACCESS_KEY", "PRIVATE_KEY", "CREDENTIAL")
+# Whole words that mark a config key or env var as holding a credential: such a key is redacted from what
+# tracking logs (lmforge.tracking.redact). LaunchConfig.env refuses more (credential_fragment).
+CREDENTIAL_WORDS = (
+    *("SECRET", "PASSWORD", "PASSWD", "TOKEN", "ACCESS_KEY", "PRIVATE_KEY", "CREDENTIAL"),
+    *("API_KEY", "APIKEY", "AUTHORIZATION", "COOKIE", "SESSION_KEY"),
+)
+# Deny by default: an env var whose name contains any of these (anywhere, any case) may hold a credential and is
+# refused as a plain value in a manifest; it comes from a Secret by reference (LaunchConfig.secret_env).
+CREDENTIAL_FRAGMENTS = (
+    *("KEY", "TOKEN", "SECRET", "PASS", "PWD", "CRED", "AUTH", "COOKIE", "SESSION", "PRIVATE", "SALT"),
+    *("DSN", "CONNECTION_STRING", "CONNSTR"),
+)
+# Names that contain a fragment but are known settings, not credentials.
+NOT_CREDENTIALS = frozenset({"TOKENIZERS_PARALLELISM", "HF_HUB_DISABLE_IMPLICIT_TOKEN"})
+# The password of a URL: ``scheme://user:password@``.
+URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):(?P<password>[^/\s@]+)@")
+
+
+def credential_fragment(name: str) -> str | None:
+    """The fragment of :data:`CREDENTIAL_FRAGMENTS` that makes env var ``name`` a possible credential, if any."""
+    if name.upper() in NOT_CREDENTIALS:
+        return None
+    words = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).upper()  # apiKey -> API_KEY
+    return next((f for f in CREDENTIAL_FRAGMENTS if f in words or f.replace("_", "") in words), None)

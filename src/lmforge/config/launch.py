@@ -7,9 +7,17 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from lmforge.config.base import CREDENTIAL_WORDS, DNS_LABEL, DNS_SUBDOMAIN, QUANTITY, StrictModel
+from lmforge.config.base import (
+    DNS_LABEL,
+    DNS_SUBDOMAIN,
+    QUANTITY,
+    URL_PASSWORD,
+    StrictModel,
+    credential_fragment,
+)
 
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_SECRET_KEY = r"^[-._a-zA-Z0-9]+$"  # a key of a Secret's data (Kubernetes: IsConfigMapKey)
 
 
 class TolerationConfig(StrictModel):
@@ -47,6 +55,15 @@ class SecretEnvConfig(StrictModel):
         if bad:
             raise ValueError(f"keys must be valid env var names, got {bad}")
         return self
+
+
+class SecretKeyRefConfig(StrictModel):
+    """One env var read from a key of a Kubernetes Secret (``valueFrom.secretKeyRef``); its value never enters a
+    manifest."""
+
+    secret: str = Field(pattern=DNS_SUBDOMAIN, max_length=253, description="Secret name in the job's namespace.")
+    key: str = Field(pattern=_SECRET_KEY, max_length=253, description="Key of the value in the Secret.")
+    optional: bool = Field(False, description="Start the pods even when the Secret or the key is missing.")
 
 
 def _default_tolerations() -> list[TolerationConfig]:
@@ -112,7 +129,16 @@ class LaunchConfig(StrictModel):
     )
     env: dict[str, str] = Field(
         default_factory=dict,
-        description="Plain env vars for the training processes (e.g. AWS_ENDPOINT_URL); never credentials.",
+        description="Plain env vars for the training processes (e.g. AWS_ENDPOINT_URL), written into the job "
+        "manifest as values. A name that may hold a credential (containing KEY, TOKEN, SECRET, PASS, PWD, CRED, "
+        "AUTH, COOKIE, SESSION, PRIVATE, SALT, DSN, CONNECTION_STRING) or a URL with a password is refused: "
+        "pass it in secret_env.",
+    )
+    secret_env: dict[str, SecretKeyRefConfig] = Field(
+        default_factory=dict,
+        description="Env vars read from Secrets by reference: env var name -> {secret, key}, e.g. "
+        "{WANDB_API_KEY: {secret: wandb, key: api-key}} for a Secret made with `kubectl create secret generic "
+        "wandb --from-literal=api-key=...`. The manifest holds the reference, never the value.",
     )
     backoff_limit: int = Field(3, ge=0, description="PyTorchJob pod restarts before the job fails.")
     active_deadline_s: int | None = Field(None, gt=0, description="Server-side limit on the job's run time.")
@@ -136,13 +162,31 @@ class LaunchConfig(StrictModel):
                 "(DeepSpeed runs under it): use runtime 'torch-distributed' or backend 'trainjob'"
             )
 
-        for name in self.env:
+        s3_keys = self.s3_credentials.keys if self.s3_credentials else []
+        for name, value in self.env.items():
             if not re.match(_ENV_NAME, name):
                 raise ValueError(f"env: {name!r} is not a valid env var name")
-            secret_keys = self.s3_credentials.keys if self.s3_credentials else []
-            if name in secret_keys or any(word in name.upper() for word in CREDENTIAL_WORDS):
+            fragment = credential_fragment(name)
+            why = (
+                "its value is a URL with a password"
+                if URL_PASSWORD.search(value)
+                else f"its name contains {fragment!r}"
+                if fragment
+                else "it is one of s3_credentials.keys"
+                if name in s3_keys
+                else None
+            )
+            if why:
                 raise ValueError(
-                    f"env: {name!r} looks like a credential; pass it by Secret reference (s3_credentials), "
-                    "never as a value in the manifest"
+                    f"env: {name!r} may hold a credential ({why}), and env values are written into the job "
+                    f"manifest in clear. Pass it by Secret reference: create the Secret (kubectl create secret "
+                    f"generic <secret> --from-literal=<key>=...) and set secret_env: {{{name}: {{secret: <secret>, "
+                    "key: <key>}} (S3 keys: s3_credentials)"
                 )
+        for name in self.secret_env:
+            if not re.match(_ENV_NAME, name):
+                raise ValueError(f"secret_env: {name!r} is not a valid env var name")
+            if name in self.env or name in s3_keys:
+                where = "env" if name in self.env else "s3_credentials.keys"
+                raise ValueError(f"secret_env: {name!r} is also set in {where}; set it in one place")
         return self

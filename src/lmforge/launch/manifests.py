@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lmforge.config import LaunchConfig
+from lmforge.pod_security import container_security_context, pod_security_context
 
 GPU_RESOURCE = "nvidia.com/gpu"
 PATCH_MANAGER = "lmforge.io/launch"
@@ -165,6 +166,10 @@ def _env(cfg: LaunchConfig) -> list[dict[str, Any]]:
             {"name": key, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": key, "optional": ref.optional}}}
             for key in ref.keys
         ]
+    env += [
+        {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.secret, "key": ref.key, "optional": ref.optional}}}
+        for name, ref in cfg.secret_env.items()
+    ]
     return env
 
 
@@ -285,9 +290,15 @@ def build_trainjob(
         pod_spec["tolerations"] = _tolerations(cfg)
     if cfg.service_account:
         pod_spec["serviceAccountName"] = cfg.service_account
+    container: dict[str, Any] = {"name": TRAINJOB.container}
     if volumes:
         pod_spec["volumes"] = volumes
-        pod_spec["containers"] = [{"name": TRAINJOB.container, "volumeMounts": mounts}]
+        container["volumeMounts"] = mounts
+    if pod_overrides == "runtimePatches":  # Trainer v2.1's podTemplateOverrides has no securityContext
+        pod_spec["securityContext"] = pod_security_context()
+        container["securityContext"] = container_security_context()
+    if len(container) > 1:
+        pod_spec["containers"] = [container]
     spec: dict[str, Any] = {
         "runtimeRef": {"apiGroup": TRAINJOB.group, "kind": cfg.runtime_kind, "name": cfg.runtime},
         "trainer": trainer,
@@ -335,13 +346,18 @@ def build_pytorchjob(
         "image": image,
         "command": ["torchrun", "-m", module, *args],
         "env": _env(cfg),
+        "securityContext": container_security_context(),
     }
     resources = _resources(cfg)
     if resources:
         container["resources"] = resources
     if mounts:
         container["volumeMounts"] = mounts
-    pod_spec: dict[str, Any] = {"containers": [container]}
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "securityContext": pod_security_context(),
+        "automountServiceAccountToken": False,  # training needs S3, nothing of the Kubernetes API
+    }
     if cfg.node_selector:
         pod_spec["nodeSelector"] = dict(cfg.node_selector)
     if cfg.tolerations:

@@ -12,7 +12,8 @@ v0.20.0 (copies under ``tests/data/crds/kserve/``, where the tests validate ever
   ``<repo>/<model>/1/model.onnx`` or ``model.plan``).
 
 A GPU predictor gets ``nvidia.com/gpu`` limits and the GPU pool's node selector and tolerations, like the GPU
-training steps.
+training steps. Every pod meets Pod Security ``restricted`` (:mod:`lmforge.pod_security`); the predictor mounts no
+service account token, and the lmforge runtime's root filesystem is read-only (``/tmp`` is an emptyDir).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import onnx
 from lmforge.config.serve import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_GPU_TOLERATIONS, ServeConfig
 from lmforge.errors import ConfigError, InputDataError
 from lmforge.onnx_runtime import external_data_files
+from lmforge.pod_security import container_security_context, pod_security_context, tmp_mount, tmp_volume
 from lmforge.serve.model_dir import INT8_DYNAMIC, ONNX_FP32
 
 API_VERSION = "serving.kserve.io/v1beta1"
@@ -39,6 +41,7 @@ LMFORGE_RUNTIME = "lmforge-onnx"
 LMFORGE_FORMAT = {"name": "lmforge", "version": "1"}
 TRITON_RUNTIME = "kserve-tritonserver"
 TRITON_FORMAT = {"name": "triton", "version": "2"}
+TRITON_USER = 1000  # the stock Triton image's default user is root; its triton-server user is uid 1000
 ENGINE = "engine"
 PREDICTOR_OPTIONS = (
     "threads",
@@ -144,7 +147,14 @@ def build_inference_service(
         "protocolVersion": "v2" if triton else "v1",
         "resources": _resources(cfg),
     }
-    predictor: dict[str, Any] = {"minReplicas": cfg.min_replicas, "maxReplicas": cfg.max_replicas, "model": model}
+    model["securityContext"] = container_security_context(run_as_user=TRITON_USER if triton else None)
+    predictor: dict[str, Any] = {
+        "minReplicas": cfg.min_replicas,
+        "maxReplicas": cfg.max_replicas,
+        "automountServiceAccountToken": False,  # the predictor needs nothing of the Kubernetes API
+        "securityContext": pod_security_context(),
+        "model": model,
+    }
     if cfg.scale_target is not None:
         predictor["scaleMetric"] = "concurrency"
         predictor["scaleTarget"] = cfg.scale_target
@@ -185,11 +195,9 @@ def build_serving_runtime(cfg: ServeConfig) -> dict[str, Any]:
             *("--model-name", "{{.Name}}", "--overrides", options),
         ],
         "ports": [{"containerPort": 8080, "protocol": "TCP"}],
-        "securityContext": {
-            "runAsNonRoot": True,
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        # A ServingRuntime has no pod-level securityContext: the container meets Pod Security restricted alone.
+        "securityContext": container_security_context(read_only_root=True),
+        "volumeMounts": [tmp_mount()],
         "resources": _resources(cfg),
     }
     return {
@@ -201,6 +209,7 @@ def build_serving_runtime(cfg: ServeConfig) -> dict[str, Any]:
             "supportedModelFormats": [{**LMFORGE_FORMAT, "autoSelect": True, "priority": 1}],
             "protocolVersions": ["v1", "v2"],
             "containers": [container],
+            "volumes": [tmp_volume()],
         },
     }
 

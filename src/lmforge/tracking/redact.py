@@ -3,12 +3,16 @@
 Three rules, applied to every param, tag and uploaded text file:
 
 * a key (or any dotted part of it) whose words name a credential (the words of
-  :data:`lmforge.config.base.CREDENTIAL_WORDS`, matched as whole words so that ``max_new_tokens`` is not one,
-  plus a few more; the last word also in the plural, ``credentials``, but not ``tokens``, a count) has its
+  :data:`lmforge.config.base.CREDENTIAL_WORDS`, matched as whole words so that ``max_new_tokens`` is not one;
+  the last word also in the plural, ``credentials``, but not ``tokens``, a count) has its
   value replaced by ``***``; tokenizer special tokens (``eos_token``) are not credentials;
 * the value of every environment variable whose name looks like a credential (``AWS_SECRET_ACCESS_KEY``,
   ``MLFLOW_TRACKING_TOKEN``, ...) and of every secret-looking config key is replaced wherever it appears;
 * the password of a URL (``https://user:password@host``) is replaced.
+
+The values are found however the text escapes or breaks them up (HTML character references and ``<wbr>``, soft
+hyphens and zero-width characters, ``%XX``, JSON backslash escapes; :mod:`lmforge.tracking.unescape`): the
+escaped characters that spell a secret are replaced, the rest of the text is kept as it is.
 
 Nothing here logs or returns the environment.
 """
@@ -21,14 +25,12 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from lmforge.config.base import CREDENTIAL_WORDS
+from lmforge.config.base import CREDENTIAL_WORDS, URL_PASSWORD
+from lmforge.tracking.unescape import source_span, views
 
 REDACTED = "***"
-# Beyond the launcher's list: names that also hold credentials in configs and client env.
-_MORE_SECRET_WORDS = ("PASSWD", "API_KEY", "APIKEY", "AUTHORIZATION", "COOKIE", "SESSION_KEY")
-_SECRET_WORDS = tuple(w.split("_") for w in (*CREDENTIAL_WORDS, *_MORE_SECRET_WORDS))
+_SECRET_WORDS = tuple(w.split("_") for w in CREDENTIAL_WORDS)
 _SPECIAL_TOKEN = re.compile(r"^(bos|eos|pad|unk|sep|cls|mask)_token$", re.IGNORECASE)
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):(?P<password>[^/\s@]+)@")
 _MIN_SECRET_CHARS = 6  # shorter env values ("1", "true") would redact ordinary text
 
 
@@ -55,7 +57,7 @@ def _same(words: list[str], secret: list[str]) -> bool:
 
 def redact_url(text: str) -> str:
     """``text`` with the password of every ``scheme://user:password@`` replaced."""
-    return _URL_PASSWORD.sub(lambda m: f"{m['head']}:{REDACTED}@", text)
+    return URL_PASSWORD.sub(lambda m: f"{m['head']}:{REDACTED}@", text)
 
 
 class Scrubber:
@@ -64,7 +66,7 @@ class Scrubber:
     def __init__(self, secrets: Iterable[str] = (), *, env: Mapping[str, str] | None = None) -> None:
         environ = os.environ if env is None else env
         values = {v for k, v in environ.items() if secret_like(k)} | set(secrets)
-        # Longest first, so a secret containing another is replaced whole.
+        # Overlapping finds (a secret inside another) merge into one ``***``; longest first only for tidiness.
         self._values = sorted((v for v in values if len(v) >= _MIN_SECRET_CHARS), key=len, reverse=True)
 
     def add(self, values: Iterable[str]) -> None:
@@ -73,10 +75,29 @@ class Scrubber:
         self._values = sorted([*self._values, *more], key=len, reverse=True)
 
     def text(self, value: str) -> str:
-        """``value`` with every known secret and URL password replaced by ``***``."""
+        """``value`` with every known secret and URL password replaced by ``***``, escaped forms included."""
+        spans = []
+        for layer, chain in views(value):
+            for start, end in self._found(layer):
+                spans.append(source_span(chain, start, end))
+        out, last = [], 0
+        for start, end in sorted(spans):
+            if end <= last:
+                continue
+            if start >= last:
+                out += [value[last:start], REDACTED]
+            last = end
+        return "".join([*out, value[last:]])
+
+    def _found(self, text: str) -> list[tuple[int, int]]:
+        """Spans of every known secret and URL password in ``text``."""
+        spans = [m.span("password") for m in URL_PASSWORD.finditer(text)]
         for secret in self._values:
-            value = value.replace(secret, REDACTED)
-        return redact_url(value)
+            at = text.find(secret)
+            while at >= 0:
+                spans.append((at, at + len(secret)))
+                at = text.find(secret, at + len(secret))
+        return spans
 
     def mapping(self, items: Mapping[str, Any], *, limit: int) -> dict[str, str]:
         """String values for MLflow: secret-keyed values redacted, the rest scrubbed and cut to ``limit`` chars."""

@@ -399,17 +399,18 @@ class Tracker:
         return files if path.is_dir() else [p for p in files if p.name in SMALL_FILES]
 
     def _scrubbed(self, file: Path, tmp: Path) -> Path:
-        """``file`` itself when no secret is in it, else a scrubbed copy of the same name under ``tmp``."""
-        try:
-            text = file.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            return file
+        """``file`` itself when no secret is in it, else a scrubbed copy of the same name under ``tmp``.
+
+        Bytes that are not UTF-8 (a log with a stray Latin-1 byte) are kept as they are, and the text around
+        them is scrubbed all the same.
+        """
+        text = file.read_bytes().decode("utf-8", errors="surrogateescape")
         clean = self.scrub.text(text)
         if clean == text:
             return file
         copy = tmp / uuid.uuid4().hex / file.name
         copy.parent.mkdir()
-        copy.write_text(clean, encoding="utf-8")
+        copy.write_bytes(clean.encode("utf-8", errors="surrogateescape"))
         return copy
 
 

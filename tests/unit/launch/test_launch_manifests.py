@@ -25,6 +25,8 @@ from lmforge.launch import (
 )
 from lmforge.launch.manifests import MAX_JOB_NAME, job_command, kind_of
 from tests.support.crd_schema import CRDS, TRAINER_CRDS, load_crd, strict_validator
+from tests.support.pod_security import restricted_violations
+from tests.support.pods import pytorchjob_pods, trainjob_pods
 
 ARGS = stage_args("pretrain", {"shards": "s3://b/shards", "model": "s3://b/model"}, preset="gpt2-124m")
 RFC1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -243,6 +245,70 @@ def test_secret_values_never_appear_in_manifests_only_secret_key_refs(backend, m
 
 
 @pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("WANDB_API_KEY", "wandb-key-1234"),
+        ("OPENAI_API_KEY", "sk-123456"),
+        ("DB_PASSWD", "hunter22"),
+        ("SENTRY_DSN", "https://abc@o1.ingest.sentry.io/1"),
+        ("openaiApiKey", "sk-123456"),
+        ("GH_AUTH", "ghp_123456"),
+        ("AZURE_STORAGE_CONNECTION_STRING", "AccountKey=abc"),
+        ("SSH_PRIVATE", "-----BEGIN"),
+        ("DATABASE_URL", "postgres://app:hunter22@db:5432/app"),
+    ],
+)
+def test_env_that_may_hold_a_credential_is_refused_saying_how_to_pass_it_by_secret_reference(name, value):
+    with pytest.raises(ConfigError) as caught:
+        validate_config(LaunchConfig, {"env": {name: value}}, prefix="launch")
+    message = str(caught.value)
+    assert name in message and "secret_env" in message and "kubectl create secret" in message
+    assert value not in message
+
+
+@pytest.mark.parametrize("name", ["AWS_ENDPOINT_URL", "NCCL_IB_HCA", "WANDB_PROJECT", "TOKENIZERS_PARALLELISM"])
+def test_plain_settings_stay_allowed_in_env(name):
+    assert validate_config(LaunchConfig, {"env": {name: "http://minio:9000"}}).env == {name: "http://minio:9000"}
+
+
+@pytest.mark.parametrize(("backend", "release"), [*(("trainjob", r) for r in POD_OVERRIDES_OF), ("pytorchjob", None)])
+def test_secret_env_reaches_the_pods_as_secret_key_refs_and_validates(backend, release, validators):
+    cfg = validate_config(
+        LaunchConfig,
+        {
+            "backend": backend,
+            "num_nodes": 2,
+            "secret_env": {"WANDB_API_KEY": {"secret": "wandb", "key": "api-key"}},
+            "env": {"WANDB_PROJECT": "lmforge"},
+        },
+    )
+    overrides = POD_OVERRIDES_OF.get(release, "runtimePatches")
+    manifest = build_job(cfg, ARGS, image="img", run_id="r", task="pretrain", pod_overrides=overrides)
+    assert_valid(manifest, validators, release)
+    if backend == "trainjob":
+        env = manifest["spec"]["trainer"]["env"]
+    else:
+        env = manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]
+    (wandb,) = [e for e in env if e["name"] == "WANDB_API_KEY"]
+    assert wandb == {
+        "name": "WANDB_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key", "optional": False}},
+    }
+
+
+def test_secret_env_names_are_env_names_set_in_one_place():
+    ref = {"secret": "wandb", "key": "api-key"}
+    with pytest.raises(ConfigError, match="secret_env: 'WANDB_API_KEY' is also set in s3_credentials.keys"):
+        validate_config(
+            LaunchConfig, {"secret_env": {"WANDB_API_KEY": ref}, "s3_credentials": {"keys": ["WANDB_API_KEY"]}}
+        )
+    with pytest.raises(ConfigError, match="not a valid env var name"):
+        validate_config(LaunchConfig, {"secret_env": {"1X": ref}})
+    with pytest.raises(ConfigError, match="secret_env"):
+        validate_config(LaunchConfig, {"secret_env": {"X": {"secret": "Not A Name", "key": "k"}}})
+
+
+@pytest.mark.parametrize(
     ("bad", "field"),
     [
         ({"env": {"AWS_SECRET_ACCESS_KEY": "x"}}, "AWS_SECRET_ACCESS_KEY"),
@@ -339,3 +405,86 @@ def test_tolerations_config_maps_to_kubernetes_fields():
     pod = build_job(cfg.model_copy(update={"backend": "pytorchjob"}), ARGS, image="i", run_id="r", task="t")
     spec = pod["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     assert spec["tolerations"] == [{"key": "k", "operator": "Equal", "value": "v"}]
+
+
+RUNTIME_OF = {  # Trainer release -> its stock torch-distributed runtime (deepspeed: main only)
+    "v2.1.0": "trainer-v2.1.0/torch_distributed.yaml",
+    "v2.3.0": "trainer-v2.3.0/torch_distributed.yaml",
+    "main": "torch_distributed.yaml",
+}
+
+
+@pytest.mark.parametrize("overrides", CONFIGS.values(), ids=CONFIGS.keys())
+@pytest.mark.parametrize(("release", "runtime_file"), [*RUNTIME_OF.items(), ("v2.3.0", "deepspeed_distributed.yaml")])
+def test_trainjob_pods_meet_pod_security_restricted_where_the_trainer_can_say_so(
+    release, runtime_file, overrides, validators
+):
+    """The pods Trainer makes of the stock runtime and lmforge's patches pass the ``restricted`` checks
+    (tests/support/pod_security.py) and the TrainJob still validates strictly. Trainer v2.1's podTemplateOverrides
+    has no securityContext field: there the pods are as restricted as the runtime makes them, and the stock one
+    sets nothing, so exactly the four checks that need a securityContext fail."""
+    runtime = _load_crd(runtime_file)
+    fields = {k: v for k, v in overrides.items() if k != "active_deadline_s" or release != "v2.1.0"}
+    cfg = LaunchConfig.model_validate({"runtime": runtime["metadata"]["name"], "num_nodes": 2, **fields})
+    manifest = build_job(cfg, ARGS, image="img", run_id="r", task="pretrain", pod_overrides=POD_OVERRIDES_OF[release])
+    assert_valid(manifest, validators, release)
+    for job, pod in trainjob_pods(manifest, runtime).items():
+        violations = restricted_violations(pod)
+        if release == "v2.1.0":
+            failed = {v.split(":")[0] for v in violations}
+            assert failed == {
+                "allowPrivilegeEscalation",
+                "capabilities_restricted",
+                "runAsNonRoot",
+                "seccompProfile_restricted",
+            }
+        else:
+            assert violations == [], (job, violations)
+        assert pod.get("serviceAccountName") == fields.get("service_account", "lmforge-worker")
+
+
+@pytest.mark.parametrize("num_nodes", [1, 3])
+@pytest.mark.parametrize("overrides", CONFIGS.values(), ids=CONFIGS.keys())
+def test_pytorchjob_pods_meet_pod_security_restricted_and_mount_no_api_token(num_nodes, overrides, validators):
+    cfg = LaunchConfig.model_validate({"backend": "pytorchjob", **overrides, "num_nodes": num_nodes})
+    manifest = build_job(cfg, ARGS, image="img", run_id="r", task="distill")
+    assert_valid(manifest, validators)
+    for kind, pod in pytorchjob_pods(manifest).items():
+        assert restricted_violations(pod) == [], kind
+        assert pod["automountServiceAccountToken"] is False
+
+
+def test_the_restricted_checker_refuses_what_the_profile_forbids():
+    """The stand-in is not vacuous: each kind of breach is caught, by the check upstream names."""
+    good = {
+        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [
+            {"name": "c", "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}
+        ],
+        "volumes": [{"name": "tmp", "emptyDir": {}}],
+    }
+    assert restricted_violations(good) == []
+    breaches = {
+        "hostNamespaces": {"hostNetwork": True},
+        "restrictedVolumes": {"volumes": [{"name": "h", "hostPath": {"path": "/"}}]},
+        "runAsNonRoot": {"securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}},
+        "seccompProfile_restricted": {
+            "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "Unconfined"}}
+        },
+        "sysctls": {
+            "securityContext": {**good["securityContext"], "sysctls": [{"name": "kernel.msgmax", "value": "1"}]}
+        },
+    }
+    for check, change in breaches.items():
+        assert [v.split(":")[0] for v in restricted_violations({**good, **change})] == [check]
+    container = good["containers"][0]
+    for check, sc in {
+        "privileged": {"privileged": True},
+        "capabilities_restricted": {"capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]}},
+        "allowPrivilegeEscalation": {"allowPrivilegeEscalation": True},
+        "runAsUser": {"runAsUser": 0},
+    }.items():
+        pod = {**good, "initContainers": [{"name": "i", "securityContext": {**container["securityContext"], **sc}}]}
+        assert check in [v.split(":")[0] for v in restricted_violations(pod)], check
+    ports = {**good, "containers": [{**container, "ports": [{"containerPort": 80, "hostPort": 80}]}]}
+    assert [v.split(":")[0] for v in restricted_violations(ports)] == ["hostPorts"]

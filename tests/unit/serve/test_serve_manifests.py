@@ -31,6 +31,8 @@ from lmforge.serve.manifests import (
     write_triton_repository,
 )
 from tests.support.crd_schema import CRDS, strict_validator
+from tests.support.pod_security import restricted_violations
+from tests.support.pods import predictor_pod, serving_runtime_pod
 
 KSERVE = CRDS / "kserve"
 VERSIONS = ("v0.15.2", "v0.20.0")
@@ -193,3 +195,34 @@ def test_triton_engine_repository_takes_its_tensors_from_the_source_graph(onnx_d
     assert [t.name for t in config.output][:2] == ["logits", "present.0.key"]
     with pytest.raises(ConfigError, match="signature_onnx"):
         write_triton_repository(tmp_path / "r2", model_name="m", model_file=plan, platform="tensorrt_plan", cfg=cfg)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("fields", [{}, {"device": "gpu"}, {"runtime": "triton", "device": "gpu"}], ids=str)
+def test_predictor_pods_meet_pod_security_restricted_and_mount_no_api_token(version: str, fields: dict) -> None:
+    """The predictor pod KServe makes of the InferenceService and its runtime (lmforge's ServingRuntime, or the
+    stock Triton one) passes the ``restricted`` checks (tests/support/pod_security.py); the InferenceService alone
+    passes them too, whatever the runtime adds, and still validates strictly."""
+    cfg = _cfg(image="registry.example/lmforge-serve:1", service_account="lmforge-serve", **fields)
+    isvc = build_inference_service(cfg, storage_uri=STORAGE, model_name="lmforge-demo")
+    _validate(isvc, version)
+    if cfg.resolved_runtime == "triton":
+        runtime = yaml.safe_load((KSERVE / version / "kserve-tritonserver.yaml").read_text())
+    else:
+        runtime = build_serving_runtime(cfg)
+    assert restricted_violations(predictor_pod(isvc)) == []
+    assert restricted_violations(predictor_pod(isvc, runtime)) == []
+    assert isvc["spec"]["predictor"]["automountServiceAccountToken"] is False
+
+
+def test_lmforge_serving_runtime_meets_restricted_alone_with_a_read_only_root_and_a_writable_tmp() -> None:
+    runtime = build_serving_runtime(_cfg(image="registry.example/lmforge-serve:1"))
+    crd = KSERVE / "v0.20.0" / "serving.kserve.io_clusterservingruntimes.yaml"
+    assert list(strict_validator(crd, "v1alpha1").iter_errors(runtime)) == []
+    assert restricted_violations(serving_runtime_pod(runtime)) == []
+    (container,) = runtime["spec"]["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (tmp,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+    (volume,) = [v for v in runtime["spec"]["volumes"] if v["name"] == tmp["name"]]
+    assert "emptyDir" in volume

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import urllib.parse
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from lmforge.config.tracking import TrackingConfig
+from lmforge.report_html import breakable
 from lmforge.tracking.redact import REDACTED, Scrubber, flatten, redact_url, secret_like, truncate
+from tests.support.escapes import spelled_out
 
 
 @pytest.mark.parametrize(
@@ -98,3 +103,32 @@ def test_every_tracking_setting_is_described_and_unknown_keys_are_refused():
     with pytest.raises(ValidationError):
         TrackingConfig.model_validate({"uri": "http://x"})
     assert TrackingConfig().tracking_uri is None  # off unless configured
+
+
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfi&CYEXAMPLEKEY"  # the shape of an AWS secret key: '/', '+' and more
+_ESCAPINGS = {
+    "report.html path": lambda s: breakable(f"s3://corpus/{s}/part-0.jsonl"),
+    "HTML numeric references": lambda s: "".join(
+        f"&#{ord(c)};" if i % 2 else f"&#x{ord(c):x};" for i, c in enumerate(s)
+    ),
+    "soft hyphens": lambda s: "\u00ad".join(s),
+    "&shy; and zero-width": lambda s: "".join(c + ("&shy;" if i % 2 else "\u200b\u2060") for i, c in enumerate(s)),
+    "URL-encoded": lambda s: f"https://h/x?sig={urllib.parse.quote(s, safe='')}",
+    "JSON escapes": lambda s: json.dumps({"p": s}).replace("/", "\\/").replace("K", "\\u004b"),
+    "JSON of the HTML": lambda s: json.dumps({"html": breakable(s)}, ensure_ascii=True).replace("<", "\\u003c"),
+    "HTML of the URL-encoded": lambda s: breakable(urllib.parse.quote(s, safe="")),
+}
+
+
+@pytest.mark.parametrize("form", _ESCAPINGS)
+def test_a_secret_is_found_however_the_text_escapes_or_breaks_it(form):
+    text = f"before {_ESCAPINGS[form](AWS_SECRET)} after"
+    clean = Scrubber(env={"AWS_SECRET_ACCESS_KEY": AWS_SECRET}).text(text)
+    assert not spelled_out(clean, AWS_SECRET), clean
+    assert clean.startswith("before ") and clean.endswith(" after") and REDACTED in clean
+
+
+def test_text_around_an_escaped_secret_is_kept_byte_for_byte():
+    html_path = breakable(f"s3://corpus/{AWS_SECRET}/part-0.jsonl")
+    clean = Scrubber([AWS_SECRET]).text(f"<td>{html_path}</td> &amp; %41 \\n")
+    assert clean == f"<td>s3:<wbr>/<wbr>/<wbr>corpus/<wbr>{REDACTED}/<wbr>part-<wbr>0.<wbr>jsonl</td> &amp; %41 \\n"

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from lmforge.report_html import breakable
 from lmforge.results import StageResult
 from lmforge.tracking import PipelineRun, Tracker, register_release
+from tests.support.escapes import spelled_out
 
 pytestmark = pytest.mark.s3
 
@@ -96,3 +99,35 @@ def test_credentials_in_env_config_summary_and_files_appear_in_no_param_tag_or_a
     assert params["storage.bucket"] == "models"
     assert "***" in client.get_run(failed.run_id).data.tags["lmforge.error"]
     assert (Path(tmp_path / "down" / child) / "model" / "report.html").read_text() == "<p>token *** and ***</p>"
+
+
+def test_a_secret_escaped_or_broken_up_in_uploaded_files_reaches_the_server_in_no_form(
+    tracking_env, mlflow_server, monkeypatch, tmp_path
+):
+    """An AWS-style secret key in an input path, as report.html renders it (escaped, ``<wbr>`` after each separator),
+    as JSON writes it, URL-encoded in Markdown, and in a log-like file that is not valid UTF-8: what the real server
+    keeps is read back and decoded by the standard library's HTML, JSON and URL decoders."""
+    secret = "wJalrXUtnFEMI/K7MDENG+bPxRfi&CYEXAMPLEKEY"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    source = f"s3://corpus/{secret}/part-0.jsonl"
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "report.html").write_text(f"<p>input <code>{breakable(source)}</code></p>", encoding="utf-8")
+    (out / "manifest.json").write_text(json.dumps({"source": source}).replace("/", "\\/"), encoding="utf-8")
+    (out / "report.md").write_text(f"[input](https://h/get?u={urllib.parse.quote(source, safe='')})\n")
+    (out / "stats.json").write_bytes(b'{"note": "caf\xe9 ' + "\u00ad".join(secret).encode() + b'"}')
+    result = StageResult(metrics={"docs": 1.0}, html=f"<p>{breakable(source)}</p>")
+
+    tracker = Tracker()
+    run_id = tracker.track_stage("clean", {}, result, run=PipelineRun("kfp-escaped"), outputs={"data": out})
+
+    from mlflow import MlflowClient
+
+    folder = Path(MlflowClient(mlflow_server.uri).download_artifacts(run_id, "data", str(tmp_path / "down")))
+    uploaded = {p.name: p.read_bytes().decode("utf-8", errors="replace") for p in folder.iterdir()}
+    assert sorted(uploaded) == ["manifest.json", "report.html", "report.md", "stats.json"]
+    for name, text in uploaded.items():
+        assert not spelled_out(text, secret), f"{name} reached MLflow with the secret: {text}"
+        assert "***" in text, name  # scrubbed, not dropped
+    assert "part-<wbr>0.<wbr>jsonl" in uploaded["report.html"]  # the rest of the page is as rendered
+    assert (folder / "stats.json").read_bytes().startswith(b'{"note": "caf\xe9 ***')  # the odd byte kept as is
