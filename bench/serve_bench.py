@@ -42,7 +42,6 @@ import asyncio
 import itertools
 import logging
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -52,9 +51,6 @@ from typing import Any
 import httpx
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from serve_helpers import mixed_load, serving
 
 from bench.common import load_average, machine_facts, result_path, text_table, write_results
 from lmforge.artifacts import write_manifest
@@ -67,6 +63,7 @@ from lmforge.model.build import build_model, load_causal_lm, load_tokenizer, sav
 from lmforge.onnx_runtime import OrtDecoderWithPast
 from lmforge.serve.generate import GenerationRequest, generate_batch
 from lmforge.serve.model_dir import is_release, resolve_served_model
+from tests.support.serve_helpers import mixed_load, serving
 
 log = logging.getLogger("bench.serve")
 STUDENT = ModelConfig(arch="gpt2", n_layer=2, n_head=4, n_embd=128, block_size=128)
