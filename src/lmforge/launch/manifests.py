@@ -10,6 +10,10 @@ Nothing here talks to a cluster. The manifests follow the CRDs as published by K
   v2.1 has no ``activeDeadlineSeconds`` either). The CRDs of both are under ``tests/data/crds/``.
 - ``PyTorchJob`` (Training Operator v1, ``kubeflow.org/v1``): a full pod template per replica type
   (``Master`` + ``Worker``), ``nprocPerNode`` and ``runPolicy``.
+
+Pods meet Pod Security ``restricted`` (:mod:`lmforge.pod_security`) wherever the job kind lets lmforge say so: the
+PyTorchJob pod template and a TrainJob's ``runtimePatches``; Trainer v2.1's ``podTemplateOverrides`` has no
+``securityContext``, so there the runtime's applies. Credentials come only as ``secretKeyRef``.
 """
 
 from __future__ import annotations
