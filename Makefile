@@ -80,9 +80,10 @@ base-image:
 # One command on a machine that reaches only Debian and PyPI (CI's): the cpu, serve and train images (the train
 # image in its CPU form: the cpu image's packages) on the local Debian base, torch's CPU wheel from pip's
 # find-links folder when it names one. The pipeline's images, tagged as the compiled pipeline pulls them.
+LOCAL_IMAGES ?= cpu serve train
 local-images:
 	$(ENGINE) image exists $(LOCAL_BASE) || $(MAKE) base-image
-	$(MAKE) images ENGINE=$(ENGINE) IMAGES="cpu serve train" BASE_IMAGE=$(LOCAL_BASE) \
+	$(MAKE) images ENGINE=$(ENGINE) IMAGES="$(LOCAL_IMAGES)" BASE_IMAGE=$(LOCAL_BASE) \
 	  TRAIN_LOCK=images/cpu/requirements.lock \
 	  TORCH_WHEELS=$${TORCH_WHEELS:-$$($(PYTHON) -m pip config get global.find-links 2>/dev/null)}
 
