@@ -211,7 +211,8 @@ def test_serve_image_answers_ready_for_a_release(engine, serve_image, tiny_model
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2.0).status_code == 200:
                     break
-            state = subprocess.run([engine, "inspect", "-f", "{{.State.Running}}", name], capture_output=True, text=True)
+            inspect = [engine, "inspect", "-f", "{{.State.Running}}", name]
+            state = subprocess.run(inspect, capture_output=True, text=True)
             if state.stdout.strip() != "true" or time.monotonic() > deadline:
                 logs = subprocess.run([engine, "logs", name], capture_output=True, text=True)
                 pytest.fail(f"serve image not ready: {(logs.stdout + logs.stderr)[-3000:]}")
