@@ -99,7 +99,14 @@ LOCK_train := --extra deepspeed --extra demo --extra tracking --python-version 3
 LOCK_tensorrt := --extra tracking --python-version 3.12 --python-platform x86_64-manylinux_2_39
 LOCK_serve := --extra serve --python-version 3.11 --python-platform x86_64-manylinux_2_36 $(TORCH_CPU)
 
-lock: lock-cpu lock-train lock-tensorrt lock-serve
+# The train image's CUDA variant from PyPI (images/train/requirements-cuda.in), for the Debian Python 3.11 base.
+LOCK_train-cuda := --extra deepspeed --extra demo --extra tracking --python-version 3.11 --python-platform x86_64-manylinux_2_36
+
+lock: lock-cpu lock-train lock-train-cuda lock-tensorrt lock-serve
+
+lock-train-cuda:
+	$(PYTHON) -m uv pip compile --quiet --no-config --generate-hashes $(if $(UPGRADE),--upgrade,) pyproject.toml \
+	  images/train/requirements-cuda.in $(LOCK_train-cuda) -o images/train/requirements-cuda.lock
 
 lock-%:
 	$(PYTHON) -m uv pip compile --quiet --no-config --generate-hashes $(if $(UPGRADE),--upgrade,) pyproject.toml \
