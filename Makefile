@@ -63,7 +63,7 @@ images:
 	# Build (and with PUSH=1 push) IMAGES to REGISTRY under the tag the compiled pipeline pulls (lmforge images
 	# --tag). Then: lmforge compile --registry $(REGISTRY) --root DIR
 ifeq ($(ENGINE),docker)
-	REGISTRY=$(REGISTRY) TAG=$$($(PYTHON) -m lmforge images --tag) BASE_IMAGE=$(BASE_IMAGE) \
+	REGISTRY=$(REGISTRY) TAG=$$($(PYTHON) -m lmforge images --tag) $(if $(BASE_IMAGE),BASE_IMAGE=$(BASE_IMAGE)) \
 	  docker buildx bake $(IMAGES) $(if $(PUSH),--push,)
 else
 	set -e; tag=$$($(PYTHON) -m lmforge images --tag); for image in $(IMAGES); do \
