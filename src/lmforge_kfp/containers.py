@@ -85,12 +85,14 @@ def docker_api(engine: str) -> Iterator[None]:
         raise ContainerEngineError("--runner podman: podman is not installed (Debian: apt-get install podman runc)")
     with tempfile.TemporaryDirectory(prefix="lmforge-podman-") as folder:
         socket = f"unix://{folder}/podman.sock"
-        service = subprocess.Popen(
-            [podman, "system", "service", "--time=0", socket], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
+        service_log = Path(folder) / "service.log"
+        with open(service_log, "wb") as log_file:
+            service = subprocess.Popen(
+                [podman, "system", "service", "--time=0", socket], stdout=log_file, stderr=subprocess.STDOUT
+            )
         try:
             with _environ("DOCKER_HOST", socket):
-                _wait_for_service(service)
+                _wait_for_service(service, service_log)
                 yield
         finally:
             service.terminate()
@@ -101,12 +103,12 @@ def docker_api(engine: str) -> Iterator[None]:
                 service.wait()
 
 
-def _wait_for_service(service: subprocess.Popen[bytes]) -> None:
+def _wait_for_service(service: subprocess.Popen[bytes], service_log: Path) -> None:
     """Until ``podman system service`` answers; its own error when it exits first."""
     deadline = time.monotonic() + _SERVICE_START_SECONDS
     while True:
         if service.poll() is not None:
-            error = (service.stderr.read() if service.stderr else b"").decode(errors="replace").strip()
+            error = service_log.read_text(errors="replace").strip()
             raise ContainerEngineError(f"podman system service exited ({service.returncode}): {error[-500:]}")
         try:
             _ping()

@@ -7,8 +7,6 @@ The stages run under kfp.local with :mod:`lmforge_kfp.containers`' runner, as ``
 them: as uid 10001, read-only root file system, no network.
 """
 
-from __future__ import annotations
-
 import contextlib
 import json
 import os
@@ -86,6 +84,7 @@ def _smoke_pipeline(folder: Path, cpu_image: str) -> Path:
 
     preflight, clean, tokenize, pretrain = (load_component(n) for n in ("preflight", "clean", "tokenize", "pretrain"))
 
+    # (this module has no `from __future__ import annotations`: KFP reads the pipeline's annotations as types)
     @dsl.pipeline(name="containers-smoke")
     def smoke(corpus_uri: str, release_root: str, pretrain_overrides: str) -> None:
         checked = preflight(
