@@ -190,7 +190,7 @@ def test_cpu_image_runs_a_stage_read_only_as_uid_10001(engine, cpu_image, tmp_pa
     cmd += ["--io", "corpus_uri=demo://shakespeare", "--io", f"cleaned={out / 'cleaned'}"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert read_manifest(out / "cleaned", verify=True)["kind"] == "dataset"
+    assert read_manifest(out / "cleaned", verify=True)["kind"] == "cleaned-corpus"
 
 
 @contextlib.contextmanager
