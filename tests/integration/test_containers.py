@@ -210,7 +210,9 @@ def test_serve_image_answers_ready_for_a_release(engine, serve_image, tiny_model
 
     served = tmp_path / "onnx"
     export_onnx(ExportConfig(), model=tiny_model_dir, onnx_model=served)
-    os.chmod(tmp_path, 0o755)
+    # readable by the image's user, as KServe's storage initializer leaves /mnt/models for the predictor
+    for path in [tmp_path, *served.rglob("*"), served]:
+        path.chmod(path.stat().st_mode | (0o055 if path.is_dir() else 0o044))
     port = free_port()
     args = ["--read-only", "--tmpfs", "/tmp", "--user", "10001:10001", "--network", "host"]
     args += ["-v", f"{served}:/mnt/models:ro", serve_image, "/mnt/models", "--host", "127.0.0.1", "--port", str(port)]
