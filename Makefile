@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: install demo test lint compile images lock gpu-wheels
+.PHONY: install demo test lint compile images base-image local-images lock gpu-wheels
 
 install:
 	# torch first: 2.13.0 resolves to the CPU build; an unpinned resolve pulls a multi-GB CUDA build.
@@ -41,11 +41,51 @@ compile:
 	$(PYTHON) -m lmforge compile
 
 REGISTRY ?= ghcr.io/lmforge
+# The engine: Docker (buildx bake, docker-bake.hcl) when its daemon answers, else podman (no daemon; ENGINE=podman).
+ENGINE ?= $(shell docker info >/dev/null 2>&1 && echo docker || echo podman)
+IMAGES ?= cpu train tensorrt serve
+# podman's settings for this kind of machine (runc, ulimits under the host's limits), system files untouched.
+export CONTAINERS_CONF ?= $(CURDIR)/images/containers.conf
+# Build arguments, each passed only when set (the Dockerfiles' defaults: public bases pinned by digest, PyTorch's
+# CPU index): BASE_IMAGE (also the wheel stage's), TRAIN_LOCK (images/train/Dockerfile's LOCK), TORCH_WHEELS (a
+# local folder holding the locks' torch wheel, podman only) and PIP_CA (a CA bundle for a TLS-intercepting proxy,
+# given to pip as a build secret, never stored in an image).
+PIP_CA ?= $(wildcard /etc/ssl/certs/ca-certificates.crt)
+PODMAN_ARGS = --network=host --layers --build-arg VERSION=$(VERSION) \
+  $(if $(PIP_CA),--secret id=pip-ca$(comma)src=$(PIP_CA)) \
+  $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg WHEEL_IMAGE=$(BASE_IMAGE)) \
+  $(if $(TRAIN_LOCK),--build-arg LOCK=$(TRAIN_LOCK)) \
+  $(if $(TORCH_WHEELS),-v $(TORCH_WHEELS):$(TORCH_WHEELS):ro --build-arg TORCH_FIND_LINKS=$(TORCH_WHEELS) --build-arg TORCH_INDEX_URL=)
+comma := ,
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
 images:
-	# Build (and with PUSH=1 push) the cpu/train/tensorrt/serve images to REGISTRY under the tag the compiled pipeline
-	# pulls (lmforge images --tag); needs a Docker daemon. Then: lmforge compile --registry $(REGISTRY) --root DIR
-	REGISTRY=$(REGISTRY) TAG=$$($(PYTHON) -m lmforge images --tag) docker buildx bake $(if $(PUSH),--push,)
+	# Build (and with PUSH=1 push) IMAGES to REGISTRY under the tag the compiled pipeline pulls (lmforge images
+	# --tag). Then: lmforge compile --registry $(REGISTRY) --root DIR
+ifeq ($(ENGINE),docker)
+	REGISTRY=$(REGISTRY) TAG=$$($(PYTHON) -m lmforge images --tag) $(if $(BASE_IMAGE),BASE_IMAGE=$(BASE_IMAGE)) \
+	  docker buildx bake $(IMAGES) $(if $(PUSH),--push,)
+else
+	set -e; tag=$$($(PYTHON) -m lmforge images --tag); for image in $(IMAGES); do \
+	  podman build $(PODMAN_ARGS) -f images/$$image/Dockerfile -t $(REGISTRY)/lmforge-$$image:$$tag . ; \
+	  $(if $(PUSH),podman push $(REGISTRY)/lmforge-$$image:$$tag;) \
+	done
+endif
+
+# lmforge's Debian base made locally, no registry: Debian bookworm with Python 3.11 (images/base/build.sh).
+LOCAL_BASE ?= localhost/lmforge-base:bookworm
+base-image:
+	ENGINE=$(ENGINE) images/base/build.sh $(LOCAL_BASE)
+
+# One command on a machine that reaches only Debian and PyPI (CI's): the cpu, serve and train images (the train
+# image in its CPU form: the cpu image's packages) on the local Debian base, torch's CPU wheel from pip's
+# find-links folder when it names one. The pipeline's images, tagged as the compiled pipeline pulls them.
+LOCAL_IMAGES ?= cpu serve train
+local-images:
+	$(ENGINE) image exists $(LOCAL_BASE) || $(MAKE) base-image
+	$(MAKE) images ENGINE=$(ENGINE) IMAGES="$(LOCAL_IMAGES)" BASE_IMAGE=$(LOCAL_BASE) \
+	  TRAIN_LOCK=images/cpu/requirements.lock \
+	  TORCH_WHEELS=$${TORCH_WHEELS:-$$($(PYTHON) -m pip config get global.find-links 2>/dev/null)}
 
 # Hash-pinned locks of the images' Python dependencies, images/<runtime>/requirements.lock, which each Dockerfile
 # installs with --require-hashes --no-deps. Each is resolved for its image's Python and platform from pyproject.toml,
@@ -59,7 +99,14 @@ LOCK_train := --extra deepspeed --extra demo --extra tracking --python-version 3
 LOCK_tensorrt := --extra tracking --python-version 3.12 --python-platform x86_64-manylinux_2_39
 LOCK_serve := --extra serve --python-version 3.11 --python-platform x86_64-manylinux_2_36 $(TORCH_CPU)
 
-lock: lock-cpu lock-train lock-tensorrt lock-serve
+# The train image's CUDA variant from PyPI (images/train/requirements-cuda.in), for the Debian Python 3.11 base.
+LOCK_train-cuda := --extra deepspeed --extra demo --extra tracking --python-version 3.11 --python-platform x86_64-manylinux_2_36
+
+lock: lock-cpu lock-train lock-train-cuda lock-tensorrt lock-serve
+
+lock-train-cuda:
+	$(PYTHON) -m uv pip compile --quiet --no-config --generate-hashes $(if $(UPGRADE),--upgrade,) pyproject.toml \
+	  images/train/requirements-cuda.in $(LOCK_train-cuda) -o images/train/requirements-cuda.lock
 
 lock-%:
 	$(PYTHON) -m uv pip compile --quiet --no-config --generate-hashes $(if $(UPGRADE),--upgrade,) pyproject.toml \

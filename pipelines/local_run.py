@@ -17,7 +17,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -27,6 +27,7 @@ from kfp.components import load_component_from_file
 
 from lmforge.errors import LmforgeError
 from lmforge.launch.stage_runner import RUN_ID_ENV
+from lmforge_kfp.containers import ContainerSettings, container_runner
 from lmforge_kfp.pipelines.console import ANSI, RunConsole
 
 COMPILED_PIPELINE = Path(__file__).resolve().parent / "compiled" / "lmforge_pipeline.yaml"
@@ -124,8 +125,10 @@ def run_pipeline_locally(
     *,
     console: str = "verbose",
     out: TextIO | None = None,
+    runner: str = "subprocess",
+    containers: ContainerSettings | None = None,
 ) -> LocalRun:
-    """Run the compiled pipeline with ``SubprocessRunner(use_venv=False)``; raise if any task fails.
+    """Run the compiled pipeline with ``SubprocessRunner(use_venv=False)`` or in containers; raise if a task fails.
 
     Each call gets its own directory ``<pipeline_root>/<run id>/`` (:func:`new_run_id`), so two runs
     started on one ``--output`` never share, or mistake each other's, outputs.
@@ -137,6 +140,9 @@ def run_pipeline_locally(
         console: what ``out`` shows: ``verbose`` (everything kfp.local prints), ``default`` (a line per stage and
             the training progress) or ``quiet`` (nothing); every line also goes to the run's ``logs/``.
         out: where the shown lines go (default: stdout).
+        runner: ``subprocess`` (this Python), or ``docker`` / ``podman``: each task in the image the compiled
+            pipeline names, through the Docker API (:mod:`lmforge_kfp.containers`).
+        containers: mounts, network and environment of the containers (the run's own folder is always mounted).
 
     Raises:
         PipelineRunError: a task failed; its message is the task's own ``error:`` line when it wrote one.
@@ -148,14 +154,31 @@ def run_pipeline_locally(
     local_yaml.write_text(without_retries(Path(pipeline_yaml).read_text(encoding="utf-8")), encoding="utf-8")
     logs = run_root / LOGS
     router = RunConsole(logs, out or sys.stdout, console)
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(run_root), raise_on_error=True)
     start = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        if runner == "subprocess":
+            task_runner = local.SubprocessRunner(use_venv=False)
+        else:
+            settings = containers or ContainerSettings()
+            settings = replace(settings, environment={**settings.environment, RUN_ID_ENV: run_id})
+            task_runner = stack.enter_context(container_runner(runner, local_yaml, settings))
+        local.init(runner=task_runner, pipeline_root=str(run_root), raise_on_error=True)
+        _run(load_component_from_file(str(local_yaml)), params, run_id, run_root, router)
+    seconds = time.perf_counter() - start
+    new = sorted(p for p in run_root.iterdir() if p.is_dir() and p.name != LOGS)
+    if len(new) != 1:
+        raise RuntimeError(f"expected one new run directory under {run_root}, found {[p.name for p in new]}")
+    return LocalRun(new[0], seconds, logs)
+
+
+def _run(pipeline: Any, params: dict[str, Any], run_id: str, run_root: Path, router: RunConsole) -> None:
+    """Run ``pipeline`` under kfp.local (initialized), its output routed to ``router``; raise if a task fails."""
     with warnings.catch_warnings(), _run_id_in_env(run_id), contextlib.redirect_stdout(router), _logs_to(router):
         # Resource, placement and image settings are for the cluster; kfp.local says so once per task.
         warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
         warnings.filterwarnings("ignore", message=".*custom or non-Python base image.*")
         try:
-            load_component_from_file(str(local_yaml))(**params)
+            pipeline(**params)
         except RuntimeError as exc:  # kfp.local's way of saying a task failed
             failed = router.failed_task
             router.close()
@@ -165,8 +188,3 @@ def run_pipeline_locally(
                 f"{reason.removeprefix('error: ')} (task {failed}; log: {log})", run_dir=run_root, task=failed, log=log
             ) from exc
     router.close()
-    seconds = time.perf_counter() - start
-    new = sorted(p for p in run_root.iterdir() if p.is_dir() and p.name != LOGS)
-    if len(new) != 1:
-        raise RuntimeError(f"expected one new run directory under {run_root}, found {[p.name for p in new]}")
-    return LocalRun(new[0], seconds, logs)

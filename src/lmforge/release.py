@@ -90,6 +90,10 @@ VERSION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 CLAIM = ".promotion.json"
 EVALUATION = "evaluation"
 _CAS_ATTEMPTS = 20
+# Set by a runner that runs each stage in its image (lmforge run --runner docker|podman): JSON
+# {runtime: {"reference", "id", "digest"}}; the release manifest records, per stage, the image its runtime ran in.
+IMAGES_ENV = "LMFORGE_IMAGES"
+HOST = "host"
 
 
 def default_version() -> str:
@@ -372,6 +376,7 @@ def _write_release(
         "run_id": run_id,
         "artifacts": {name: lineage[name] for name in sources},
         "withheld": dict(withheld),
+        "images": stage_images(),
         "evaluation": {
             **lineage[EVALUATION],
             "metrics": eval_manifest.get("metrics", {}),
@@ -379,6 +384,20 @@ def _write_release(
             "passed": bool(results.get("passed")),
         },
     }
+
+
+def stage_images() -> dict[str, Any]:
+    """``{stage: image}``: what each registry stage ran in (``$LMFORGE_IMAGES``, by the stage's runtime), or
+    ``"host"`` for a stage run by the host's Python (the subprocess runner, tests)."""
+    from lmforge.stages import STAGES
+
+    try:
+        images = json.loads(os.environ.get(IMAGES_ENV) or "{}")
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"${IMAGES_ENV}: not JSON ({exc})") from exc
+    if not isinstance(images, dict):
+        raise ConfigError(f"${IMAGES_ENV}: expected a JSON object of runtime -> image, got {type(images).__name__}")
+    return {name: images.get(spec.runtime, HOST) for name, spec in sorted(STAGES.items())}
 
 
 def _artifact_lineage(manifest: Mapping[str, Any]) -> dict[str, Any]:

@@ -76,12 +76,23 @@ def run(
         str, typer.Option("--model-name", help="Release name (models/<name>/); default: derived from the corpus.")
     ] = "",
     set_: SetOpt = None,
+    runner: Annotated[
+        str,
+        typer.Option(
+            help="subprocess: every task in this Python. docker or podman: every task in the image the compiled "
+            "pipeline names, through the Docker API ($DOCKER_HOST, Docker's socket, or a podman system service "
+            "lmforge starts), as the image's non-root user with a read-only root file system.",
+        ),
+    ] = "subprocess",
+    container_network: Annotated[
+        str, typer.Option(help="With --runner docker|podman: the tasks' network, none or host (S3, MLflow).")
+    ] = "none",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the final summary (for CI).")] = False,
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Print everything the stages and kfp.local write.")
     ] = False,
 ) -> None:
-    """Run the whole DAG locally (kfp.local, one subprocess per stage) and print what it made.
+    """Run the whole DAG locally (kfp.local: one subprocess, or one container, per stage) and print what it made.
 
     By default one line per stage and the training progress; every line of every stage also goes to the run's
     logs/ folder. The last line of a failed run is the failing stage's own error.
@@ -104,10 +115,28 @@ def run(
             **{f"{stage}_overrides": json.dumps(fields) for stage, fields in by_section.items()},
         }
         mode = "verbose" if verbose else "quiet" if quiet else "default"
-        local_run = run_pipeline_locally(params, output / "runs", console=mode)
+        containers = _container_settings(runner, container_network, output, params)
+        local_run = run_pipeline_locally(params, output / "runs", console=mode, runner=runner, containers=containers)
     except LmforgeError as exc:
         fail(exc)
     _print_summary(local_run, quiet=quiet)
+
+
+def _container_settings(runner: str, network: str, output: Path, params: dict[str, Any]) -> Any:
+    """The containers' mounts (the output folder, a local release root elsewhere, local inputs read-only)."""
+    from lmforge_kfp.containers import ContainerSettings
+
+    if runner == "subprocess":
+        return None
+    if network not in ("none", "host"):
+        raise LmforgeError(f"--container-network {network!r}: expected none or host")
+    output.mkdir(parents=True, exist_ok=True)
+    mounts = [output.resolve()]
+    if "://" not in params["release_root"] and not Path(params["release_root"]).resolve().is_relative_to(mounts[0]):
+        mounts.append(Path(params["release_root"]).resolve())
+    inputs = ("corpus_uri", "qa_uri", "base_model_uri", "student_base_uri")
+    local_inputs = tuple(Path(params[name]).resolve() for name in inputs if params[name] and "://" not in params[name])
+    return ContainerSettings(mounts=tuple(mounts), read_only_mounts=local_inputs, network=network)
 
 
 def _print_summary(local_run: Any, *, quiet: bool) -> None:

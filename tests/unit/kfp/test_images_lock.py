@@ -21,7 +21,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from tests.unit.kfp.test_images import IMAGES, _dockerfile, _instructions, _stages
+from tests.unit.kfp.test_images import IMAGES, _arg_defaults, _dockerfile, _instructions, _resolve, _stages
 
 ROOT = Path(__file__).resolve().parents[3]
 LOCK_IN_IMAGE = "/opt/lmforge/requirements.lock"
@@ -198,16 +198,48 @@ def _pip_installs(runtime: str) -> list[list[str]]:
 
 @pytest.mark.parametrize("runtime", IMAGES)
 def test_each_image_installs_its_lock_with_hashes_then_lmforge_without_dependencies(runtime: str) -> None:
-    final = _stages(_instructions(_dockerfile(runtime)))[-1]
-    copies = [ins.args.split() for ins in final if ins.keyword.upper() == "COPY"]
-    assert [f"images/{runtime}/requirements.lock", LOCK_IN_IMAGE] in copies
-    locked, lmforge = _pip_installs(runtime)
-    assert {"--require-hashes", "--no-deps"} <= set(locked)
-    options = dict(itertools.pairwise(locked))
-    assert options["-r"] == LOCK_IN_IMAGE
-    indexes = [options[w] for w in locked if w.endswith("index-url")]
+    instructions = _instructions(_dockerfile(runtime))
+    defaults = _arg_defaults(instructions)
+    final = _stages(instructions)[-1]
+    copied = {}  # in the image -> in the repository
+    for ins in final:
+        words = _resolve(ins.args, defaults).split()
+        if ins.keyword.upper() == "COPY" and not words[0].startswith("--from"):
+            copied[words[-1]] = words[0]
+    *locked, lmforge = _pip_installs(runtime)
+    assert locked, f"{runtime}: installs no lock"
+    lock_files = []
+    for install in locked:
+        assert {"--require-hashes", "--no-deps"} <= set(install), f"{runtime}: pip install {install} unchecked"
+        options = dict(itertools.pairwise(install))
+        lock_files.append(options["-r"])
+        rest = [w for w in install if w not in ("--require-hashes", "--no-deps", "-r", options["-r"])]
+        # the only other words: the torch source's build arguments, ${TORCH_FIND_LINKS:+--find-links "$...."}
+        assert all("TORCH_" in w for w in rest), f"{runtime}: pip install {install}: more than the lock"
+    own = f"images/{runtime}/requirements.lock"
+    assert any(copied.get(f) == own for f in lock_files), f"{runtime}: does not install {own} ({lock_files})"
+    torch_index = defaults.get("TORCH_INDEX_URL", "")
     cpu_torch = runtime in ("cpu", "serve")  # torch's CPU build
-    assert indexes == (["https://download.pytorch.org/whl/cpu"] if cpu_torch else [])
-    rest = [w for w in locked if w not in ("--require-hashes", "--no-deps", "-r", "--extra-index-url", *indexes)]
-    assert rest == [LOCK_IN_IMAGE]  # nothing installed besides the lock, pinned or not
-    assert lmforge == ["--no-deps", "/wheels/lmforge-*.whl"]  # no extras: their packages are in the lock
+    assert torch_index == ("https://download.pytorch.org/whl/cpu" if cpu_torch else "")
+    assert lmforge == ["--no-deps", "/tmp/lmforge-wheels/lmforge-*.whl"]  # no extras: their packages are locked
+
+
+def test_the_cpu_and_serve_images_share_what_their_locks_pin_alike() -> None:
+    """images/shared_requirements.py: the first install step of both, the layer the two images share."""
+    import subprocess
+    import sys
+
+    locks = [ROOT / "images" / name / "requirements.lock" for name in ("cpu", "serve")]
+    shared = subprocess.run(
+        [sys.executable, str(ROOT / "images" / "shared_requirements.py"), *map(str, locks)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    texts = [re.sub(r"\s*\\\n\s*", " ", lock.read_text()) for lock in locks]
+    for entry in shared:
+        assert all(entry in text for text in texts), f"{entry[:60]}... not pinned alike in both locks"
+    names = {Requirement(entry.split(" --hash")[0]).name for entry in shared}
+    assert {"torch", "transformers", "kfp"} <= names
+    only_cpu = set(read_lock(locks[0]).pins) - names
+    assert only_cpu and only_cpu <= set(read_lock(locks[0]).pins)
