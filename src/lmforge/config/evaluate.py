@@ -184,6 +184,9 @@ class ModelCardConfig(StrictModel):
         "other", description="License identifier of the released weights (Hugging Face card 'license', e.g. mit)."
     )
     language: list[str] = Field(default_factory=lambda: ["en"], description="Languages of the training text.")
+    base_model: str | None = Field(
+        None, description="Hub id (org/name) of the model the run started from (card 'base_model'); null: from scratch."
+    )
     tags: list[str] = Field(default_factory=lambda: ["lmforge"], description="Extra card tags.")
 
 

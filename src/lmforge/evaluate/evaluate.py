@@ -178,7 +178,7 @@ def _generate(
         max_positions=positions,
     )
     log.info(
-        "%s: EM %.3f, F1 %.3f, BLEU %.2f, ROUGE-L %.3f on %d held-out prompts",
+        "%s: EM %.3f (0-1), F1 %.3f (0-1), BLEU %.2f (0-100), ROUGE-L %.3f (0-1) on %d held-out prompts",
         name,
         scores.exact_match,
         scores.f1,

@@ -189,3 +189,20 @@ def flat_metrics(harness: Mapping[str, Any]) -> dict[str, dict[str, float]]:
         }
         for model, by_task in (harness.get("scores") or {}).items()
     }
+
+
+def summary_lines(harness: Mapping[str, Any]) -> list[str]:
+    """One line per task and metric for a log or the run's last lines: ``<task> <metric>: base 0.27, ...``."""
+    scores = harness.get("scores") or {}
+    lines = []
+    for task, info in (harness.get("tasks") or {}).items():
+        metrics = dict.fromkeys(m for s in scores.values() for m in (s.get(task) or {}) if not m.endswith("_stderr"))
+        chance = f" (chance {info['chance']:.2g})" if isinstance(info.get("chance"), int | float) else ""
+        for metric in metrics:
+            values = ", ".join(
+                f"{model} {value:.4g}"
+                for model, by_task in scores.items()
+                if isinstance(value := (by_task.get(task) or {}).get(metric), int | float)
+            )
+            lines.append(f"harness {task} {metric}: {values}{chance if metric == 'acc' else ''}")
+    return lines
