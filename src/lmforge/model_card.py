@@ -64,7 +64,6 @@ def eval_results(model: str, results: Mapping[str, Any]) -> list[Any]:
             metric_type=metric_type,
             metric_name=metric_name,
             metric_value=float(value),
-            source_name="lmforge evaluate",
         )
         for task_type, dataset_type, dataset_name, metric_type, metric_name, value in rows
         if _finite(value)
