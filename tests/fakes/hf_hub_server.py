@@ -7,7 +7,8 @@ Only the calls ``HfApi.create_repo`` and ``HfApi.upload_folder`` make for small 
 ``file`` line per file with base64 ``content`` for "regular" uploads — and reads ``commitUrl``/``commitOid``).
 Every file is answered as "regular", so no LFS or Xet transfer is involved. ``upload_folder`` first posts the
 README to ``/api/validate-yaml``; the Hub's server-side card rules are not public code, so the stand-in records the
-card and accepts it (the card's own parsing is tested with ``huggingface_hub.ModelCard``). Requests without the expected bearer
+card and accepts it (the card's own parsing is tested with ``huggingface_hub.ModelCard``). Requests without the
+expected bearer
 token get 401, as the Hub answers them.
 """
 
