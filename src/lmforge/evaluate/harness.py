@@ -136,8 +136,9 @@ def run_harness(cfg: HarnessConfig, models: Mapping[str, Path], workdir: Path) -
 
     Returns:
         ``{"status": "evaluated", "lm_eval_version", "tasks": {task: {"source", "output_type", "documents",
-        "higher_is_better", "chance"}}, "scores": {model: {task: {metric: value}}}}``, or ``{"status": "skipped",
-        "reason"}``.
+        "higher_is_better", "chance"}}, "scores": {model: {task: {metric: value}}}, "errors": {model: why}}``
+        (a model the harness failed on has no scores, and a gate check on it fails as missing; ``status`` is
+        ``failed`` when no model has any), or ``{"status": "skipped", "reason"}``.
     """
     chosen = {name: path for name, path in models.items() if name in cfg.models}
     if not cfg.enabled or not cfg.tasks:
@@ -158,8 +159,14 @@ def run_harness(cfg: HarnessConfig, models: Mapping[str, Path], workdir: Path) -
     sources = dict(zip(names, cfg.tasks, strict=True))
     tasks: dict[str, Any] = {}
     scores: dict[str, dict[str, dict[str, float]]] = {}
+    errors: dict[str, str] = {}
     for name, path in chosen.items():
-        out = evaluate_model(path, names, cfg, manager)
+        try:
+            out = evaluate_model(path, names, cfg, manager)
+        except Exception as exc:  # lm-eval's own checks (a request longer than the model's context, say)
+            errors[name] = f"{type(exc).__name__}: {exc}".strip(": ")
+            log.warning("%s: lm-evaluation-harness failed (%s); its harness scores are missing", name, errors[name])
+            continue
         scores[name] = {task: _scores(out["results"].get(task) or {}) for task in names}
         for task in names:
             config = out["configs"].get(task) or {}
@@ -175,7 +182,8 @@ def run_harness(cfg: HarnessConfig, models: Mapping[str, Path], workdir: Path) -
             name,
             "; ".join(f"{t} " + ", ".join(f"{m} {v:.4g}" for m, v in s.items()) for t, s in scores[name].items()),
         )
-    return {"status": "evaluated", "lm_eval_version": version("lm-eval"), "tasks": tasks, "scores": scores}
+    status = {"status": "evaluated" if scores else "failed", "lm_eval_version": version("lm-eval")}
+    return {**status, "tasks": tasks, "scores": scores, "errors": errors}
 
 
 def flat_metrics(harness: Mapping[str, Any]) -> dict[str, dict[str, float]]:

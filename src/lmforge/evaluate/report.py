@@ -503,7 +503,7 @@ def harness_rows(harness: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]
 def harness_html(harness: Mapping[str, Any]) -> str:
     """lm-evaluation-harness scores per model: a table, a chart of each task's accuracy, what each task is."""
     if harness.get("status") != "evaluated":
-        reason = html.escape(str(harness.get("reason") or "not run"))
+        reason = html.escape(str(harness.get("reason") or harness.get("errors") or "not run"))
         return f'<p>lm-evaluation-harness: <span class="skip">skipped: {reason}</span></p>'
     headers, rows = harness_rows(harness)
     tasks = harness.get("tasks") or {}
@@ -518,6 +518,8 @@ def harness_html(harness: Mapping[str, Any]) -> str:
         f"class on each PyTorch model directory: {about}. acc is a fraction (0–1); ± one standard error.</p>"
     )
     body += table(headers, rows)
+    for model, error in (harness.get("errors") or {}).items():
+        body += f'<p class="fail">{html.escape(MODEL_LABELS.get(model, model))}: {breakable(error)}</p>'
     series = {
         task: {
             MODEL_LABELS.get(model, model): by_task[task]["acc"]
