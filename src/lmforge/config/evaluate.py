@@ -175,6 +175,12 @@ class HarnessConfig(StrictModel):
     limit: int | None = Field(None, gt=0, description="Documents per task (null: all).")
     num_fewshot: int | None = Field(None, ge=0, description="Few-shot examples per prompt (null: each task's own).")
     batch_size: int = Field(16, gt=0, description="Requests per forward pass.")
+    bootstrap_iters: int = Field(
+        1000,
+        ge=0,
+        description="Resamples for the bootstrap standard errors (perplexity); lm-eval's own default, 100000, "
+        "costs seconds per task and model (0: no bootstrap standard errors).",
+    )
 
 
 class ModelCardConfig(StrictModel):

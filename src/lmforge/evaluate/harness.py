@@ -125,6 +125,7 @@ def evaluate_model(path: Path, tasks: list[str], cfg: HarnessConfig, task_manage
         batch_size=cfg.batch_size,
         device="cpu",
         limit=cfg.limit,
+        bootstrap_iters=cfg.bootstrap_iters,
         log_samples=False,
         task_manager=task_manager,
         verbosity="WARNING",

@@ -72,7 +72,7 @@ def test_task_yaml_data_files_resolve_against_the_yaml_and_from_s3(tmp_path, s3_
 
 @pytest.mark.slow
 def test_scores_equal_lm_eval_command_line_on_the_same_model_and_yaml(random_model, tmp_path):
-    cfg = HarnessConfig(limit=12, batch_size=8)
+    cfg = HarnessConfig(limit=12, batch_size=8, bootstrap_iters=100_000)  # the command line's bootstrap
     ours = run_harness(cfg, {"student": random_model}, tmp_path / "work")
     include = tmp_path / "work" / "harness-tasks"
     out = tmp_path / "cli"
