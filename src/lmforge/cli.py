@@ -327,6 +327,29 @@ def _short(value: float) -> str:
     return f"{value:.3g}{' kMGTPEZY'[exponent].strip()}"
 
 
+@app.command()
+def push(
+    release: Annotated[str, typer.Argument(help="A release models/<name>/<version>/ (local or s3://).")],
+    to: Annotated[str, typer.Option("--to", help="Hugging Face Hub repository: hf://<org>/<name>.")],
+    artifact: Annotated[
+        str, typer.Option("--artifact", help="Release folder to upload with its model card: student or an ONNX one.")
+    ] = "student",
+    token: Annotated[
+        str | None, typer.Option("--token", help="Hub token (default $HF_TOKEN); the hub is $HF_ENDPOINT.")
+    ] = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Upload a release folder and its model card (README.md) to the Hugging Face Hub with huggingface_hub."""
+    setup_cli_logging(verbose)
+    from lmforge.model_card import push as push_release
+
+    try:
+        url = push_release(release, to, artifact=artifact, token=token)
+    except LmforgeError as exc:
+        fail(exc)
+    typer.echo(f"pushed {artifact} of {release} to {to}: {url}")
+
+
 registry_app = typer.Typer(no_args_is_help=True, help="Maintain a release registry (or a staging prefix).")
 app.add_typer(registry_app, name="registry")
 

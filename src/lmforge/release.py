@@ -81,6 +81,7 @@ from lmforge.errors import (
     ReleaseExistsError,
     StorageError,
 )
+from lmforge.model_card import write_cards
 from lmforge.results import StageResult
 from lmforge.tracking.promotion import check_alias_baseline, from_alias, register_promoted
 
@@ -367,6 +368,9 @@ def _write_release(
             "uri": dest,
             "files": len(copied),
         }
+    write_cards(
+        target, list(sources), model_name=model_name, version=version, results=results, evaluation=eval_manifest
+    )
     return {
         "kind": "release",
         "model_name": model_name,

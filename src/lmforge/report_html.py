@@ -20,7 +20,7 @@ h1{font-size:1.6rem;border-bottom:2px solid #3b5bdb;padding-bottom:.3rem}h2{font
 .scroll{max-width:100%;overflow-x:auto;margin:.6rem 0}
 table{border-collapse:collapse;font-size:.92rem}th,td{border:1px solid #ccd;
 padding:.3rem .6rem;text-align:right;vertical-align:top}th{background:#eef1fb}
-td:first-child,th:first-child{text-align:left}td.text{text-align:left}
+td:first-child,th:first-child{text-align:left}td.text{text-align:left}td.pre{white-space:pre-wrap}
 .pass{color:#0b7a2a;font-weight:600}.fail{color:#b3261e;font-weight:600}.skip{color:#8a6d00;font-weight:600}
 img{max-width:100%;height:auto}.note{color:#556;font-size:.9rem}
 code,pre{overflow-wrap:anywhere}pre{white-space:pre-wrap;background:#f6f7fb;padding:.6rem;font-size:.85rem}
@@ -96,8 +96,10 @@ def bar_plot(values: Mapping[str, float], *, title: str, ylabel: str) -> str:
     return figure_png(fig)
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """An HTML table in its own scroll box: floats with 4 significant digits, ``None`` as an em dash, text left."""
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, preformatted: bool = False) -> str:
+    """An HTML table in its own scroll box: floats with 4 significant digits, ``None`` as an em dash, text left;
+    with ``preformatted``, text cells keep their line breaks (prompts)."""
+    text_class = "text pre" if preformatted else "text"
 
     def cell(value: Any) -> str:
         if value is None:
@@ -106,7 +108,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
             return f"<td>{value:.4g}</td>"
         if isinstance(value, int):
             return f"<td>{value}</td>"
-        return f'<td class="text">{breakable(str(value))}</td>'
+        return f'<td class="{text_class}">{breakable(str(value))}</td>'
 
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(cell(v) for v in row) + "</tr>" for row in rows)

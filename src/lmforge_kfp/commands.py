@@ -162,6 +162,12 @@ def _print_summary(local_run: Any, *, quiet: bool) -> None:
 
     for line in headline_lines(results.get("headline") or {}):
         typer.echo(line)
+    from lmforge.evaluate.harness import summary_lines as harness_lines
+
+    for line in harness_lines(results.get("harness") or {}):
+        typer.echo(line)
+    for line in results.get("verdict") or []:
+        typer.echo(f"verdict: {line}")
     typer.echo(_serve_hint(local_run))
 
 

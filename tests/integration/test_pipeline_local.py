@@ -46,6 +46,7 @@ SMALL = {
         "context": 64,
         "max_eval_tokens": 2048,
         "latency_runs": 3,
+        "harness.limit": 8,  # the packaged tasks on 8 documents each: the DAG's wiring is the subject here
         "gate.max_empty_answers": None,
         "gate.max_answer_loss_increase": None,
         "gate.max_f1_drop": None,
@@ -169,6 +170,17 @@ def test_report_and_gate_and_release(local_run):
     assert run.promoted
     manifest = json.loads(storage.read_bytes(_release(root, "v-test", MANIFEST)))
     assert manifest["version"] == "v-test" and manifest["run_id"] == run.run_dir.parent.name
+    # the release's model card parses and carries the report's harness numbers
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(storage.localize(_release(root, "v-test", "student", "README.md"), root / "card"))
+    numbers = {
+        (e["dataset"]["type"], m["type"]): m["value"]
+        for e in card.data.to_dict()["model-index"][0]["results"]
+        for m in e["metrics"]
+    }
+    for task, scores in results["harness"]["scores"]["student"].items():
+        assert numbers[(task, "acc")] == scores["acc"]
     status = json.loads((run.output("build-tensorrt", "engine") / "status.json").read_text())
     assert status["status"] == "skipped" and status["reason"]
 

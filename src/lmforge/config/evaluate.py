@@ -9,6 +9,26 @@ from pydantic import Field, model_validator
 from lmforge.config.base import StrictModel
 
 
+class HarnessCheck(StrictModel):
+    """Gate checks on one harness metric (``harness.<task>.<metric>``), in the gate's forms: a floor, a drop
+    against the teacher (a fraction of the teacher's value) and a drop against production (absolute)."""
+
+    model: str = Field("student", description="Whose metric is checked.")
+    min: float | None = Field(None, description="Fail when the metric is below this (null: no floor).")
+    max_drop_vs_teacher: float | None = Field(
+        None,
+        ge=0.0,
+        description="Fail when the metric is below the teacher's by more than this fraction of the teacher's "
+        "(null: no comparison; for a lower-is-better metric such as perplexity, the rise).",
+    )
+    max_drop_vs_production: float | None = Field(
+        None,
+        ge=0.0,
+        description="Fail when the metric is below the production release's by more than this (absolute; null: "
+        "no comparison; for a lower-is-better metric, the rise).",
+    )
+
+
 class GateConfig(StrictModel):
     """Thresholds the candidate must meet to be promoted: alone, against the teacher and the base model it came
     from, and against the production release. The defaults fail a model that answers nothing."""
@@ -90,6 +110,18 @@ class GateConfig(StrictModel):
         description="Fail when cleaning kept less than this fraction of the corpus's documents or bytes "
         "(null: warn only, see retention_warning).",
     )
+    harness: dict[str, HarnessCheck] = Field(
+        default_factory=dict,
+        description="Checks on lm-evaluation-harness metrics by name harness.<task>.<metric> "
+        "(e.g. harness.lmforge_qa_mc.acc: {min: 0.3, max_drop_vs_teacher: 0.1}).",
+    )
+
+    @model_validator(mode="after")
+    def _harness_names(self) -> GateConfig:
+        for name in self.harness:
+            if name.count(".") < 2 or not name.startswith("harness."):
+                raise ValueError(f"gate.harness key {name!r} must be harness.<task>.<metric>")
+        return self
 
 
 class GenerationEvalConfig(StrictModel):
@@ -125,6 +157,45 @@ class GenerationEvalConfig(StrictModel):
     samples: int = Field(8, ge=0, description="Prompts with every model's answer shown in the report.")
 
 
+class HarnessConfig(StrictModel):
+    """Standard evaluations with lm-evaluation-harness (the ``harness`` extra) on the PyTorch models."""
+
+    enabled: bool = Field(True, description="Run the harness tasks (skipped with a log line without lm-eval).")
+    tasks: list[str] = Field(
+        default_factory=lambda: ["lmforge_qa_mc", "lmforge_cloze"],
+        description="Task names (lmforge's packaged lmforge_qa_mc and lmforge_cloze, or any lm-evaluation-harness "
+        "task, e.g. hellaswag, arc_easy, mmlu, for clusters that reach the Hugging Face hub) and/or task YAML files "
+        "(local or s3://) whose dataset_kwargs.data_files are local paths (relative to the YAML) or s3:// URIs, "
+        "fetched first.",
+    )
+    models: list[str] = Field(
+        default_factory=lambda: ["base", "teacher", "student"],
+        description="PyTorch models the tasks run on (by name).",
+    )
+    limit: int | None = Field(None, gt=0, description="Documents per task (null: all).")
+    num_fewshot: int | None = Field(None, ge=0, description="Few-shot examples per prompt (null: each task's own).")
+    batch_size: int = Field(16, gt=0, description="Requests per forward pass.")
+    bootstrap_iters: int = Field(
+        1000,
+        ge=0,
+        description="Resamples for the bootstrap standard errors (perplexity); lm-eval's own default, 100000, "
+        "costs seconds per task and model (0: no bootstrap standard errors).",
+    )
+
+
+class ModelCardConfig(StrictModel):
+    """What the release's model card (README.md, Hugging Face card metadata) says beyond the run's numbers."""
+
+    license: str = Field(
+        "other", description="License identifier of the released weights (Hugging Face card 'license', e.g. mit)."
+    )
+    language: list[str] = Field(default_factory=lambda: ["en"], description="Languages of the training text.")
+    base_model: str | None = Field(
+        None, description="Hub id (org/name) of the model the run started from (card 'base_model'); null: from scratch."
+    )
+    tags: list[str] = Field(default_factory=lambda: ["lmforge"], description="Extra card tags.")
+
+
 class EvaluateConfig(StrictModel):
     """The ``evaluate`` stage."""
 
@@ -140,7 +211,13 @@ class EvaluateConfig(StrictModel):
     generation: GenerationEvalConfig = Field(
         default_factory=GenerationEvalConfig, description="Generation metrics on held-out Q&A."
     )
+    harness: HarnessConfig = Field(
+        default_factory=HarnessConfig, description="lm-evaluation-harness tasks (report, metrics, gate checks)."
+    )
     gate: GateConfig = Field(default_factory=GateConfig, description="Promotion thresholds.")
+    card: ModelCardConfig = Field(
+        default_factory=ModelCardConfig, description="Model card metadata (promote writes the card into the release)."
+    )
     production_source: Literal["registry", "mlflow"] = Field(
         "registry",
         description="Where the gate's production baseline comes from: registry = the release root's latest.json; "

@@ -9,7 +9,9 @@ on the reference answers of the held-out Q&A examples (:mod:`lmforge.evaluate.an
 models answer the held-out prompts (:mod:`lmforge.evaluate.generation`). The gate
 (:mod:`lmforge.evaluate.gate`) compares the result with fixed thresholds, with the teacher and the base
 model (the task kept, the corpus not forgotten), with the data the cleaning kept, and with the production
-release read from the registry. The TensorRT engine is not run here; its ``status.json`` (built, or
+release read from the registry. lm-evaluation-harness tasks run on the PyTorch models
+(:mod:`lmforge.evaluate.harness`), and the verdict (:mod:`lmforge.evaluate.verdict`) says in one sentence per model
+what it is good for. The TensorRT engine is not run here; its ``status.json`` (built, or
 skipped with a reason) is reported as is.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +48,10 @@ from lmforge.errors import ConfigError, InputDataError
 from lmforge.evaluate.answer_loss import answer_loss, encode_heldout
 from lmforge.evaluate.gate import check_gate, headline
 from lmforge.evaluate.generation import evaluate_generation, group_by_prompt, prompt_and_reference, samples
+from lmforge.evaluate.harness import PREFIX as HARNESS_PREFIX
+from lmforge.evaluate.harness import flat_metrics, run_harness
 from lmforge.evaluate.report import comparison_rows, html_report, markdown_summary
+from lmforge.evaluate.verdict import verdict_lines
 from lmforge.metrics.latency import latency_profile
 from lmforge.metrics.perplexity import (
     LogitsFn,
@@ -172,7 +178,7 @@ def _generate(
         max_positions=positions,
     )
     log.info(
-        "%s: EM %.3f, F1 %.3f, BLEU %.2f, ROUGE-L %.3f on %d held-out prompts",
+        "%s: EM %.3f (0-1), F1 %.3f (0-1), BLEU %.2f (0-100), ROUGE-L %.3f (0-1) on %d held-out prompts",
         name,
         scores.exact_match,
         scores.f1,
@@ -348,7 +354,8 @@ MODEL_METRICS: tuple[str, ...] = (
     "answer_loss",
     "empty_answer_fraction",
 )
-"""Per-model figures logged as ``<model>_<metric>`` KFP metrics (and kept in the release manifest)."""
+"""Per-model figures logged as ``<model>_<metric>`` KFP metrics (and kept in the release manifest), with every
+harness metric as ``<model>_harness.<task>.<metric>``."""
 
 
 def run(
@@ -485,6 +492,11 @@ def evaluate_models(
 
     if (engine := _engine_entry(trt)) is not None:
         evaluated["tensorrt"] = {"uri": str(engine_dir), **engine}
+    with tempfile.TemporaryDirectory(prefix="lmforge-harness-") as workdir:
+        harness = run_harness(cfg.harness, torch_paths, Path(workdir))
+    for name, figures in flat_metrics(harness).items():
+        evaluated[name].update(figures)
+
     served = served_model(evaluated)
     if qa is not None and cfg.generation.served and served in onnx_models:
         generated = _generate_served(served, paths[served], qa, cfg, max_positions(configs[served]))
@@ -520,6 +532,7 @@ def evaluate_models(
         "served_model": served,
         "tensorrt": trt,
         "generation": generation,
+        "harness": harness,
         "production": production_baseline(release_root, model_name or "", cfg.production_source),
         "data": data_summary(Path(shards_dir), Path(cleaned_dir) if cleaned_dir is not None else None),
     }
@@ -527,11 +540,14 @@ def evaluate_models(
     results["gate"] = decision.to_dict()
     results["passed"] = decision.passed
     results["headline"] = headline(results)
+    results["verdict"] = verdict_lines(results)
     log.info("gate %s", "passed" if decision.passed else "failed")
     for check in decision.checks:
         log.info("  %s %s: %s", "PASS" if check.passed else "FAIL", check.name, check.reason)
     for warning in decision.warnings:
         log.warning("gate warning: %s", warning)
+    for line in results["verdict"]:
+        log.info("verdict: %s", line)
 
     histories = {name: h for name, path in paths.items() if (h := read_history(path)) is not None}
     # The config each model was made with, as its manifest records it, and this stage's own.
@@ -541,7 +557,7 @@ def evaluate_models(
     summary_md = markdown_summary(results, run_id=run_id or None, preset=preset or None)
     metrics: dict[str, float] = {}
     for name, entry in evaluated.items():
-        for key in MODEL_METRICS:
+        for key in [*MODEL_METRICS, *(k for k in entry if k.startswith(HARNESS_PREFIX))]:
             if isinstance(entry.get(key), int | float):
                 metrics[f"{name}_{key}"] = float(entry[key])
     metrics["passed"] = 1.0 if decision.passed else 0.0
@@ -574,6 +590,7 @@ def evaluate_models(
             "checks": results["gate"]["checks"],
             "warnings": decision.warnings,
             "headline": results["headline"],
+            "verdict": results["verdict"],
             "table": table_rows,
         },
         markdown=summary_md,

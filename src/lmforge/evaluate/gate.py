@@ -362,6 +362,57 @@ def check_data_retention(cfg: GateConfig, results: Mapping[str, Any]) -> Check:
     return Check(name, value, cfg.min_retention, passed, reason, warning)
 
 
+def _lower_is_better(results: Mapping[str, Any], key: str) -> bool:
+    """Whether the harness says ``harness.<task>.<metric>`` is better lower (perplexity, say)."""
+    _, task, metric = key.split(".", 2)
+    task_info = ((results.get("harness") or {}).get("tasks") or {}).get(task) or {}
+    return (task_info.get("higher_is_better") or {}).get(metric) is False
+
+
+def check_harness(cfg: GateConfig, results: Mapping[str, Any]) -> list[Check]:
+    """``gate.harness``'s checks on lm-evaluation-harness metrics (``results["models"][model]["harness.<task>.
+    <metric>"]``), in the gate's forms: a floor (``<key>``), a drop against the teacher as a fraction of the
+    teacher's value (``<key>_vs_teacher``) and a drop against production, absolute (``<key>_vs_production``).
+
+    For a metric the harness marks lower-is-better the floor is a ceiling and a drop is a rise.
+    """
+    checks = []
+    for key, limits in cfg.harness.items():
+        model, lower = limits.model, _lower_is_better(results, key)
+        what = f"{model} {key}"
+        sign = -1.0 if lower else 1.0
+        if limits.min is not None:
+            value, missing = _number(results, model, key)
+            bound = _at_most if lower else _at_least
+            checks.append(bound(key, value, limits.min, missing, what))
+        if limits.max_drop_vs_teacher is not None:
+            value, teacher, missing = _pair(results, model, TEACHER, key)
+            problems = [missing] if missing else []
+            change = _relative(value, teacher, problems, f"{TEACHER}.{key}")
+            drop = None if change is None else -sign * change
+            checks.append(
+                _at_most(
+                    f"{key}_vs_teacher",
+                    drop,
+                    limits.max_drop_vs_teacher,
+                    "; ".join(problems),
+                    f"{what} {'rise' if lower else 'drop'} vs teacher (fraction of teacher's)",
+                )
+            )
+        if limits.max_drop_vs_production is not None:
+            name = f"{key}_vs_production"
+            prod, prod_missing, version = _production(results, f"{model}_{key}")
+            if version is None:
+                checks.append(_no_production_yet(name, limits.max_drop_vs_production, prod_missing))
+                continue
+            value, missing = _number(results, model, key)
+            drop = sign * (prod - value) if value is not None and prod is not None else None
+            missing = "; ".join(m for m in (missing, prod_missing) if m)
+            what_prod = f"{what} {'rise' if lower else 'drop'} vs production {version}"
+            checks.append(_at_most(name, drop, limits.max_drop_vs_production, missing, what_prod))
+    return checks
+
+
 CHECKS = (
     check_student_perplexity,
     check_int8_delta,
@@ -381,7 +432,7 @@ CHECKS = (
 
 def check_gate(cfg: GateConfig, results: Mapping[str, Any]) -> GateDecision:
     """Run every check; the gate passes only when all do."""
-    checks = [check(cfg, results) for check in CHECKS]
+    checks = [check(cfg, results) for check in CHECKS] + check_harness(cfg, results)
     return GateDecision(passed=all(c.passed for c in checks), checks=checks)
 
 

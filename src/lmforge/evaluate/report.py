@@ -32,23 +32,37 @@ MODEL_LABELS: dict[str, str] = {
 }
 """Rows always shown in the comparison, in this order; other evaluated models follow."""
 
-TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
+SCALES: dict[str, str] = {"EM": "EM (0–1)", "F1": "F1 (0–1)", "BLEU": "BLEU (0–100)", "ROUGE-L": "ROUGE-L (0–1)"}
+"""Q&A metric labels with their scales: sacrebleu's BLEU is 0–100, the others 0–1."""
+
+QUALITY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("label", "model"),
-    ("status", "status"),
     ("perplexity", "perplexity"),
     ("bits_per_byte", "bits/byte"),
-    ("exact_match", "EM"),
-    ("f1", "F1"),
-    ("bleu", "BLEU"),
-    ("rouge_l", "ROUGE-L"),
+    ("exact_match", SCALES["EM"]),
+    ("f1", SCALES["F1"]),
+    ("bleu", SCALES["BLEU"]),
+    ("rouge_l", SCALES["ROUGE-L"]),
     ("answer_loss", "answer loss"),
     ("empty_answer_fraction", "empty answers"),
+)
+SPEED_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("label", "model"),
+    ("status", "status"),
     ("size_mb", "size MB"),
     ("p50_ms", "p50 ms (b1)"),
     ("p99_ms", "p99 ms (b1)"),
     ("p99_ms_b8", "p99 ms (b8)"),
     ("tokens_per_s", "tokens/s (b8)"),
 )
+"""The model comparison as two tables (quality; size and speed), each narrow enough to show whole on a page."""
+TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
+    *QUALITY_COLUMNS[:1],
+    SPEED_COLUMNS[1],
+    *QUALITY_COLUMNS[1:],
+    *SPEED_COLUMNS[2:],
+)
+"""Every compared figure in one table (the Markdown summary)."""
 
 
 def _numbers(values: Any) -> list[float] | None:
@@ -84,9 +98,8 @@ def loss_series(history: Mapping[str, Any]) -> dict[str, tuple[list[float], list
 
 
 def _status(results: Mapping[str, Any], name: str) -> str:
-    if name == "tensorrt":
-        trt = results.get("tensorrt") or {}
-        return tensorrt_status_text(trt)
+    if name == "tensorrt":  # the reason is shown under the table and in the TensorRT section, not in the cell
+        return str((results.get("tensorrt") or {}).get("status") or "absent")
     return "evaluated" if name in (results.get("models") or {}) else "not evaluated"
 
 
@@ -187,8 +200,13 @@ def grouped_bar_plot(groups: Mapping[str, Mapping[str, float]], *, title: str, y
     return figure_png(fig)
 
 
-def _comparison_html(rows: Sequence[Mapping[str, Any]]) -> str:
-    body = table([h for _, h in TABLE_COLUMNS], [[row[k] for k, _ in TABLE_COLUMNS] for row in rows])
+def _comparison_html(rows: Sequence[Mapping[str, Any]], trt: Mapping[str, Any] | None = None) -> str:
+    body = "".join(
+        table([h for _, h in columns], [[row[k] for k, _ in columns] for row in rows])
+        for columns in (QUALITY_COLUMNS, SPEED_COLUMNS)
+    )
+    if trt and trt.get("reason"):
+        body += f'<p class="note">TensorRT engine: {breakable(tensorrt_status_text(trt))}</p>'
     plots = []
     quality = {
         series: {r["label"]: r[key] for r in rows if _finite(r[key])}
@@ -202,8 +220,9 @@ def _comparison_html(rows: Sequence[Mapping[str, Any]]) -> str:
         plots.append(
             bar_plot(quality["bits/byte"], title="Quality: bits per byte (lower is better)", ylabel="bits/byte")
         )
-    answers = (("exact_match", "EM"), ("f1", "F1"), ("rouge_l", "ROUGE-L"))
-    plots.append(_grouped_chart(rows, answers, title="Quality: held-out Q&A (higher is better)", ylabel="score"))
+    answers = (("exact_match", SCALES["EM"]), ("f1", SCALES["F1"]), ("rouge_l", SCALES["ROUGE-L"]))
+    title = "Quality: held-out Q&A (higher is better)"
+    plots.append(_grouped_chart(rows, answers, title=title, ylabel="score (0–1)"))
     sized = {r["label"]: r["size_mb"] for r in rows if _finite(r["size_mb"])}
     if sized:
         plots.append(bar_plot(sized, title="Size: weight files", ylabel="MB"))
@@ -238,7 +257,7 @@ def _generation_html(results: Mapping[str, Any]) -> str:
         f"greedy decoding, at most {gen.get('max_new_tokens')} new tokens.</p>"
     )
     body += table(
-        ["model", "prompts", "EM", "F1", "BLEU", "ROUGE-L", "empty answers"],
+        ["model", "prompts", SCALES["EM"], SCALES["F1"], SCALES["BLEU"], SCALES["ROUGE-L"], "empty answers"],
         [
             [
                 MODEL_LABELS.get(n, n),
@@ -262,6 +281,7 @@ def _generation_html(results: Mapping[str, Any]) -> str:
                 [row["prompt"], " | ".join(row["references"]), *[row["answers"].get(n) or "(empty)" for n in names]]
                 for row in sample_rows
             ],
+            preformatted=True,
         )
     return body
 
@@ -364,18 +384,23 @@ def html_report(
     """
     verdict = "passed" if results.get("passed") else "failed"
     served = results.get("served_model") or "none"
-    summary = _run_html(run_id, preset) + (
-        f'<p>Gate <span class="{"pass" if results.get("passed") else "fail"}">{verdict}</span>; '
-        f"served model: {html.escape(str(served))}; compared with {html.escape(_production_text(results))}.</p>"
-        + "".join(
-            f'<p class="{"fail" if line.startswith("WARNING") else "note"}">{html.escape(line)}</p>'
-            for line in headline_lines(results.get("headline") or {})
+    summary = (
+        verdict_html(results.get("verdict") or [])
+        + _run_html(run_id, preset)
+        + (
+            f'<p>Gate <span class="{"pass" if results.get("passed") else "fail"}">{verdict}</span>; '
+            f"served model: {html.escape(str(served))}; compared with {html.escape(_production_text(results))}.</p>"
+            + "".join(
+                f'<p class="{"fail" if line.startswith("WARNING") else "note"}">{html.escape(line)}</p>'
+                for line in headline_lines(results.get("headline") or {})
+            )
         )
     )
     sections = [
         ("Summary", summary),
         ("Gate", _gate_html(results.get("gate") or {})),
-        ("Model comparison", _comparison_html(comparison_rows(results))),
+        ("Model comparison", _comparison_html(comparison_rows(results), results.get("tensorrt"))),
+        ("Standard evaluations", harness_html(results.get("harness") or {})),
         ("Generation", _generation_html(results)),
         ("Loss curves", _curves_html(histories or {})),
         ("Data", _data_html(results.get("data") or {})),
@@ -415,11 +440,13 @@ def markdown_summary(results: Mapping[str, Any], *, run_id: str | None = None, p
         "",
         *(f"- {_md(line)}" for line in headline_lines(results.get("headline") or {})),
         "",
+        *verdict_markdown(results.get("verdict") or []),
         "| " + " | ".join(h for _, h in TABLE_COLUMNS) + " |",
         "|" + "---|" * len(TABLE_COLUMNS),
     ]
     for row in comparison_rows(results):
         lines.append("| " + " | ".join(_md(row[k]) for k, _ in TABLE_COLUMNS) + " |")
+    lines += harness_markdown(results.get("harness") or {})
     lines += ["", "## Gate", ""]
     for check in gate.get("checks", []):
         mark = "PASS" if check.get("passed") else "FAIL"
@@ -435,3 +462,89 @@ def markdown_summary(results: Mapping[str, Any], *, run_id: str | None = None, p
             for name, answer in row.get("answers", {}).items():
                 lines.append(f"  - {name}: {_md(answer) if answer else '(empty)'}")
     return "\n".join(lines) + "\n"
+
+
+def verdict_html(lines: Sequence[str]) -> str:
+    """The verdict in words, one sentence per model, at the top of the report."""
+    if not lines:
+        return ""
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+    return f'<div class="verdict"><p><strong>Verdict</strong></p><ul>{items}</ul></div>'
+
+
+def verdict_markdown(lines: Sequence[str]) -> list[str]:
+    """The verdict as a Markdown section (empty without one)."""
+    return ["## Verdict", "", *(f"- {_md(line)}" for line in lines), ""] if lines else []
+
+
+def harness_rows(harness: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """Headers and one row per model of the harness scores: ``task metric`` columns (with ``±`` standard errors)."""
+    tasks = harness.get("tasks") or {}
+    scores = harness.get("scores") or {}
+    columns = [
+        (task, metric)
+        for task in tasks
+        for metric in dict.fromkeys(
+            m for s in scores.values() for m in (s.get(task) or {}) if not m.endswith("_stderr")
+        )
+    ]
+    headers = ["model", *(f"{task} {metric}" for task, metric in columns)]
+    rows = []
+    for model, by_task in scores.items():
+        cells: list[Any] = [MODEL_LABELS.get(model, model)]
+        for task, metric in columns:
+            value = (by_task.get(task) or {}).get(metric)
+            stderr = (by_task.get(task) or {}).get(f"{metric}_stderr")
+            cells.append(None if value is None else f"{value:.4g} ± {stderr:.2g}" if _finite(stderr) else value)
+        rows.append(cells)
+    return headers, rows
+
+
+def harness_html(harness: Mapping[str, Any]) -> str:
+    """lm-evaluation-harness scores per model: a table, a chart of each task's accuracy, what each task is."""
+    if harness.get("status") != "evaluated":
+        reason = html.escape(str(harness.get("reason") or harness.get("errors") or "not run"))
+        return f'<p>lm-evaluation-harness: <span class="skip">skipped: {reason}</span></p>'
+    headers, rows = harness_rows(harness)
+    tasks = harness.get("tasks") or {}
+    about = "; ".join(
+        f"<code>{html.escape(t)}</code> ({html.escape(str(i.get('output_type')))}, {i.get('documents')} documents"
+        + (f", chance {i['chance']:.2g}" if _finite(i.get("chance")) else "")
+        + ")"
+        for t, i in tasks.items()
+    )
+    body = (
+        f"<p>lm-evaluation-harness {html.escape(str(harness.get('lm_eval_version')))}, its <code>hf</code> model "
+        f"class on each PyTorch model directory: {about}. acc is a fraction (0–1); ± one standard error.</p>"
+    )
+    body += table(headers, rows)
+    for model, error in (harness.get("errors") or {}).items():
+        body += f'<p class="fail">{html.escape(MODEL_LABELS.get(model, model))}: {breakable(error)}</p>'
+    series = {
+        task: {
+            MODEL_LABELS.get(model, model): by_task[task]["acc"]
+            for model, by_task in (harness.get("scores") or {}).items()
+            if _finite((by_task.get(task) or {}).get("acc"))
+        }
+        for task in tasks
+    }
+    series = {task: values for task, values in series.items() if values}
+    if series:
+        chart = grouped_bar_plot(series, title="Standard evaluations: accuracy (higher is better)", ylabel="acc (0–1)")
+        body += charts([chart])
+    return body
+
+
+def harness_markdown(harness: Mapping[str, Any]) -> list[str]:
+    """The harness scores as a Markdown table (nothing when the harness did not run)."""
+    if harness.get("status") != "evaluated":
+        return []
+    headers, rows = harness_rows(harness)
+    return [
+        "",
+        "## Standard evaluations (lm-evaluation-harness)",
+        "",
+        "| " + " | ".join(headers) + " |",
+        "|" + "---|" * len(headers),
+        *("| " + " | ".join(_md(cell) for cell in row) + " |" for row in rows),
+    ]

@@ -11,6 +11,7 @@ import torch
 
 from lmforge.artifacts import read_manifest, write_manifest
 from lmforge.config import EvaluateConfig, GateConfig, GenerationEvalConfig
+from lmforge.config.evaluate import HarnessConfig
 from lmforge.contracts import HISTORY_FILE
 from lmforge.data.shards import TokenShards
 from lmforge.errors import InputDataError
@@ -25,6 +26,7 @@ CFG = EvaluateConfig(
     max_eval_tokens=600,
     latency_runs=2,
     generation=GenerationEvalConfig(max_prompts=6, max_new_tokens=6, batch_size=4, samples=3),
+    harness=HarnessConfig(limit=4),
     gate=GateConfig(max_student_perplexity=1e4, max_int8_perplexity_delta=0.5, max_latency_ms=1e4),
 )
 
@@ -130,6 +132,21 @@ def test_stage_writes_report_results_and_manifest(evaluated):
     assert (results["context"], results["stride"]) == (64, 64)
     assert results["eval_bytes"] > results["eval_tokens"]  # several bytes per BPE token
     assert results["production"]["status"] == "none"
+
+    # the packaged harness tasks ran on both PyTorch models, into results, metrics, report and summary
+    harness = results["harness"]
+    assert harness["status"] == "evaluated" and set(harness["scores"]) == {"teacher", "student"}
+    assert (
+        set(harness["tasks"]) == {"lmforge_qa_mc", "lmforge_cloze"}
+        and harness["tasks"]["lmforge_qa_mc"]["documents"] == 4
+    )
+    acc = results["models"]["student"]["harness.lmforge_qa_mc.acc"]
+    assert acc == harness["scores"]["student"]["lmforge_qa_mc"]["acc"] and 0 <= acc <= 1
+    assert manifest["metrics"]["student_harness.lmforge_qa_mc.acc"] == acc
+    page = (out / "report.html").read_text()
+    assert "<h2>Standard evaluations</h2>" in page and "lmforge_qa_mc acc" in page
+    assert "lmforge_cloze perplexity" in (out / "report.md").read_text()
+    assert results["verdict"] and results["verdict"][0].startswith("teacher:")
 
     gen = results["generation"]
     assert gen["status"] == "evaluated" and gen["prompts"] == 6

@@ -177,7 +177,7 @@ def test_report_without_run_details_says_so(results):
 def test_markdown_summary_has_table_gate_and_samples(results):
     md = markdown_summary(results, run_id=RUN_ID, preset="tiny-cpu")
     assert md.startswith(f"# lmforge evaluation: PASSED\n\nRun `{RUN_ID}`, preset `tiny-cpu`.\n")
-    assert "| model | status | perplexity | bits/byte | EM |" in md
+    assert "| model | status | perplexity | bits/byte | EM (0–1) |" in md
     assert "`bits_per_byte_vs_production`" in md and "BLEU signature: `nrefs:var" in md
     assert "## Generation samples" in md and "student: (empty)" in md
     assert "<script>" not in md and "Question: &lt;script&gt;alert(1)&lt;/script&gt; 你好? Answer:" in md
@@ -305,3 +305,60 @@ def test_summary_states_the_headline_figures_and_retention(results):
     assert "WARNING" not in summary
     md = markdown_summary(results)
     assert "- data retention: cleaning kept 96% of documents, 98% of bytes" in md
+
+
+# After load: every table of the model comparison section, whether its scroll box scrolls (part of it hidden),
+# its width, and the height in lines of the tallest cell; and whether the first sample prompt keeps its line break.
+COMPARISON_PROBE = """
+addEventListener("load", () => {
+  const heading = [...document.querySelectorAll("h2")].find((h) => h.textContent === "Model comparison");
+  const tables = [];
+  for (let el = heading.nextElementSibling; el && el.tagName !== "H2"; el = el.nextElementSibling) {
+    if (!el.classList.contains("scroll")) continue;
+    const cells = [...el.querySelectorAll("td")];
+    const line = parseFloat(getComputedStyle(cells[0]).lineHeight);
+    tables.push({
+      hidden: el.scrollWidth > el.clientWidth,
+      width: el.querySelector("table").getBoundingClientRect().width,
+      lines: Math.max(...cells.map((c) => Math.round((c.clientHeight - 8) / line))),
+    });
+  }
+  const prompt = [...document.querySelectorAll("td.pre")][0];
+  const out = document.createElement("pre");
+  out.id = "cmp";
+  out.textContent = JSON.stringify({viewport: document.documentElement.clientWidth, tables,
+                                    promptHeight: prompt.getClientRects().length && prompt.clientHeight,
+                                    lineHeight: parseFloat(getComputedStyle(prompt).lineHeight)});
+  document.body.append(out);
+});
+"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
+@pytest.mark.parametrize("width", [1000, 1600])
+def test_the_model_comparison_is_fully_visible_and_prompts_keep_line_breaks(results, tmp_path, width):
+    long_reason = "no CUDA GPU on this node; TensorRT engines are built on the gpu node pool (nvidia.com/gpu) only"
+    shown = {**results, "tensorrt": {"status": "skipped", "reason": long_reason}}
+    probe = tmp_path / "cmp.html"
+    probe.write_text(html_report(shown, HISTORIES).replace("</body>", f"<script>{COMPARISON_PROBE}</script></body>"))
+    args = [f"--window-size={width},1200", "--hide-scrollbars", "--virtual-time-budget=10000", "--dump-dom"]
+    dom = _chromium([*args, probe.as_uri()], tmp_path)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    found = json.loads(html.unescape(re.search(r'<pre id="cmp">(.*?)</pre>', dom.stdout, re.S).group(1)))
+    assert found["viewport"] == width and len(found["tables"]) >= 2
+    for table in found["tables"]:
+        assert not table["hidden"], found  # no column behind a scrollbar
+        assert table["width"] <= width
+        assert table["lines"] <= 2, found  # the TensorRT status is a word, its reason a note under the table
+    section = dom.stdout.split("Model comparison", 1)[1].split("<h2>", 1)[0].replace("<wbr>", "")
+    assert long_reason in section  # shown whole, as a note under the tables
+    # "Question: …\nAnswer:" renders on two lines
+    assert found["promptHeight"] >= 2 * found["lineHeight"]
+
+
+def test_metric_labels_carry_their_scales(results):
+    page = html_report(results, HISTORIES)
+    for label in ("BLEU (0–100)", "F1 (0–1)", "EM (0–1)", "ROUGE-L (0–1)"):
+        assert label in page
+        assert label in markdown_summary(results)
+    assert "<th>BLEU</th>" not in page
