@@ -4,9 +4,26 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from lmforge.config.base import StrictModel
+from lmforge.errors import did_you_mean
+
+GATE_CHECKS = (
+    "student_perplexity",
+    "int8_perplexity_delta",
+    "served_p99_latency_ms",
+    "student_exact_match",
+    "answer_loss_vs_teacher",
+    "f1_vs_teacher",
+    "served_empty_answers",
+    "teacher_forgetting",
+    "student_forgetting",
+    "data_retention",
+    "bits_per_byte_vs_production",
+    "exact_match_vs_production",
+)
+"""The gate's checks by name, in report order (:mod:`lmforge.evaluate.gate` runs them)."""
 
 
 class GateConfig(StrictModel):
@@ -84,12 +101,27 @@ class GateConfig(StrictModel):
         "fraction of the corpus's documents or bytes (null: no warning).",
     )
     min_retention: float | None = Field(
-        None,
+        0.25,
         ge=0.0,
         le=1.0,
-        description="Fail when cleaning kept less than this fraction of the corpus's documents or bytes "
-        "(null: warn only, see retention_warning).",
+        description="Fail when cleaning kept less than this fraction of the corpus's documents or bytes (null: the "
+        "check is n/a and only retention_warning warns). A corpus the web rules do not fit usually keeps more under "
+        "another clean.profile (docs, code, chat).",
     )
+    required: list[str] = Field(
+        default_factory=list,
+        description="Checks that must PASS for a promotion: an n/a (nothing to compare with, a threshold no value "
+        "can miss, a zero baseline, too few held-out tokens or prompts) or off check among them stops it. Every "
+        "other check stops a promotion only when it fails. Names: " + ", ".join(GATE_CHECKS) + ".",
+    )
+
+    @field_validator("required")
+    @classmethod
+    def _known_checks(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if name not in GATE_CHECKS:
+                raise ValueError(f"unknown gate check {name!r}{did_you_mean(name, GATE_CHECKS)}")
+        return names
 
 
 class GenerationEvalConfig(StrictModel):

@@ -19,7 +19,7 @@ import gc
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ from lmforge.data.qa import Example, qa_lineage
 from lmforge.data.shards import INDEX, TokenShards
 from lmforge.errors import ConfigError, InputDataError
 from lmforge.evaluate.answer_loss import answer_loss, encode_heldout
-from lmforge.evaluate.gate import check_gate, headline
+from lmforge.evaluate.gate import check_gate, check_mark, headline
 from lmforge.evaluate.generation import evaluate_generation, group_by_prompt, prompt_and_reference, samples
 from lmforge.evaluate.report import comparison_rows, html_report, markdown_summary
 from lmforge.metrics.latency import latency_profile
@@ -529,7 +529,7 @@ def evaluate_models(
     results["headline"] = headline(results)
     log.info("gate %s", "passed" if decision.passed else "failed")
     for check in decision.checks:
-        log.info("  %s %s: %s", "PASS" if check.passed else "FAIL", check.name, check.reason)
+        log.info("  %s %s: %s", check_mark(asdict(check)), check.name, check.reason)
     for warning in decision.warnings:
         log.warning("gate warning: %s", warning)
 
