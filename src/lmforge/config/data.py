@@ -261,6 +261,26 @@ class TokenizeConfig(StrictModel):
     val_fraction: float = Field(
         0.05, gt=0.0, lt=1.0, description="Fraction of documents held out for validation (by id hash)."
     )
+    min_val_tokens: int = Field(
+        10_000,
+        ge=0,
+        description="Held-out tokens the val split should hold at least: when val_fraction gives fewer, the next "
+        "documents in id-hash order join it, up to max_val_fraction. Evaluation marks perplexity and bits per byte "
+        "measured on fewer tokens 'low confidence', and a gate check on them n/a instead of PASS.",
+    )
+    min_val_documents: int = Field(
+        10,
+        ge=0,
+        description="Held-out documents the val split should hold at least (as min_val_tokens; a few long documents "
+        "are one or two texts' worth of evidence, however many tokens they hold).",
+    )
+    max_val_fraction: float = Field(
+        0.25,
+        gt=0.0,
+        lt=1.0,
+        description="Largest fraction of documents (by id hash) the val split may take to reach min_val_tokens and "
+        "min_val_documents; training keeps the rest.",
+    )
     shard_tokens: int = Field(50_000_000, gt=0, description="Maximum tokens per shard file before a new one starts.")
     eos_token: str = Field("<|endoftext|>", min_length=1, description="End-of-document token.")
     pad_token: str = Field("<|pad|>", min_length=1, description="Padding token.")

@@ -147,6 +147,13 @@ class GenerationEvalConfig(StrictModel):
     max_prompts: int = Field(
         32, gt=0, description="Held-out prompts scored (all responses of a prompt are references)."
     )
+    min_prompts: int = Field(
+        20,
+        ge=0,
+        description="Q&A metrics (EM, F1, BLEU, ROUGE-L, empty answers, answer loss) from fewer held-out prompts are "
+        "marked 'low confidence' in the report, the console and the gate, where a check on them is n/a "
+        "instead of PASS.",
+    )
     max_new_tokens: int = Field(24, gt=0, description="Greedy decoding stops at EOS or after this many tokens.")
     batch_size: int = Field(8, gt=0, description="Prompts per generate call (left padded).")
     stop_at_newline: bool = Field(True, description="Cut each answer at its first newline.")

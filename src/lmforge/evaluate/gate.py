@@ -486,7 +486,6 @@ def check_gate(cfg: GateConfig, results: Mapping[str, Any]) -> GateDecision:
     return GateDecision(passed=passed, checks=checks, required=required)
 
 
-
 def headline(results: Mapping[str, Any]) -> dict[str, Any]:
     """The figures a run ends with: the served model's empty answers and its answer loss against the teacher's (its
     student's where it has none), the teacher's bits per byte against the base's, data retention, the gate's check
@@ -521,8 +520,11 @@ def headline(results: Mapping[str, Any]) -> dict[str, Any]:
         "retention_bytes": kept["bytes"] if kept else None,
         "checks": {status: statuses.count(status) for status in _MARKS},
         "not_applicable": [f"{c.get('name')}: {c.get('reason')}" for c in checks if check_status(c) == NOT_APPLICABLE],
-        "low_confidence": [f"{what}: {note}" for what, data in (("held-out text", TEXT), ("held-out Q&A", QA))
-                           if (note := low_confidence(results, data))],
+        "low_confidence": [
+            f"{what}: {note}"
+            for what, data in (("held-out text", TEXT), ("held-out Q&A", QA))
+            if (note := low_confidence(results, data))
+        ],
         "warnings": list((results.get("gate") or {}).get("warnings") or []),
     }
 
