@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from lmforge.config.base import StrictModel
+from lmforge.config.base import StrictModel, deep_merge
+from lmforge.config.clean_profiles import profile_settings
 
 
 class LanguageIdConfig(StrictModel):
@@ -214,6 +215,13 @@ class NearDedupConfig(StrictModel):
 class CleanConfig(StrictModel):
     """Rules of the ``clean`` stage."""
 
+    profile: Literal["web", "docs", "code", "chat"] = Field(
+        "web",
+        description="Rule thresholds for the kind of text: web (crawled pages; the published Gopher/C4/FineWeb "
+        "settings), docs (manuals, documentation, markdown, man pages), code (source files), chat (conversations, "
+        "support tickets). A profile changes only the thresholds that misfire on its kind of text "
+        "(docs/your-data.md lists each with its reason); a clean.* value set explicitly still wins.",
+    )
     text_field: str = Field("text", min_length=1, description="JSON field that holds a document's text.")
     unicode_form: Literal["NFC", "NFKC"] = Field("NFC", description="Unicode normalization form.")
     min_chars: int = Field(20, ge=0, description="Drop documents shorter than this many characters.")
@@ -244,6 +252,15 @@ class CleanConfig(StrictModel):
         description="Malformed records (bad JSON, missing text) tolerated and counted; one more fails the "
         "stage with an error naming file and line.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_profile(cls, data: Any) -> Any:
+        """Fill in the profile's thresholds under the values given explicitly."""
+        if isinstance(data, dict) and isinstance(data.get("profile"), str):
+            return deep_merge(profile_settings(data["profile"]), data)
+        return data
+
     max_record_bytes: int = Field(
         16 * 1024 * 1024,
         ge=1024,
