@@ -252,6 +252,13 @@ class CleanConfig(StrictModel):
         description="Malformed records (bad JSON, missing text) tolerated and counted; one more fails the "
         "stage with an error naming file and line.",
     )
+    max_record_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        le=1024 * 1024 * 1024,
+        description="Largest JSONL line or .txt document read, in bytes; a larger one is a malformed record "
+        "(counted, skipped without being held in memory). Bounds the memory one record can take.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -260,14 +267,6 @@ class CleanConfig(StrictModel):
         if isinstance(data, dict) and isinstance(data.get("profile"), str):
             return deep_merge(profile_settings(data["profile"]), data)
         return data
-
-    max_record_bytes: int = Field(
-        16 * 1024 * 1024,
-        ge=1024,
-        le=1024 * 1024 * 1024,
-        description="Largest JSONL line or .txt document read, in bytes; a larger one is a malformed record "
-        "(counted, skipped without being held in memory). Bounds the memory one record can take.",
-    )
 
 
 class TokenizeConfig(StrictModel):
