@@ -302,9 +302,9 @@ def check_exact_match_vs_production(cfg: GateConfig, results: Mapping[str, Any])
     prod, prod_missing, version = _production(results, "student_exact_match")
     if version is None:
         return _no_production_yet(name, margin, prod_missing)
-    if prod == 0:
-        return _not_applicable(name, margin, f"production {version} exact match is 0: there is none to lose")
     cand, cand_missing = _number(results, STUDENT, "exact_match")
+    if prod == 0 and cand is not None:
+        return _not_applicable(name, margin, f"production {version} exact match is 0: there is none to lose")
     value = prod - cand if cand is not None and prod is not None else None
     missing = "; ".join(m for m in (cand_missing, prod_missing) if m)
     what = f"student exact-match drop vs production {version}"
