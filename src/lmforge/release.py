@@ -206,7 +206,8 @@ def promote(
         raise InputDataError(f"{evaluation_dir}: manifest kind {eval_manifest.get('kind')!r}, expected 'evaluation'")
     results = read_results(evaluation_dir)
     if require_passed and not results.get("passed"):
-        failed = [c["name"] for c in results.get("gate", {}).get("checks", []) if not c.get("passed")]
+        gate = results.get("gate") or {}
+        failed = gate.get("failed") or [c["name"] for c in gate.get("checks", []) if not c.get("passed")]
         raise InputDataError(
             f"evaluation {evaluation_dir} did not pass the gate (failed: {', '.join(failed) or 'unknown'}); "
             "refusing to promote"

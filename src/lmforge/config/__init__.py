@@ -34,7 +34,7 @@ from lmforge.config.data import (
     PiiConfig,
     TokenizeConfig,
 )
-from lmforge.config.evaluate import EvaluateConfig, GateConfig, GenerationEvalConfig
+from lmforge.config.evaluate import GATE_CHECKS, EvaluateConfig, GateConfig, GenerationEvalConfig
 from lmforge.config.export import ExportConfig, QuantizeConfig, TensorRTConfig
 from lmforge.config.launch import LaunchConfig, SecretEnvConfig, SecretKeyRefConfig, TolerationConfig
 from lmforge.config.presets import describe_preset, list_presets, load_preset
@@ -56,6 +56,7 @@ from lmforge.config.train import (
 )
 
 __all__ = [
+    "GATE_CHECKS",
     "LORA_PRESETS",
     "MIN_CHUNK_TOKENS",
     "C4Config",

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from lmforge.config.base import StrictModel
+from lmforge.config.base import StrictModel, deep_merge
+from lmforge.config.clean_profiles import profile_settings
 
 
 class LanguageIdConfig(StrictModel):
@@ -214,6 +215,13 @@ class NearDedupConfig(StrictModel):
 class CleanConfig(StrictModel):
     """Rules of the ``clean`` stage."""
 
+    profile: Literal["web", "docs", "code", "chat"] = Field(
+        "web",
+        description="Rule thresholds for the kind of text: web (crawled pages; the published Gopher/C4/FineWeb "
+        "settings), docs (manuals, documentation, markdown, man pages), code (source files), chat (conversations, "
+        "support tickets). A profile changes only the thresholds that misfire on its kind of text "
+        "(docs/your-data.md lists each with its reason); a clean.* value set explicitly still wins.",
+    )
     text_field: str = Field("text", min_length=1, description="JSON field that holds a document's text.")
     unicode_form: Literal["NFC", "NFKC"] = Field("NFC", description="Unicode normalization form.")
     min_chars: int = Field(20, ge=0, description="Drop documents shorter than this many characters.")
@@ -252,6 +260,14 @@ class CleanConfig(StrictModel):
         "(counted, skipped without being held in memory). Bounds the memory one record can take.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_profile(cls, data: Any) -> Any:
+        """Fill in the profile's thresholds under the values given explicitly."""
+        if isinstance(data, dict) and isinstance(data.get("profile"), str):
+            return deep_merge(profile_settings(data["profile"]), data)
+        return data
+
 
 class TokenizeConfig(StrictModel):
     """Tokenizer training and token-shard packing."""
@@ -260,6 +276,26 @@ class TokenizeConfig(StrictModel):
     min_frequency: int = Field(2, ge=1, description="Minimum pair frequency for a BPE merge.")
     val_fraction: float = Field(
         0.05, gt=0.0, lt=1.0, description="Fraction of documents held out for validation (by id hash)."
+    )
+    min_val_tokens: int = Field(
+        10_000,
+        ge=0,
+        description="Held-out tokens the val split should hold at least: when val_fraction gives fewer, the next "
+        "documents in id-hash order join it, up to max_val_fraction. Evaluation marks perplexity and bits per byte "
+        "measured on fewer tokens 'low confidence', and a gate check on them n/a instead of PASS.",
+    )
+    min_val_documents: int = Field(
+        10,
+        ge=0,
+        description="Held-out documents the val split should hold at least (as min_val_tokens; a few long documents "
+        "are one or two texts' worth of evidence, however many tokens they hold).",
+    )
+    max_val_fraction: float = Field(
+        0.25,
+        gt=0.0,
+        lt=1.0,
+        description="Largest fraction of documents (by id hash) the val split may take to reach min_val_tokens and "
+        "min_val_documents; training keeps the rest.",
     )
     shard_tokens: int = Field(50_000_000, gt=0, description="Maximum tokens per shard file before a new one starts.")
     eos_token: str = Field("<|endoftext|>", min_length=1, description="End-of-document token.")

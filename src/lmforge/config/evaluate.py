@@ -4,9 +4,26 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from lmforge.config.base import StrictModel
+from lmforge.errors import did_you_mean
+
+GATE_CHECKS = (
+    "student_perplexity",
+    "int8_perplexity_delta",
+    "served_p99_latency_ms",
+    "student_exact_match",
+    "answer_loss_vs_teacher",
+    "f1_vs_teacher",
+    "served_empty_answers",
+    "teacher_forgetting",
+    "student_forgetting",
+    "data_retention",
+    "bits_per_byte_vs_production",
+    "exact_match_vs_production",
+)
+"""The gate's checks by name, in report order (:mod:`lmforge.evaluate.gate` runs them)."""
 
 
 class HarnessCheck(StrictModel):
@@ -104,17 +121,33 @@ class GateConfig(StrictModel):
         "fraction of the corpus's documents or bytes (null: no warning).",
     )
     min_retention: float | None = Field(
-        None,
+        0.25,
         ge=0.0,
         le=1.0,
-        description="Fail when cleaning kept less than this fraction of the corpus's documents or bytes "
-        "(null: warn only, see retention_warning).",
+        description="Fail when cleaning kept less than this fraction of the corpus's documents or bytes (null: the "
+        "check is n/a and only retention_warning warns). A corpus the web rules do not fit usually keeps more under "
+        "another clean.profile (docs, code, chat).",
     )
     harness: dict[str, HarnessCheck] = Field(
         default_factory=dict,
         description="Checks on lm-evaluation-harness metrics by name harness.<task>.<metric> "
         "(e.g. harness.lmforge_qa_mc.acc: {min: 0.3, max_drop_vs_teacher: 0.1}).",
     )
+
+    required: list[str] = Field(
+        default_factory=list,
+        description="Checks that must PASS for a promotion: an n/a (nothing to compare with, a threshold no value "
+        "can miss, a zero baseline, too few held-out tokens or prompts) or off check among them stops it. Every "
+        "other check stops a promotion only when it fails. Names: " + ", ".join(GATE_CHECKS) + ".",
+    )
+
+    @field_validator("required")
+    @classmethod
+    def _known_checks(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if name not in GATE_CHECKS:
+                raise ValueError(f"unknown gate check {name!r}{did_you_mean(name, GATE_CHECKS)}")
+        return names
 
     @model_validator(mode="after")
     def _harness_names(self) -> GateConfig:
@@ -146,6 +179,13 @@ class GenerationEvalConfig(StrictModel):
     )
     max_prompts: int = Field(
         32, gt=0, description="Held-out prompts scored (all responses of a prompt are references)."
+    )
+    min_prompts: int = Field(
+        20,
+        ge=0,
+        description="Q&A metrics (EM, F1, BLEU, ROUGE-L, empty answers, answer loss) from fewer held-out prompts are "
+        "marked 'low confidence' in the report, the console and the gate, where a check on them is n/a "
+        "instead of PASS.",
     )
     max_new_tokens: int = Field(24, gt=0, description="Greedy decoding stops at EOS or after this many tokens.")
     batch_size: int = Field(8, gt=0, description="Prompts per generate call (left padded).")

@@ -3,8 +3,11 @@ pack the documents into token shards.
 
 Two streaming passes over the cleaned corpus: the first trains the tokenizer and plans the split, the
 second encodes documents in batches, appends EOS to each and writes ``train``/``val`` shards. A document
-goes to ``val`` when the hash of its id falls below ``val_fraction``; with two or more documents each
-split is guaranteed at least one (see :class:`SplitPlan`).
+goes to ``val`` when the hash of its id falls below a threshold: ``val_fraction``, raised (up to
+``max_val_fraction``) until the split holds ``min_val_tokens`` tokens and ``min_val_documents`` documents. When
+the first pass cannot rule out a shortfall, a counting pass encodes the documents below ``max_val_fraction``
+to set the threshold by exact token counts (small corpora only: a large one's ``val_fraction`` holds enough).
+With two or more documents each split is guaranteed at least one (see :class:`SplitPlan`).
 
 With a base model (:mod:`lmforge.model.base`) nothing is trained: the base's tokenizer becomes the
 tokenizer artifact, its vocabulary size decides the shard dtype (``uint32`` above 65,536 tokens) and its
@@ -15,6 +18,7 @@ the shards are documents joined by EOS, whatever the tokenizer.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import logging
 import tempfile
@@ -22,6 +26,7 @@ import time
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -41,6 +46,9 @@ log = logging.getLogger("lmforge.tokenize")
 TOKENIZER_KIND = "tokenizer"
 SHARDS_KIND = "token-shards"
 ENCODE_BATCH_DOCS = 256
+# A token of a byte-level BPE or SentencePiece vocabulary rarely spans more bytes than this: a val split with
+# this many bytes per missing token cannot fall short, so the counting pass is skipped.
+_BYTES_PER_TOKEN_BOUND = 32
 
 
 def split_bucket(doc_id: str) -> float:
@@ -51,32 +59,73 @@ def split_bucket(doc_id: str) -> float:
 class SplitPlan:
     """Assign documents (identified by stream position and id) to ``train`` or ``val``.
 
-    :meth:`observe` every document once, in stream order, then call :meth:`split` for each. When the
-    hash split leaves ``val`` empty, the document with the smallest bucket moves to ``val``; when it
-    leaves ``train`` empty, the one with the largest bucket moves to ``train``. Memory is constant.
+    :meth:`observe` every document once, in stream order; when :meth:`needs_counting`, give :meth:`widen` the
+    token counts of the documents below ``max_val_fraction``; then call :meth:`split` for each. ``val`` is every
+    document whose bucket is below :attr:`threshold`. When that leaves ``val`` empty, the document with the
+    smallest bucket moves to ``val``; when it leaves ``train`` empty, the one with the largest bucket moves to
+    ``train``. Memory is constant.
     """
 
-    def __init__(self, val_fraction: float) -> None:
-        self.val_fraction = val_fraction
+    def __init__(self, cfg: TokenizeConfig) -> None:
+        self.val_fraction = cfg.val_fraction
+        self.max_val_fraction = max(cfg.max_val_fraction, cfg.val_fraction)
+        self.min_tokens = cfg.min_val_tokens
+        self.min_documents = cfg.min_val_documents
+        self.threshold = cfg.val_fraction
         self.documents = 0
         self.val = 0
+        self.val_bytes = 0
         self._lowest = (2.0, -1)  # (bucket, position) of the document most likely to be val
         self._highest = (-1.0, -1)
 
-    def observe(self, position: int, doc_id: str) -> None:
+    def observe(self, position: int, doc_id: str, n_bytes: int = 0) -> None:
+        """Count one document (``n_bytes``: its UTF-8 length) of the stream."""
         bucket = split_bucket(doc_id)
         self.documents += 1
-        self.val += bucket < self.val_fraction
+        if bucket < self.threshold:
+            self.val += 1
+            self.val_bytes += n_bytes
         self._lowest = min(self._lowest, (bucket, position))
         self._highest = max(self._highest, (bucket, position))
 
+    def needs_counting(self) -> bool:
+        """Whether ``val_fraction``'s documents may hold fewer than the minimum tokens or documents."""
+        if self.max_val_fraction <= self.val_fraction or self.documents < 2:
+            return False
+        return self.val < self.min_documents or self.val_bytes < self.min_tokens * _BYTES_PER_TOKEN_BOUND
+
+    def widen(self, counts: list[tuple[float, int]]) -> None:
+        """Raise :attr:`threshold` from the ``(bucket, tokens)`` of every document below ``max_val_fraction``:
+        the documents join ``val`` in bucket order until it holds the minimum tokens and documents."""
+        counts = sorted(counts)
+        buckets = [bucket for bucket, _ in counts]
+        take = bisect.bisect_left(buckets, self.val_fraction)  # below val_fraction: val in any case
+        tokens = sum(n for _, n in counts[:take])
+        while take < len(counts) and (tokens < self.min_tokens or take < self.min_documents):
+            tokens += counts[take][1]
+            take += 1
+        self.threshold = buckets[take] if take < len(counts) else self.max_val_fraction
+        self.val = take
+
     def split(self, position: int, doc_id: str) -> str:
+        """``val`` or ``train`` for the document at ``position`` of the stream."""
         if self.documents >= 2:
             if self.val == 0 and position == self._lowest[1]:
                 return "val"
             if self.val == self.documents and position == self._highest[1]:
                 return "train"
-        return "val" if split_bucket(doc_id) < self.val_fraction else "train"
+        return "val" if split_bucket(doc_id) < self.threshold else "train"
+
+
+def _token_counts(cleaned: str | Path, tokenizer: Any, below: float) -> list[tuple[float, int]]:
+    """``(bucket, tokens with EOS)`` of every cleaned document whose bucket is below ``below``."""
+    counts: list[tuple[float, int]] = []
+    rows = ((split_bucket(row["id"]), row["text"]) for row in read_cleaned(cleaned, verify=False))
+    candidates = ((bucket, text) for bucket, text in rows if bucket < below)
+    while batch := list(islice(candidates, ENCODE_BATCH_DOCS)):
+        encoded = tokenizer([text for _, text in batch], add_special_tokens=False)["input_ids"]
+        counts += [(bucket, len(ids) + 1) for (bucket, _), ids in zip(batch, encoded, strict=True)]
+    return counts
 
 
 def _base_record(uri: str, local: Path) -> dict[str, object]:
@@ -105,11 +154,11 @@ def run(
     """
     base_model = base_model or None  # an unset pipeline parameter arrives as ""
     cleaned_record = input_record(cleaned)
-    plan = SplitPlan(cfg.val_fraction)
+    plan = SplitPlan(cfg)
 
     def training_texts() -> Iterator[str]:
         for position, row in enumerate(read_cleaned(cleaned, verify=True)):
-            plan.observe(position, row["id"])
+            plan.observe(position, row["id"], len(row["text"].encode("utf-8")))
             yield row["text"]
 
     with (
@@ -139,6 +188,8 @@ def run(
             source = "base_model"
         if plan.documents == 0:
             raise InputDataError(f"{cleaned}: the cleaned corpus has no documents")
+        if plan.needs_counting():
+            plan.widen(_token_counts(cleaned, bpe, plan.max_val_fraction))
         bpe.save_pretrained(tok_stage)
         fingerprint = tokenizer_fingerprint(tok_stage)
         vocab_size = len(bpe)
@@ -190,6 +241,16 @@ def run(
         splits = index["splits"]
         if splits["val"]["documents"] == 0:
             log.warning("only %d document: the val split is empty", plan.documents)
+        elif splits["val"]["tokens"] < cfg.min_val_tokens or splits["val"]["documents"] < cfg.min_val_documents:
+            log.warning(
+                "the val split holds %d tokens in %d documents, below min_val_tokens %d / min_val_documents %d even "
+                "at max_val_fraction %g: evaluation marks its held-out figures low confidence",
+                splits["val"]["tokens"],
+                splits["val"]["documents"],
+                cfg.min_val_tokens,
+                cfg.min_val_documents,
+                plan.max_val_fraction,
+            )
         total_tokens = splits["train"]["tokens"] + splits["val"]["tokens"]
         metrics: dict[str, float] = {
             "vocab_size": vocab_size,
@@ -198,6 +259,7 @@ def run(
             "val_documents": splits["val"]["documents"],
             "train_tokens": splits["train"]["tokens"],
             "val_tokens": splits["val"]["tokens"],
+            "val_threshold": plan.threshold,
             "shards": len(index["shards"]),
             "tokens_per_sec": total_tokens / max(elapsed, 1e-9),
         }

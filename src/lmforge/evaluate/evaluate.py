@@ -22,15 +22,15 @@ import json
 import logging
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lmforge.artifacts import input_record, read_json_file, read_manifest, staged_output, write_manifest
+from lmforge.artifacts import MANIFEST, input_record, read_json_file, read_manifest, staged_output, write_manifest
 from lmforge.catalog import production_baseline
-from lmforge.config import EvaluateConfig
+from lmforge.config import EvaluateConfig, TokenizeConfig
 from lmforge.contracts import (
     QA_HELDOUT_FRACTION,
     REPORT_HTML,
@@ -46,7 +46,7 @@ from lmforge.data.qa import Example, qa_lineage
 from lmforge.data.shards import INDEX, TokenShards
 from lmforge.errors import ConfigError, InputDataError
 from lmforge.evaluate.answer_loss import answer_loss, encode_heldout
-from lmforge.evaluate.gate import check_gate, headline
+from lmforge.evaluate.gate import check_gate, check_mark, headline
 from lmforge.evaluate.generation import evaluate_generation, group_by_prompt, prompt_and_reference, samples
 from lmforge.evaluate.harness import PREFIX as HARNESS_PREFIX
 from lmforge.evaluate.harness import flat_metrics, run_harness
@@ -307,6 +307,37 @@ def load_qa_set(
     )
 
 
+def _confidence_entry(counts: Mapping[str, int], minimums: Mapping[str, int]) -> dict[str, Any]:
+    """Held-out counts against their minimums, and the "low confidence: ..." note when one falls short."""
+    low = any(counts[k] < minimums[k] for k in counts)
+    shown = " / ".join(f"{n:,} {k}" for k, n in counts.items())
+    floor = " / ".join(f"{n:,}" for n in minimums.values())
+    note = f"low confidence: {shown} (minimum {floor})" if low else None
+    return {**counts, "minimum": dict(minimums), "low": low, "note": note}
+
+
+def held_out_confidence(
+    shards_dir: Path, scored_tokens: int, qa: QASet | None, cfg: EvaluateConfig
+) -> dict[str, dict[str, Any]]:
+    """Whether the held-out text (tokens scored, val documents) and Q&A prompts reach their minimums: the split's
+    ``tokenize.min_val_tokens`` / ``min_val_documents`` (as its manifest records them) and
+    ``evaluate.generation.min_prompts``."""
+    recorded = (_read_json(shards_dir / MANIFEST) or {}).get("config") or {}
+    minimums = {
+        "tokens": int(recorded.get("min_val_tokens", TokenizeConfig().min_val_tokens)),
+        "documents": int(recorded.get("min_val_documents", TokenizeConfig().min_val_documents)),
+    }
+    index = _read_json(shards_dir / INDEX) or {}
+    val_documents = int(((index.get("splits") or {}).get("val") or {}).get("documents", 0))
+    out = {"text": _confidence_entry({"tokens": scored_tokens, "documents": val_documents}, minimums)}
+    if qa is not None:
+        out["qa"] = _confidence_entry({"prompts": len(qa.groups)}, {"prompts": cfg.generation.min_prompts})
+    for what, entry in out.items():
+        if entry["low"]:
+            log.warning("held-out %s: %s", what, entry["note"])
+    return out
+
+
 def data_summary(shards_dir: Path, cleaned_dir: Path | None) -> dict[str, Any]:
     """Token counts per split (``index.json``) and, given a cleaned corpus, its ``stats.json`` figures."""
     summary: dict[str, Any] = {}
@@ -533,6 +564,7 @@ def evaluate_models(
         "tensorrt": trt,
         "generation": generation,
         "harness": harness,
+        "confidence": held_out_confidence(Path(shards_dir), int(tokens.size), qa, cfg),
         "production": production_baseline(release_root, model_name or "", cfg.production_source),
         "data": data_summary(Path(shards_dir), Path(cleaned_dir) if cleaned_dir is not None else None),
     }
@@ -543,7 +575,7 @@ def evaluate_models(
     results["verdict"] = verdict_lines(results)
     log.info("gate %s", "passed" if decision.passed else "failed")
     for check in decision.checks:
-        log.info("  %s %s: %s", "PASS" if check.passed else "FAIL", check.name, check.reason)
+        log.info("  %s %s: %s", check_mark(asdict(check)), check.name, check.reason)
     for warning in decision.warnings:
         log.warning("gate warning: %s", warning)
     for line in results["verdict"]:

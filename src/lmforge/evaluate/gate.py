@@ -18,19 +18,30 @@ reads only::
      "data": {"clean": {"metrics": {"docs_in": ..., "docs_out": ..., "bytes_in": ..., "bytes_out": ...}}}}
 
 A value that is missing (model not evaluated, key absent, ``None``) or not a finite number fails its
-check with a reason; nothing passes by default. Four things pass explicitly, with a reason saying so: a
-check whose threshold is configured as null (disabled), a comparison with production when there is
-no production release yet (the first promotion), the forgetting checks when no base model was evaluated,
-and the retention check when no cleaning statistics were given. Production and the base model are
-compared on bits per byte, not perplexity, because a retrained tokenizer changes what a token is but not
-what a byte is.
+check with a reason; nothing passes by default. Each check ends in one of four states (:attr:`Check.status`):
+
+- ``pass``: the value was compared with a threshold and met it, on enough data;
+- ``fail``: the value missed the threshold, or is missing;
+- ``n/a``: the comparison says nothing, and the reason says why: a threshold that no value can miss
+  (``min_student_exact_match`` 0), a zero baseline (a teacher F1 of 0 leaves no F1 to lose; a production exact
+  match of 0 none to drop), nothing to compare with (no production release yet, no base model evaluated, no
+  cleaning statistics, an INT8 model that is not served), no failing threshold (``min_retention`` null), or a
+  value that would pass but rests on a held-out set below the configured minimum (``results["confidence"]``:
+  "low confidence: N tokens / M documents" or "M prompts"); a value that fails on such a set still fails;
+- ``off``: the check is disabled (its threshold configured as null).
+
+An n/a check is never counted as passed. The gate passes when no check fails and every check named in
+``gate.required`` passes; an n/a check outside ``required`` does not stop a promotion, and the decision lists it
+(:attr:`GateDecision.not_applicable`) in the report, the console and the gate record. Production and the base
+model are compared on bits per byte, not perplexity, because a retrained tokenizer changes what a token is but
+not what a byte is.
 
 Relative checks compare the candidate with the model it was made from, so that a useless model cannot pass
 on absolute thresholds that a tiny model meets anyway: the served model's held-out answer loss against the
 teacher's, the student's F1 against the teacher's, the share of empty answers, and bits per byte of the
 teacher and the student against the base (what fine-tuning and distillation forgot). The retention check
-can warn without failing: a check carries an optional ``warning``, and :attr:`GateDecision.warnings` lists
-them for the report and the run's last lines.
+also warns below ``retention_warning``: a check carries an optional ``warning``, and
+:attr:`GateDecision.warnings` lists them for the report and the run's last lines.
 """
 
 from __future__ import annotations
@@ -48,25 +59,75 @@ BASE = "base"
 FP32 = "onnx_fp32"
 INT8 = "int8_dynamic"
 
+PASS = "pass"
+FAIL = "fail"
+NOT_APPLICABLE = "n/a"
+OFF = "off"
+_MARKS = {PASS: "PASS", FAIL: "FAIL", NOT_APPLICABLE: "n/a", OFF: "off"}
+
+TEXT = "text"
+QA = "qa"
+DATA_OF_CHECK = {
+    "student_perplexity": TEXT,
+    "int8_perplexity_delta": TEXT,
+    "teacher_forgetting": TEXT,
+    "student_forgetting": TEXT,
+    "bits_per_byte_vs_production": TEXT,
+    "student_exact_match": QA,
+    "answer_loss_vs_teacher": QA,
+    "f1_vs_teacher": QA,
+    "served_empty_answers": QA,
+    "exact_match_vs_production": QA,
+}
+"""The held-out set each check's value rests on: ``text`` (the val split) or ``qa`` (the held-out prompts)."""
+
 
 @dataclass(frozen=True)
 class Check:
-    """One gate criterion: ``value`` compared with ``threshold`` (``≤`` or ``≥`` as the reason says)."""
+    """One gate criterion: ``value`` compared with ``threshold`` (``≤`` or ``≥`` as the reason says), and its
+    ``status``: ``pass``, ``fail``, ``n/a`` (the comparison says nothing; the reason says why) or ``off``."""
 
     name: str
     value: float | None
     threshold: float | None
-    passed: bool
+    status: str
     reason: str
     warning: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        """Whether the check passed (``n/a`` and ``off`` did not)."""
+        return self.status == PASS
+
+
+def check_status(check: Mapping[str, Any]) -> str:
+    """The status of a check as ``results.json`` holds it (one written without a status: from ``passed``)."""
+    status = check.get("status")
+    return status if status in _MARKS else PASS if check.get("passed") else FAIL
+
+
+def check_mark(check: Mapping[str, Any]) -> str:
+    """How a check's status reads in a report, a log or a tag: ``PASS``, ``FAIL``, ``n/a`` or ``off``."""
+    return _MARKS[check_status(check)]
 
 
 @dataclass(frozen=True)
 class GateDecision:
-    """All checks, and whether every one passed."""
+    """All checks, and whether the candidate may be promoted: no check failed and every required one passed."""
 
     passed: bool
     checks: list[Check] = field(default_factory=list)
+    required: tuple[str, ...] = ()
+
+    @property
+    def failed(self) -> list[str]:
+        """Names of the checks that stop the promotion: failed ones and required ones that did not pass."""
+        return [c.name for c in self.checks if c.status == FAIL or (c.name in self.required and not c.passed)]
+
+    @property
+    def not_applicable(self) -> list[str]:
+        """Names of the checks whose comparison said nothing (never counted as passed)."""
+        return [c.name for c in self.checks if c.status == NOT_APPLICABLE]
 
     @property
     def warnings(self) -> list[str]:
@@ -74,8 +135,15 @@ class GateDecision:
         return [c.warning for c in self.checks if c.warning]
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain mapping (for JSON)."""
-        return {"passed": self.passed, "checks": [asdict(c) for c in self.checks], "warnings": self.warnings}
+        """Plain mapping (for JSON); each check also carries ``passed`` (its status is ``pass``)."""
+        return {
+            "passed": self.passed,
+            "checks": [{**asdict(c), "passed": c.passed} for c in self.checks],
+            "warnings": self.warnings,
+            "failed": self.failed,
+            "not_applicable": self.not_applicable,
+            "required": list(self.required),
+        }
 
 
 def _finite(value: Any, where: str) -> tuple[float | None, str]:
@@ -98,24 +166,30 @@ def _number(results: Mapping[str, Any], model: str | None, key: str) -> tuple[fl
 
 def _at_most(name: str, value: float | None, threshold: float, missing: str, what: str) -> Check:
     if value is None:
-        return Check(name, None, threshold, False, f"{missing}; cannot check {what}")
+        return Check(name, None, threshold, FAIL, f"{missing}; cannot check {what}")
     passed = value <= threshold
     relation = "≤" if passed else ">"
     verdict = "ok" if passed else "too high"
-    return Check(name, value, threshold, passed, f"{what} {value:.6g} {relation} {threshold:.6g}: {verdict}")
+    reason = f"{what} {value:.6g} {relation} {threshold:.6g}: {verdict}"
+    return Check(name, value, threshold, PASS if passed else FAIL, reason)
 
 
 def _at_least(name: str, value: float | None, threshold: float, missing: str, what: str) -> Check:
     if value is None:
-        return Check(name, None, threshold, False, f"{missing}; cannot check {what}")
+        return Check(name, None, threshold, FAIL, f"{missing}; cannot check {what}")
     passed = value >= threshold
     relation = "≥" if passed else "<"
     verdict = "ok" if passed else "too low"
-    return Check(name, value, threshold, passed, f"{what} {value:.6g} {relation} {threshold:.6g}: {verdict}")
+    reason = f"{what} {value:.6g} {relation} {threshold:.6g}: {verdict}"
+    return Check(name, value, threshold, PASS if passed else FAIL, reason)
 
 
 def _disabled(name: str, setting: str) -> Check:
-    return Check(name, None, None, True, f"disabled ({setting} is null)")
+    return Check(name, None, None, OFF, f"disabled ({setting} is null)")
+
+
+def _not_applicable(name: str, threshold: float | None, why: str, value: float | None = None) -> Check:
+    return Check(name, value, threshold, NOT_APPLICABLE, why)
 
 
 def check_student_perplexity(cfg: GateConfig, results: Mapping[str, Any]) -> Check:
@@ -136,11 +210,9 @@ def check_int8_delta(cfg: GateConfig, results: Mapping[str, Any]) -> Check:
     entry = (results.get("models") or {}).get(INT8) or {}
     if entry.get("accepted") is False:
         reason = entry.get("gate_reason", "rejected")
-        return Check(
+        return _not_applicable(
             "int8_perplexity_delta",
-            None,
             cfg.max_int8_perplexity_delta,
-            True,
             f"INT8 rejected by the quantize accuracy gate ({reason}); serving falls back to FP32",
         )
     value: float | None = None
@@ -172,6 +244,10 @@ def check_student_exact_match(cfg: GateConfig, results: Mapping[str, Any]) -> Ch
     name = "student_exact_match"
     if cfg.min_student_exact_match is None:
         return _disabled(name, "min_student_exact_match")
+    if cfg.min_student_exact_match == 0:
+        value, _ = _number(results, STUDENT, "exact_match")
+        why = "min_student_exact_match is 0, which every exact match meets (set it above 0 to check)"
+        return _not_applicable(name, 0.0, why, value)
     value, missing = _number(results, STUDENT, "exact_match")
     return _at_least(name, value, cfg.min_student_exact_match, missing, "student exact match")
 
@@ -190,7 +266,7 @@ def _production(results: Mapping[str, Any], metric: str) -> tuple[float | None, 
 
 
 def _no_production_yet(name: str, threshold: float, reason: str) -> Check:
-    return Check(name, None, threshold, True, f"{reason}: nothing to compare with (first release)")
+    return _not_applicable(name, threshold, f"{reason}: nothing to compare with (first release)")
 
 
 def check_bits_per_byte_vs_production(cfg: GateConfig, results: Mapping[str, Any]) -> Check:
@@ -227,6 +303,8 @@ def check_exact_match_vs_production(cfg: GateConfig, results: Mapping[str, Any])
     if version is None:
         return _no_production_yet(name, margin, prod_missing)
     cand, cand_missing = _number(results, STUDENT, "exact_match")
+    if prod == 0 and cand is not None:
+        return _not_applicable(name, margin, f"production {version} exact match is 0: there is none to lose")
     value = prod - cand if cand is not None and prod is not None else None
     missing = "; ".join(m for m in (cand_missing, prod_missing) if m)
     what = f"student exact-match drop vs production {version}"
@@ -271,15 +349,17 @@ def check_answer_loss_vs_teacher(cfg: GateConfig, results: Mapping[str, Any]) ->
 def check_f1_vs_teacher(cfg: GateConfig, results: Mapping[str, Any]) -> Check:
     """The student's held-out F1 is at most ``max_f1_drop`` (a fraction of the teacher's F1) below the teacher's.
 
-    The value is ``(f1_teacher − f1_student) / f1_teacher``; a teacher with F1 0 leaves nothing to lose (0).
+    The value is ``(f1_teacher − f1_student) / f1_teacher``; a teacher with F1 0 leaves nothing to lose (n/a).
     """
     name = "f1_vs_teacher"
     if cfg.max_f1_drop is None:
         return _disabled(name, "max_f1_drop")
     student, teacher, missing = _pair(results, STUDENT, TEACHER, "f1")
+    if teacher == 0:
+        return _not_applicable(name, cfg.max_f1_drop, "the teacher's F1 is 0: there is no F1 to lose")
     drop = None
     if student is not None and teacher is not None:
-        drop = (teacher - student) / teacher if teacher > 0 else 0.0
+        drop = (teacher - student) / teacher
     return _at_most(name, drop, cfg.max_f1_drop, missing, "student F1 drop vs teacher (fraction of teacher F1)")
 
 
@@ -306,7 +386,7 @@ def _forgetting(name: str, model: str, limit: float | None, setting: str, result
     if limit is None:
         return _disabled(name, setting)
     if BASE not in (results.get("models") or {}):
-        return Check(name, None, limit, True, "no base model evaluated: nothing to measure forgetting against")
+        return _not_applicable(name, limit, "no base model evaluated: nothing to measure forgetting against")
     value, base, missing = _pair(results, model, BASE, "bits_per_byte")
     problems = [missing] if missing else []
     increase = _relative(value, base, problems, f"{BASE}.bits_per_byte")
@@ -341,11 +421,11 @@ def retention(results: Mapping[str, Any]) -> dict[str, float] | None:
 
 def check_data_retention(cfg: GateConfig, results: Mapping[str, Any]) -> Check:
     """The share of documents and of bytes that cleaning kept (the lower of the two) is at least ``min_retention``;
-    below ``retention_warning`` the check warns. Without cleaning statistics it passes, saying so."""
+    below ``retention_warning`` the check warns. Without cleaning statistics, or with ``min_retention`` null, n/a."""
     name = "data_retention"
     kept = retention(results)
     if kept is None:
-        return Check(name, None, cfg.min_retention, True, "no cleaning statistics given: retention not measured")
+        return _not_applicable(name, cfg.min_retention, "no cleaning statistics given: retention not measured")
     value = min(kept["documents"], kept["bytes"])
     figures = (
         f"cleaning kept {kept['docs_out']:.0f} of {kept['docs_in']:.0f} documents ({kept['documents']:.1%}) and "
@@ -355,11 +435,12 @@ def check_data_retention(cfg: GateConfig, results: Mapping[str, Any]) -> Check:
     if cfg.retention_warning is not None and value < cfg.retention_warning:
         warning = f"{figures}: below the {cfg.retention_warning:.0%} warning level; check the cleaning rules"
     if cfg.min_retention is None:
-        return Check(name, value, None, True, f"{figures} (no failing threshold: min_retention is null)", warning)
+        why = f"{figures}; no failing threshold (min_retention is null)"
+        return Check(name, value, None, NOT_APPLICABLE, why, warning)
     passed = value >= cfg.min_retention
     relation = "≥" if passed else "<"
     reason = f"{figures}: {value:.1%} {relation} {cfg.min_retention:.1%}: {'ok' if passed else 'too low'}"
-    return Check(name, value, cfg.min_retention, passed, reason, warning)
+    return Check(name, value, cfg.min_retention, PASS if passed else FAIL, reason, warning)
 
 
 def _lower_is_better(results: Mapping[str, Any], key: str) -> bool:
@@ -430,16 +511,36 @@ CHECKS = (
 """Every check, in report order."""
 
 
+def low_confidence(results: Mapping[str, Any], data: str) -> str | None:
+    """``"low confidence: ..."`` when the held-out ``data`` (``text`` or ``qa``) is below its configured minimum."""
+    entry = (results.get("confidence") or {}).get(data) or {}
+    return str(entry["note"]) if entry.get("low") else None
+
+
+def _on_enough_data(check: Check, results: Mapping[str, Any]) -> Check:
+    """A passing check whose value rests on a held-out set below its minimum becomes n/a (a failing one fails)."""
+    data = DATA_OF_CHECK.get(check.name)
+    note = low_confidence(results, data) if data else None
+    if note is None or check.status not in (PASS, FAIL):
+        return check
+    if check.status == FAIL:
+        return Check(check.name, check.value, check.threshold, FAIL, f"{check.reason} ({note})", check.warning)
+    why = f"{note}, too little to count a pass ({check.reason})"
+    return Check(check.name, check.value, check.threshold, NOT_APPLICABLE, why, check.warning)
+
+
 def check_gate(cfg: GateConfig, results: Mapping[str, Any]) -> GateDecision:
-    """Run every check; the gate passes only when all do."""
-    checks = [check(cfg, results) for check in CHECKS] + check_harness(cfg, results)
-    return GateDecision(passed=all(c.passed for c in checks), checks=checks)
+    """Run every check; the gate passes when none fails and every one in ``cfg.required`` passes."""
+    checks = [_on_enough_data(check(cfg, results), results) for check in CHECKS] + check_harness(cfg, results)
+    required = tuple(cfg.required)
+    passed = all(c.status != FAIL and (c.passed or c.name not in required) for c in checks)
+    return GateDecision(passed=passed, checks=checks, required=required)
 
 
 def headline(results: Mapping[str, Any]) -> dict[str, Any]:
     """The figures a run ends with: the served model's empty answers and its answer loss against the teacher's (its
-    student's where it has none), the teacher's bits per byte against the base's, data retention, and the gate's
-    warnings.
+    student's where it has none), the teacher's bits per byte against the base's, data retention, the gate's check
+    counts by status (and which were n/a), the held-out sets' low-confidence notes and the gate's warnings.
 
     Ratios are ``value / reference`` (1.0: equal); a figure that cannot be computed is ``None``.
     """
@@ -457,6 +558,8 @@ def headline(results: Mapping[str, Any]) -> dict[str, Any]:
     loss_model = served if served_loss is not None else STUDENT
     empty_model = empty_answers_model(results)
     kept = retention(results)
+    checks = (results.get("gate") or {}).get("checks") or []
+    statuses = [check_status(c) for c in checks]
     return {
         "served_model": served,
         "empty_answer_model": empty_model,
@@ -466,6 +569,13 @@ def headline(results: Mapping[str, Any]) -> dict[str, Any]:
         "teacher_bits_per_byte_vs_base": ratio(figure(TEACHER, "bits_per_byte"), figure(BASE, "bits_per_byte")),
         "retention_documents": kept["documents"] if kept else None,
         "retention_bytes": kept["bytes"] if kept else None,
+        "checks": {status: statuses.count(status) for status in _MARKS},
+        "not_applicable": [f"{c.get('name')}: {c.get('reason')}" for c in checks if check_status(c) == NOT_APPLICABLE],
+        "low_confidence": [
+            f"{what}: {note}"
+            for what, data in (("held-out text", TEXT), ("held-out Q&A", QA))
+            if (note := low_confidence(results, data))
+        ],
         "warnings": list((results.get("gate") or {}).get("warnings") or []),
     }
 
@@ -489,4 +599,12 @@ def headline_lines(head: Mapping[str, Any]) -> list[str]:
         f"data retention: cleaning kept {pct(head.get('retention_documents'))} of documents, "
         f"{pct(head.get('retention_bytes'))} of bytes",
     ]
+    counts = head.get("checks") or {}
+    if counts:
+        lines.append(
+            f"gate checks: {counts.get(PASS, 0)} PASS, {counts.get(FAIL, 0)} FAIL, {counts.get(NOT_APPLICABLE, 0)} n/a "
+            f"(not counted as passed), {counts.get(OFF, 0)} off"
+        )
+    lines += [f"n/a {item}" for item in head.get("not_applicable") or []]
+    lines += [f"WARNING: {item}" for item in head.get("low_confidence") or []]
     return lines + [f"WARNING: {w}" for w in head.get("warnings") or []]

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from lmforge.evaluate.gate import headline_lines
+from lmforge.evaluate.gate import check_mark, headline_lines
 from lmforge.report_html import bar_plot, breakable, charts, details, figure_png, line_plot, page, scroll_box, table
 
 log = logging.getLogger("lmforge.evaluate")
@@ -153,12 +153,13 @@ def _gate_html(gate: Mapping[str, Any]) -> str:
     for check in gate.get("checks", []):
         value = check.get("value")
         shown = "—" if value is None else f"{value:.4g}"
-        ok = "pass" if check.get("passed") else "fail"
+        mark = check_mark(check)
+        ok = {"PASS": "pass", "FAIL": "fail"}.get(mark, "skip")
         threshold = check.get("threshold")
         limit = "—" if not _finite(threshold) else f"{threshold:.4g}"
         rows.append(
             f"<tr><td>{breakable(str(check.get('name')))}</td><td>{shown}</td><td>{limit}</td>"
-            f'<td class="{ok}">{ok.upper()}</td>'
+            f'<td class="{ok}">{mark}</td>'
             f'<td class="text">{breakable(str(check.get("reason", "")))}</td></tr>'
         )
     head = "".join(f"<th>{h}</th>" for h in ("check", "value", "threshold", "result", "reason"))
@@ -449,7 +450,7 @@ def markdown_summary(results: Mapping[str, Any], *, run_id: str | None = None, p
     lines += harness_markdown(results.get("harness") or {})
     lines += ["", "## Gate", ""]
     for check in gate.get("checks", []):
-        mark = "PASS" if check.get("passed") else "FAIL"
+        mark = check_mark(check)
         lines.append(f"- **{mark}** `{check.get('name')}`: {check.get('reason')}")
     gen = results.get("generation") or {}
     if gen.get("bleu_signature"):

@@ -547,7 +547,7 @@ def _preflight(sections: tuple[str, ...]) -> StageSpec:
                 "staging_uri when given, else release_root.",
             ),
         ),
-        headline=("checks_passed",),
+        headline=("checks_passed", "predicted_retention", "retention_warning"),
     )
 
 

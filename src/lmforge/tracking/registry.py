@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmforge.errors import TrackingError
+from lmforge.evaluate.gate import check_mark
 from lmforge.tracking.redact import as_text
 from lmforge.tracking.runs import KFP_RUN_ID, Tracker
 from lmforge.tracking.session import Expected, Session, Unavailable
@@ -216,7 +217,7 @@ def _version_tags(
             tags[f"lineage.{artifact}.fingerprint"] = entry["fingerprint"]
     for check in gate.get("checks") or []:
         if isinstance(check, Mapping) and "name" in check:
-            tags[f"gate.{check['name']}"] = f"{'PASS' if check.get('passed') else 'FAIL'}: {check.get('reason', '')}"
+            tags[f"gate.{check['name']}"] = f"{check_mark(check)}: {check.get('reason', '')}"
     for key, value in metrics.items():
         if isinstance(value, int | float) and not isinstance(value, bool):
             tags[f"{METRIC_PREFIX}{key}"] = repr(float(value))

@@ -37,6 +37,7 @@ from typing import Any
 
 from lmforge import __version__
 from lmforge.config.tracking import TrackingConfig
+from lmforge.evaluate.gate import check_mark
 from lmforge.results import StageResult
 from lmforge.tracking.redact import Scrubber, flatten, truncate
 from lmforge.tracking.session import Expected, Session, Unavailable, open_session
@@ -481,7 +482,7 @@ def _summary_tags(result: StageResult) -> dict[str, str]:
             tags[f"summary.{key}"] = value if isinstance(value, str) else json.dumps(value)
     for check in result.summary.get("checks") or []:
         if isinstance(check, Mapping) and "name" in check:
-            verdict = "PASS" if check.get("passed") else "FAIL"
+            verdict = check_mark(check)
             tags[f"gate.{check['name']}"] = truncate(f"{verdict}: {check.get('reason', '')}", 5000)
     return tags
 

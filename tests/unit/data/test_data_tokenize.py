@@ -50,7 +50,7 @@ def test_shard_token_counts_equal_the_encoded_documents_plus_eos(tokenized):
     tok = load_tokenizer(tok_dir)
     expected: dict[str, list[int]] = {"train": [], "val": []}
     for row in read_cleaned(cleaned):
-        split = "val" if split_bucket(row["id"]) < CFG.val_fraction else "train"
+        split = "val" if split_bucket(row["id"]) < result.metrics["val_threshold"] else "train"
         expected[split] += tok(row["text"])["input_ids"] + [tok.eos_token_id]
 
     shards = TokenShards.open(shards_dir)
@@ -102,12 +102,30 @@ def test_a_tampered_shard_byte_is_detected(tokenized, tmp_path):
 @pytest.mark.parametrize("fraction", [1e-12, 1 - 1e-12], ids=["all-train", "all-val"])
 def test_split_plan_keeps_one_document_on_each_side(fraction):
     ids = [f"doc-{i}" for i in range(5)]
-    plan = SplitPlan(fraction)
+    plan = SplitPlan(TokenizeConfig(val_fraction=fraction, min_val_tokens=0, min_val_documents=0))
     for position, doc_id in enumerate(ids):
         plan.observe(position, doc_id)
     splits = [plan.split(position, doc_id) for position, doc_id in enumerate(ids)]
     assert splits.count("val") == (1 if fraction < 0.5 else 4)
     assert splits == [plan.split(p, d) for p, d in enumerate(ids)]  # deterministic
+
+
+def test_the_val_split_grows_in_hash_order_to_the_minimum_tokens_and_documents(tmp_path_factory, shakespeare_docs):
+    root = tmp_path_factory.mktemp("widened")
+    cleaned = make_cleaned(root, shakespeare_docs)
+    cfg = TokenizeConfig(vocab_size=512, val_fraction=0.05, min_val_tokens=20_000, min_val_documents=8)
+    result = tokenize.run(cfg, cleaned=cleaned, tokenizer=root / "tok", shards=root / "shards")
+    m = result.metrics
+    buckets = sorted(split_bucket(row["id"]) for row in read_cleaned(cleaned))
+    assert sum(b < 0.05 for b in buckets) < 8  # val_fraction alone holds too few documents
+    assert m["val_documents"] >= 8 and m["val_tokens"] >= 20_000
+    assert m["val_documents"] == sum(b < m["val_threshold"] for b in buckets) <= 0.25 * 60 + 1
+    # the smallest such split: without its last document it would fall short
+    tok = load_tokenizer(root / "tok")
+    val_rows = [row for row in read_cleaned(cleaned) if split_bucket(row["id"]) < m["val_threshold"]]
+    last = max(val_rows, key=lambda row: split_bucket(row["id"]))
+    shorter = m["val_tokens"] - len(tok(last["text"])["input_ids"]) - 1
+    assert shorter < 20_000 or m["val_documents"] - 1 < 8
 
 
 def test_two_documents_always_give_a_train_and_a_val_document(tmp_path):

@@ -80,7 +80,7 @@ def test_the_report_shows_base_teacher_and_student_on_both_tasks(evaluated):
     assert results["headline"]["teacher_bits_per_byte_vs_base"] > 0
 
 
-def test_a_corpus_where_cleaning_keeps_under_20_percent_gives_the_retention_warning(evaluated):
+def test_a_corpus_where_cleaning_keeps_under_20_percent_fails_the_retention_check_and_warns(evaluated):
     out, result = evaluated
     (warning,) = result.summary["warnings"]
     assert warning.startswith("cleaning kept 10 of 100 documents (10.0%)") and "below the 50% warning level" in warning
@@ -88,7 +88,8 @@ def test_a_corpus_where_cleaning_keeps_under_20_percent_gives_the_retention_warn
     assert "WARNING: cleaning kept 10 of 100 documents" in summary
     assert "WARNING: cleaning kept 10 of 100 documents" in (out / "report.md").read_text()
     retention = {c["name"]: c for c in result.summary["checks"]}["data_retention"]
-    assert retention["passed"] and retention["value"] == pytest.approx(0.1, abs=0.01)
+    assert retention["status"] == "fail" and retention["value"] == pytest.approx(0.1, abs=0.01)
+    assert "10.0% < 25.0%: too low" in retention["reason"]
 
 
 def test_the_summary_carries_the_headline_for_the_cli(evaluated):
@@ -113,6 +114,11 @@ def test_lmforge_runs_last_lines_state_the_figures_and_the_retention_warning(eva
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1] == "serve: nothing released, nothing to serve"
     assert lines[-2].startswith("WARNING: cleaning kept 10 of 100 documents (10.0%)")
-    assert lines[-3] == "data retention: cleaning kept 10% of documents, " + lines[-3].rsplit(", ", 1)[1]
-    assert lines[-5].startswith("served model student: ") and "answer loss " in lines[-5]
-    assert lines[-4].startswith("teacher bits/byte on held-out corpus text: ") and "n/a" not in lines[-4]
+    at = next(i for i, line in enumerate(lines) if line.startswith("data retention: "))
+    assert lines[at] == "data retention: cleaning kept 10% of documents, " + lines[at].rsplit(", ", 1)[1]
+    assert lines[at - 2].startswith("served model student: ") and "answer loss " in lines[at - 2]
+    assert lines[at - 1].startswith("teacher bits/byte on held-out corpus text: ") and "n/a" not in lines[at - 1]
+    assert lines[at + 1].startswith("gate checks: ") and " FAIL, " in lines[at + 1]
+    # 600 held-out tokens scored (max_eval_tokens) and 8 prompts: both below their minimums
+    assert any(line.startswith("WARNING: held-out text: low confidence: 600 tokens / ") for line in lines)
+    assert "WARNING: held-out Q&A: low confidence: 8 prompts (minimum 20)" in lines

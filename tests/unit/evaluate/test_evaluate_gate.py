@@ -29,7 +29,7 @@ CHECK_NAMES = [
     "bits_per_byte_vs_production",
     "exact_match_vs_production",
 ]
-PASS_WITHOUT_INPUTS = {"teacher_forgetting", "student_forgetting", "data_retention"}  # no base / no cleaning stats
+NA_WITHOUT_INPUTS = {"teacher_forgetting", "student_forgetting", "data_retention"}  # no base / no cleaning stats
 _ABSENT = object()
 
 
@@ -72,7 +72,8 @@ def results(
         "none": {"status": "none", "reason": "no release of 'tiny' yet"},
         None: None,
     }[production]
-    out = {"models": models, "served_model": served}
+    clean = {"docs_in": 100, "docs_out": 90, "bytes_in": 10_000, "bytes_out": 9_000}
+    out = {"models": models, "served_model": served, "data": {"clean": {"metrics": clean}}}
     if prod is not None:
         out["production"] = prod
     return out
@@ -157,15 +158,17 @@ def test_empty_results_fail_every_check_that_has_something_to_measure():
     decision = check_gate(CFG, {})
     assert not decision.passed
     assert len(decision.checks) == len(CHECK_NAMES)
-    assert {c.name for c in decision.checks if c.passed} == PASS_WITHOUT_INPUTS
+    assert not any(c.passed for c in decision.checks)
+    assert {c.name for c in decision.checks if c.status == "n/a"} == NA_WITHOUT_INPUTS
+    assert set(decision.failed) == set(CHECK_NAMES) - NA_WITHOUT_INPUTS
 
 
-def test_no_production_release_yet_passes_the_comparisons_with_a_reason():
+def test_no_production_release_yet_makes_the_comparisons_n_a_with_a_reason():
     decision = check_gate(CFG, results(production="none", bpb=2.4, em=0.2))
     assert decision.passed
     for name in ("bits_per_byte_vs_production", "exact_match_vs_production"):
         got = check(decision, name)
-        assert got.passed and got.value is None
+        assert got.status == "n/a" and not got.passed and got.value is None
         assert got.reason == "no release of 'tiny' yet: nothing to compare with (first release)"
 
 
@@ -181,7 +184,7 @@ def test_a_check_configured_as_null_is_disabled_and_says_so(setting, name):
     cfg = CFG.model_copy(update={setting: None})
     decision = check_gate(cfg, results(em=None, bpb=None, production="found"))
     got = check(decision, name)
-    assert got.passed and got.threshold is None
+    assert got.status == "off" and not got.passed and got.threshold is None
     assert got.reason == f"disabled ({setting} is null)"
 
 
@@ -196,8 +199,8 @@ def test_a_candidate_worse_than_production_fails_the_gate_although_it_meets_the_
 def test_decision_serializes_to_plain_json_types():
     data = check_gate(CFG, results()).to_dict()
     assert data["passed"] is True
-    assert set(data["checks"][0]) == {"name", "value", "threshold", "passed", "reason", "warning"}
-    assert data["warnings"] == []
+    assert set(data["checks"][0]) == {"name", "value", "threshold", "status", "passed", "reason", "warning"}
+    assert data["warnings"] == [] and data["not_applicable"] == [] and data["failed"] == []
 
 
 def test_int8_rejected_by_the_quantize_gate_falls_back_instead_of_failing():
@@ -210,7 +213,7 @@ def test_int8_rejected_by_the_quantize_gate_falls_back_instead_of_failing():
         "int8_dynamic": {"perplexity": 150.0, "p99_ms": 2.0, "accepted": False, "gate_reason": "ppl +50% > 2%"},
     }
     check = check_int8_delta(GateConfig(), {"models": models})
-    assert check.passed and "falls back to FP32" in check.reason and "ppl +50%" in check.reason
+    assert check.status == "n/a" and "falls back to FP32" in check.reason and "ppl +50%" in check.reason
     assert served_model(models) == "onnx_fp32"
     models["int8_dynamic"]["accepted"] = True
     assert served_model(models) == "int8_dynamic"

@@ -295,7 +295,7 @@ def test_a_candidate_worse_than_production_fails_the_gate(tmp_path, artifacts, t
         release_root=registry,
         model_name="tiny",
     )
-    failed = {c["name"]: c["reason"] for c in result.summary["checks"] if not c["passed"]}
+    failed = {c["name"]: c["reason"] for c in result.summary["checks"] if c["status"] == "fail"}
     assert set(failed) == {"bits_per_byte_vs_production", "exact_match_vs_production"}
     assert "vs production v1" in failed["bits_per_byte_vs_production"]
     assert "student.exact_match is missing" in failed["exact_match_vs_production"]  # generation was off
