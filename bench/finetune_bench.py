@@ -27,7 +27,7 @@ Sections:
 * ``kd_mixture``: task-aware distillation. The demo base tuned by the preset's ``finetune_lora`` on
   ``demo://chatterbot`` is the teacher; the preset's ``distill`` stage runs three arms per seed, same steps,
   batches and student init: KD on the mixture of corpus windows and fine-tuning examples (the preset's
-  ``qa_fraction``), KD on corpus windows only (``qa_fraction`` 0, the distillation before issue 15), and CE only
+  ``qa_fraction``), KD on corpus windows only (``qa_fraction`` 0), and CE only
   on the mixture (``alpha`` 0). Held-out answer loss (the Q&A pairs LoRA held out) and corpus perplexity (the
   Shakespeare validation split) of each student, next to the teacher's.
 

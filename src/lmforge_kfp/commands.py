@@ -156,7 +156,7 @@ def _print_summary(local_run: Any, *, quiet: bool) -> None:
         Console().print(table)
     for line in summary_lines(local_run):
         typer.echo(line)
-    # issue 15: the served model's empty answers and answer loss vs the teacher, the teacher's bits/byte vs the
+    # The headline: the served model's empty answers and answer loss vs the teacher, the teacher's bits/byte vs the
     # base, data retention and the gate's warnings (evaluate's results.json "headline")
     from lmforge.evaluate.gate import headline_lines
 

@@ -1,4 +1,4 @@
-"""The DAG under kfp.local starting from a base model a user brings (issue 15): a GPT-2- and a Llama-shaped model
+"""The DAG under kfp.local starting from a base model a user brings: a GPT-2- and a Llama-shaped model
 written by plain ``save_pretrained`` with a tokenizer that is not lmforge's (another vocabulary size, other special
 tokens, no padding token), through to promotion; the release carries the base's tokenizer and generates."""
 

@@ -40,7 +40,7 @@ SMALL = {
     "distill_overrides": {"train.max_steps": 15, "train.warmup_steps": 2, "train.seq_len": 64, "train.batch_size": 8},
     "quantize_int8_overrides": {"calibration_sequences": 8, "calibration_seq_len": 32},
     # A 15-step student of a 30-step base answers nothing: the tiny-cpu gate's checks against the teacher and the
-    # base (issue 15) would stop it. They have their own tests (test_evaluate_broken_student.py); here the subject
+    # base would stop it. They have their own tests (test_evaluate_broken_student.py); here the subject
     # is the DAG and the comparison with production, so they are off.
     "evaluate_overrides": {
         "context": 64,

@@ -73,7 +73,7 @@ def test_fetch_refuses_a_manifest_name_that_leaves_the_scratch_root(s3_env, tmp_
 
 @pytest.mark.s3
 def test_stage_with_a_hostile_manifest_is_one_error_line_and_writes_nothing_outside(s3_env, s3_server, tmp_path):
-    """The demonstration of issue 14: `lmforge stage tokenize --io cleaned=s3://...` with an absolute name."""
+    """An absolute object name through `lmforge stage tokenize --io cleaned=s3://...` with an absolute name."""
     uri = f"s3://{s3_env}/staging/cleaned"
     publish_artifact(_artifact(tmp_path / "src"), uri)
     name = f"{tmp_path}/outside/PWNED.sh"

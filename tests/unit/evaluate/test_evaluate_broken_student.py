@@ -27,7 +27,7 @@ TRAIN = dict(
     batch_size=16, seq_len=48, lr=1e-2, min_lr=1e-3, precision="fp32", eval_interval=40, eval_batches=2,
     log_interval=20,
 )  # fmt: skip
-# The demo's target (issue 15): the served model's held-out answer loss within 10 % of the teacher's.
+# The demo's target: the served model's held-out answer loss within 10 % of the teacher's.
 CFG = EvaluateConfig(
     context=64,
     max_eval_tokens=600,

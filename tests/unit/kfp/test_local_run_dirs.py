@@ -1,4 +1,4 @@
-"""Two `lmforge run` on one --output: each gets its own run directory (issue 14, low item)."""
+"""Two `lmforge run` on one --output: each gets its own run directory."""
 
 import json
 import subprocess

@@ -1,4 +1,4 @@
-"""Concurrent publishers to one artifact prefix cannot tear it (issue 14, M3)."""
+"""Concurrent publishers to one artifact prefix cannot tear it (docs/security.md, M3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Preflight probes that the object store enforces conditional writes (issue 14, low item)."""
+"""Preflight probes that the object store enforces conditional writes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Interrupted promotions and publishes: a version is never burned, and `lmforge registry gc` cleans up (issue 14)."""
+"""Interrupted promotions and publishes: a version is never burned, and `lmforge registry gc` cleans up."""
 
 from __future__ import annotations
 

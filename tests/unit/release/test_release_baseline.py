@@ -1,4 +1,4 @@
-"""The gate's baseline is re-checked at promotion: a stale evaluation cannot become latest (issue 14, M5)."""
+"""The gate's baseline is re-checked at promotion: a stale evaluation cannot become latest (docs/security.md, M5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checkpoints that cannot run code on load, and resume past a corrupted newest checkpoint (issue 14, M2/M4)."""
+"""Checkpoints that cannot run code on load, and resume past a corrupted newest checkpoint (docs/security.md, M2/M4)."""
 
 from __future__ import annotations
 
