@@ -99,7 +99,7 @@ def tracking(request, tmp_path_factory):
     storage.s3_client.cache_clear()
 
 
-def _run_demo(corpus: Path, root: str, version: str, out: Path, **kwargs: Any) -> Any:
+def _run_demo(corpus: Path, root: str, version: str, workdir: Path, **kwargs: Any) -> Any:
     """The DAG on ``corpus`` with :data:`SMALL`'s settings, releasing ``version`` under ``root``, without a cluster."""
     from lmforge_kfp.pipelines.local_run import run_pipeline_locally
 
@@ -115,8 +115,8 @@ def _run_demo(corpus: Path, root: str, version: str, out: Path, **kwargs: Any) -
     }
     with pytest.MonkeyPatch.context() as env:  # no cluster for serve's apply, whatever kubeconfig this machine has
         env.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        env.setenv("KUBECONFIG", str(out / "no-kubeconfig"))
-        return run_pipeline_locally(params, out / "runs", **kwargs)
+        env.setenv("KUBECONFIG", str(workdir / "no-kubeconfig"))
+        return run_pipeline_locally(params, workdir / "runs", **kwargs)
 
 
 @pytest.fixture(scope="module")
