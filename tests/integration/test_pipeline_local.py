@@ -10,6 +10,7 @@ import io
 import json
 import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -20,7 +21,8 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lmforge import storage
-from lmforge.artifacts import MANIFEST, read_manifest
+from lmforge.artifacts import MANIFEST, is_run_record, read_manifest
+from lmforge.release import CLAIM
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # ~2 min on an idle 2-core machine
 
@@ -98,29 +100,41 @@ def tracking(request, tmp_path_factory):
     storage.s3_client.cache_clear()
 
 
-@pytest.fixture(scope="module")
-def local_run(tmp_path_factory, small_corpus, tracking):
+def _run_demo(corpus: Path, root: str, version: str, workdir: Path, **kwargs: Any) -> Any:
+    """The DAG on ``corpus`` with :data:`SMALL`'s settings, releasing ``version`` under ``root``, without a cluster."""
     from lmforge_kfp.pipelines.local_run import run_pipeline_locally
 
-    out = tmp_path_factory.mktemp("e2e")
-    root = tracking[2] if tracking else str(out / "registry")
     params = {
-        "corpus_uri": str(small_corpus),
+        "corpus_uri": str(corpus),
         "qa_uri": "demo://chatterbot",
         "release_root": root,
-        "release_version": "v-test",
+        "release_version": version,
         "clean_shards": 2,
         "dedup_band_groups": 3,
         "dedup_parts": 2,
         **{k: json.dumps(v) for k, v in SMALL.items()},
     }
-    shown = io.StringIO()
     with pytest.MonkeyPatch.context() as env:  # no cluster for serve's apply, whatever kubeconfig this machine has
         env.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        env.setenv("KUBECONFIG", str(out / "no-kubeconfig"))
-        run = run_pipeline_locally(params, out / "runs", console="default", out=shown)
+        env.setenv("KUBECONFIG", str(workdir / "no-kubeconfig"))
+        return run_pipeline_locally(params, workdir / "runs", **kwargs)
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory, small_corpus, tracking):
+    out = tmp_path_factory.mktemp("e2e")
+    root = tracking[2] if tracking else str(out / "registry")
+    shown = io.StringIO()
+    run = _run_demo(small_corpus, root, "v-test", out, console="default", out=shown)
     (run.logs / "console.txt").write_text(shown.getvalue(), encoding="utf-8")  # what `lmforge run` showed
     return run, root
+
+
+@pytest.fixture(scope="module")
+def rerun(local_run, small_corpus, tmp_path_factory):
+    """The first run again, on the same inputs into the same registry (as a schedule would), asking for v-again."""
+    _, root = local_run
+    return _run_demo(small_corpus, root, "v-again", tmp_path_factory.mktemp("e2e-again"))
 
 
 def _release(root: str, *parts: str) -> str:
@@ -253,6 +267,20 @@ def test_onnx_models_load_in_onnxruntime(local_run, task, name):
     ids = np.array([[1, 2, 3, 4]], dtype=np.int64)
     (logits,) = session.run(["logits"], {"input_ids": ids, "attention_mask": np.ones_like(ids)})
     assert logits.shape[:2] == (1, 4) and np.isfinite(logits).all()
+
+
+def test_a_rerun_on_unchanged_inputs_returns_the_release_it_made_and_publishes_no_copy(local_run, rerun):
+    """Training, export and quantization are deterministic, so the second run makes the same model files; only run
+    records (timings, event logs) differ, and promote returns the existing release instead of publishing v-again."""
+    run, root = local_run
+    for task, name in [("distill", "student"), ("export-onnx", "onnx_model"), ("quantize-int8", "int8_qdq")]:
+        first, second = (read_manifest(r.output(task, name))["files"] for r in (run, rerun))
+        differ = {f for f in first.keys() | second.keys() if first.get(f) != second.get(f)}
+        assert all(is_run_record(f) for f in differ), f"{task}/{name}: {sorted(differ)} differ between the runs"
+    assert rerun.promoted and rerun.parameter("promote", "Output") == _release(root, "v-test")
+    assert not storage.exists(_release(root, "v-again", MANIFEST))
+    assert not storage.exists(_release(root, "v-again", CLAIM))
+    assert json.loads(storage.read_bytes(_release(root, "latest.json")))["version"] == "v-test"
 
 
 @pytest.fixture(scope="module")

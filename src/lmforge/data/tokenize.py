@@ -36,7 +36,7 @@ from lmforge.artifacts import input_record, sha256_file, staged_output, write_ma
 from lmforge.config import TokenizeConfig
 from lmforge.data.cleaned import read_cleaned
 from lmforge.data.shards import INDEX, ShardWriter, token_dtype
-from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
+from lmforge.data.tokenizer import save_tokenizer, tokenizer_fingerprint, train_bpe_tokenizer
 from lmforge.errors import InputDataError
 from lmforge.model.base import TOKENIZER_FILES, base_problem, base_tokenizer, fetch_metadata
 from lmforge.results import StageResult
@@ -190,7 +190,7 @@ def run(
             raise InputDataError(f"{cleaned}: the cleaned corpus has no documents")
         if plan.needs_counting():
             plan.widen(_token_counts(cleaned, bpe, plan.max_val_fraction))
-        bpe.save_pretrained(tok_stage)
+        save_tokenizer(bpe, tok_stage)
         fingerprint = tokenizer_fingerprint(tok_stage)
         vocab_size = len(bpe)
         eos_id = bpe.eos_token_id

@@ -11,7 +11,9 @@ Output directory (the ONNX model contract other stages rely on):
   ``[batch, kv_heads, past, head_dim]``); outputs ``logits`` and ``present.{i}.key`` /
   ``present.{i}.value`` (``[batch, kv_heads, past + seq, head_dim]``). Batch, sequence and past length are
   dynamic and the past may be empty (``past = 0``), so the same graph does the prefill and every decode
-  step. Written unless ``ExportConfig.with_past`` is false.
+  step. Written unless ``ExportConfig.with_past`` is false. These are the names optimum's ``ORTModelForCausalLM``
+  reads: ``ORTModelForCausalLM.from_pretrained(DIR, file_name="decoder_with_past.onnx")`` generates with the cache
+  (tests/integration/test_consumers_transformers4.py).
 * external data (``<graph>.onnx.data``) when the weights exceed 2 GB; the tokenizer and config files
   copied from the source model; ``manifest.json``.
 

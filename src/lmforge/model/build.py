@@ -24,6 +24,7 @@ from transformers import (
 
 from lmforge.config import ModelConfig
 from lmforge.contracts import HISTORY_FILE
+from lmforge.data.tokenizer import save_tokenizer
 from lmforge.errors import InputDataError
 from lmforge.model.folder import refuse_custom_code, weight_files
 
@@ -259,7 +260,7 @@ def save_model_dir(
     out_dir = Path(out_dir)
     skip_deepspeed_import_on_unwrap()
     model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
+    save_tokenizer(tokenizer, out_dir)
     if history is not None:
         (out_dir / HISTORY_FILE).write_text(json.dumps(history, indent=1), encoding="utf-8")
     return out_dir

@@ -22,6 +22,7 @@ from lmforge import storage
 from lmforge.artifacts import write_manifest
 from lmforge.config import LoraConfig, TrainConfig
 from lmforge.data.qa import Example, encode_example, encode_examples, load_examples, split_examples
+from lmforge.data.tokenizer import save_tokenizer
 from lmforge.errors import ConfigError, InputDataError
 from lmforge.model.base import base_tokenizer, localize_model, model_record
 from lmforge.model.build import count_parameters, load_causal_lm, save_model_dir
@@ -333,7 +334,7 @@ def _run(
         metrics |= moved_metrics
         config = cfg.model_dump(mode="json") | {"resolved_target_modules": targets, "scaling": cfg.scaling}
         model.save_pretrained(adapter_out)
-        tokenizer.save_pretrained(adapter_out)
+        save_tokenizer(tokenizer, adapter_out)
         write_manifest(adapter_out, "adapter", inputs=inputs, config=config, metrics=metrics)
         merged = model.merge_and_unload()
         save_model_dir(merged, tokenizer, merged_out, history=history)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import threading
 from pathlib import Path
 
@@ -127,6 +128,35 @@ def test_promoting_what_production_already_serves_publishes_nothing_and_burns_no
     (inputs["student"] / "w" / "a.bin").write_text("retrained")
     write_manifest(inputs["student"], "model")
     assert _promote(tmp_path, inputs, version="v2").summary["status"] == "published"  # v2 is still free
+
+
+def test_a_rerun_that_differs_only_in_timings_and_event_logs_publishes_nothing(tmp_path, inputs):
+    """A re-run on unchanged inputs makes bit-identical weights, but its training history (tokens/s), TensorBoard
+    event file (named by time, host and pid), report and stats differ: the release it would make is the same one."""
+
+    def train(run: int) -> None:
+        shutil.rmtree(inputs["student"] / "tensorboard", ignore_errors=True)
+        (inputs["student"] / "tensorboard").mkdir()
+        records = {
+            "training_history.json": f'{{"tokens_per_sec": [{run}]}}',
+            f"tensorboard/events.out.tfevents.{run}": f"t{run}",
+            "report.html": f"<p>{run} s</p>",
+            "stats.json": f'{{"docs_per_sec": {run}}}',
+        }
+        for name, text in records.items():
+            (inputs["student"] / name).write_text(text)
+        write_manifest(inputs["student"], "model")
+
+    train(1)
+    first = _promote(tmp_path, inputs, version="v1")
+    train(2)
+    inputs["evaluation"] = _evaluation(tmp_path / "in" / "evaluation-2")
+    again = _promote(tmp_path, inputs, version="v2")
+    assert again.summary["status"] == "unchanged" and again.summary["version"] == "v1", again.summary
+    assert again.summary["release_uri"] == first.summary["release_uri"]
+    (inputs["student"] / "w" / "a.bin").write_text("retrained")  # the weights do count
+    write_manifest(inputs["student"], "model")
+    assert _promote(tmp_path, inputs, version="v2").summary["status"] == "published"
 
 
 def test_the_same_files_made_from_other_inputs_are_published(tmp_path, inputs):
