@@ -7,6 +7,7 @@ stage's module. Each record says who writes it and who reads it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -154,3 +155,9 @@ def served_model(models: Mapping[str, Mapping[str, Any]]) -> str | None:
 # --- manifest; evaluate and distill use the recorded one, this default when none is recorded.
 
 QA_HELDOUT_FRACTION = 0.1
+
+
+def split_bucket(doc_id: str) -> float:
+    """A document's position in [0, 1), uniform over ids and stable across runs and machines: tokenize holds out
+    the documents below its threshold, and whatever else needs the held-out documents finds them by it."""
+    return int.from_bytes(hashlib.sha256(doc_id.encode("utf-8")).digest()[:8], "big") / 2**64

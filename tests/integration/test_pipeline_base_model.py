@@ -24,6 +24,8 @@ OVERRIDES = {
     # The models are a few steps from random: no answer is worth generating, so generation (and the gate's checks
     # that read answers) is off; the absolute thresholds are the demo's, for trained models. The forgetting checks
     # against the base model stay on, loosely: they need the base that pretrain passed on to evaluate.
+    # The DAG scores 1024 held-out tokens (max_eval_tokens): the held-out minimum matches, so the checks count.
+    "tokenize_overrides": {"min_val_tokens": 512, "min_val_documents": 1},
     "evaluate_overrides": {
         "context": 64,
         "max_eval_tokens": 1024,

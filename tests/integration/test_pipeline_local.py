@@ -167,7 +167,7 @@ def test_every_stage_leaves_a_complete_artifact(local_run, task, name, kind):
         assert manifest["kind"] == kind
 
 
-def test_report_and_gate_and_release(local_run):
+def test_report_and_gate_and_release(local_run, tmp_path):
     run, root = local_run
     evaluation = run.output("evaluate", "evaluation")
     html = (evaluation / "report.html").read_text(encoding="utf-8")
@@ -187,7 +187,7 @@ def test_report_and_gate_and_release(local_run):
     # the release's model card parses and carries the report's harness numbers
     from huggingface_hub import ModelCard
 
-    card = ModelCard.load(storage.localize(_release(root, "v-test", "student", "README.md"), root / "card"))
+    card = ModelCard.load(storage.localize(_release(root, "v-test", "student", "README.md"), tmp_path / "card"))
     numbers = {
         (e["dataset"]["type"], m["type"]): m["value"]
         for e in card.data.to_dict()["model-index"][0]["results"]

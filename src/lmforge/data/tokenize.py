@@ -19,7 +19,6 @@ the shards are documents joined by EOS, whatever the tokenizer.
 from __future__ import annotations
 
 import bisect
-import hashlib
 import logging
 import tempfile
 import time
@@ -34,6 +33,7 @@ from tqdm import tqdm
 from lmforge import report_html
 from lmforge.artifacts import input_record, sha256_file, staged_output, write_manifest
 from lmforge.config import TokenizeConfig
+from lmforge.contracts import split_bucket
 from lmforge.data.cleaned import read_cleaned
 from lmforge.data.shards import INDEX, ShardWriter, token_dtype
 from lmforge.data.tokenizer import save_tokenizer, tokenizer_fingerprint, train_bpe_tokenizer
@@ -49,11 +49,6 @@ ENCODE_BATCH_DOCS = 256
 # A token of a byte-level BPE or SentencePiece vocabulary rarely spans more bytes than this: a val split with
 # this many bytes per missing token cannot fall short, so the counting pass is skipped.
 _BYTES_PER_TOKEN_BOUND = 32
-
-
-def split_bucket(doc_id: str) -> float:
-    """A document's position in [0, 1), uniform over ids and stable across runs and machines."""
-    return int.from_bytes(hashlib.sha256(doc_id.encode("utf-8")).digest()[:8], "big") / 2**64
 
 
 class SplitPlan:

@@ -54,8 +54,8 @@ def qa_multiple_choice() -> Iterator[dict[str, object]]:
 def shakespeare_cloze() -> Iterator[dict[str, str]]:
     """Cloze items ``{"context", "target", "source"}``: a held-out scene's lines, the last one without its last word
     (the target, with its leading space and without trailing punctuation)."""
+    from lmforge.contracts import split_bucket
     from lmforge.data.demo import shakespeare_documents
-    from lmforge.data.tokenize import split_bucket
 
     for doc in shakespeare_documents():
         if split_bucket(doc["id"]) >= CLOZE_VAL_FRACTION:

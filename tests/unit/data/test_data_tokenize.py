@@ -11,10 +11,11 @@ import pytest
 
 from lmforge.artifacts import read_manifest, sha256_file
 from lmforge.config import CleanConfig, TokenizeConfig
+from lmforge.contracts import split_bucket
 from lmforge.data import clean, tokenize
 from lmforge.data.cleaned import read_cleaned
 from lmforge.data.shards import TokenShards
-from lmforge.data.tokenize import SplitPlan, split_bucket
+from lmforge.data.tokenize import SplitPlan
 from lmforge.data.tokenizer import tokenizer_fingerprint
 from lmforge.errors import InputDataError
 from lmforge.model.build import load_tokenizer

@@ -113,7 +113,9 @@ def test_lmforge_runs_last_lines_state_the_figures_and_the_retention_warning(eva
     _print_summary(run, quiet=True)
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1] == "serve: nothing released, nothing to serve"
-    assert lines[-2].startswith("WARNING: cleaning kept 10 of 100 documents (10.0%)")
+    warnings = [line for line in lines if line.startswith("WARNING: ")]
+    assert warnings[-1].startswith("WARNING: cleaning kept 10 of 100 documents (10.0%)")
+    assert lines.index(warnings[-1]) < next(i for i, line in enumerate(lines) if line.startswith("verdict: student"))
     at = next(i for i, line in enumerate(lines) if line.startswith("data retention: "))
     assert lines[at] == "data retention: cleaning kept 10% of documents, " + lines[at].rsplit(", ", 1)[1]
     assert lines[at - 2].startswith("served model student: ") and "answer loss " in lines[at - 2]

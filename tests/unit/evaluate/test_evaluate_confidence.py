@@ -4,9 +4,9 @@ gate check that would pass on them is n/a."""
 from __future__ import annotations
 
 from lmforge.config import EvaluateConfig, GateConfig, TokenizeConfig
+from lmforge.contracts import split_bucket
 from lmforge.data import tokenize
 from lmforge.data.cleaned import read_cleaned
-from lmforge.data.tokenize import split_bucket
 from lmforge.evaluate.evaluate import held_out_confidence
 from lmforge.evaluate.gate import check_gate, headline, headline_lines
 from lmforge.evaluate.report import markdown_summary

@@ -7,12 +7,12 @@ CRDs of KServe v0.15.2 and v0.20.0 (tests/data/crds/kserve/); ``config.pbtxt`` i
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
 import yaml
 from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
 
 from lmforge.config import ExportConfig
 from lmforge.config.base import validate_config
@@ -38,6 +38,21 @@ KSERVE = CRDS / "kserve"
 VERSIONS = ("v0.15.2", "v0.20.0")
 STORAGE = "s3://lmforge/releases/models/lmforge-demo/v20261201-120000/int8_dynamic"
 RELEASE = {"version": "v1", "artifacts": {"student": {}, "onnx_fp32": {}, "int8_dynamic": {}, "engine": {}}}
+
+
+def _triton_model_config_module():
+    """Triton's own ModelConfig messages, loaded from tritonclient's generated file alone: importing the
+    ``tritonclient.grpc`` package registers its gRPC service protos too, whose ``inference.*`` names collide in
+    protobuf's default pool with the KServe v2 protos that kserve's server registers in the same process."""
+    spec = importlib.util.find_spec("tritonclient")
+    path = Path(spec.submodule_search_locations[0]) / "grpc" / "model_config_pb2.py"
+    loaded = importlib.util.spec_from_file_location("triton_model_config_pb2", path)
+    module = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(module)
+    return module
+
+
+model_config_pb2 = _triton_model_config_module()
 
 
 def _validate(obj: dict, version: str) -> None:

@@ -22,6 +22,8 @@ SHARED_IN_STAGE_PACKAGES = {
     "lmforge.data.qa",
     "lmforge.data.chunking",
     "lmforge.data.demo",
+    # clean's per-document rules applied to a sample: preflight predicts retention with the rules clean runs.
+    "lmforge.data.retention",
 }
 
 
