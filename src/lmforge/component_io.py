@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 from typing import Protocol
 
+from lmforge.contracts import metric_name_with_scale
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.component")
@@ -54,11 +55,12 @@ def publish(
     markdown: FileArtifact | None = None,
     markdown_text: str | None = None,
 ) -> None:
-    """Log finite scalar metrics and write the stage's HTML/Markdown reports to KFP outputs."""
+    """Log finite scalar metrics (Q&A metrics named with their range, see
+    :func:`~lmforge.contracts.metric_name_with_scale`) and write the stage's HTML/Markdown reports to KFP outputs."""
     if metrics is not None:
         for name, value in sorted(result.metrics.items()):
             if isinstance(value, bool | int | float) and math.isfinite(float(value)):
-                metrics.log_metric(name, float(value))
+                metrics.log_metric(metric_name_with_scale(name), float(value))
             else:
                 log.warning("metric %s=%r is not a finite number; not logged", name, value)
     if html is not None:

@@ -151,6 +151,34 @@ def served_model(models: Mapping[str, Mapping[str, Any]]) -> str | None:
     return None
 
 
+# --- the Q&A metrics' scales: evaluate writes them into results.json and the evaluation manifest's metrics
+# --- (``<model>_<metric>``); the report, the model card and the KFP Metrics label them with their range.
+
+QA_METRIC_SCALES: dict[str, tuple[int, int]] = {
+    "exact_match": (0, 1),
+    "f1": (0, 1),
+    "bleu": (0, 100),
+    "rouge_l": (0, 1),
+}
+"""Range of each Q&A metric: sacrebleu's corpus BLEU is 0–100, exact match, token F1 and ROUGE-L are fractions."""
+
+
+def scale_text(metric: str, dash: str = "–") -> str:
+    """``metric``'s range as text (``"0–100"``), or ``""`` when it is not a Q&A metric."""
+    low, high = QA_METRIC_SCALES.get(metric, (None, None))
+    return "" if low is None else f"{low}{dash}{high}"
+
+
+def metric_name_with_scale(name: str) -> str:
+    """A metric name as displays that show only names (KFP Metrics) give it: a Q&A metric, alone or as
+    ``<model>_<metric>``, gets its range appended (``student_bleu`` → ``student_bleu_0to100``); others are unchanged.
+    """
+    for metric, (low, high) in QA_METRIC_SCALES.items():
+        if name == metric or name.endswith(f"_{metric}"):
+            return f"{name}_{low}to{high}"
+    return name
+
+
 # --- the Q&A split: finetune_lora holds out this fraction of prompts (by hash) and records the one it used in its
 # --- manifest; evaluate and distill use the recorded one, this default when none is recorded.
 

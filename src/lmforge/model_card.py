@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge import storage
+from lmforge.contracts import scale_text
 from lmforge.errors import ConfigError, LmforgeError
 
 log = logging.getLogger("lmforge.promote")
@@ -28,12 +29,8 @@ CARD = "README.md"
 HF_SCHEME = "hf://"
 CARD_ARTIFACTS = {"student": "transformers", "onnx_fp32": "onnx", "int8_dynamic": "onnx", "int8_qdq": "onnx"}
 """Release folders that get a card, and the library that loads each."""
-_QA_METRICS = (
-    ("exact_match", "exact_match", "0-1"),
-    ("f1", "f1", "0-1"),
-    ("bleu", "bleu", "0-100"),
-    ("rouge_l", "rouge", "0-1"),
-)
+_QA_METRICS = (("exact_match", "exact_match"), ("f1", "f1"), ("bleu", "bleu"), ("rouge_l", "rouge"))
+"""lmforge's Q&A metric and the Hub's metric type for it."""
 
 
 def _finite(value: Any) -> bool:
@@ -51,7 +48,7 @@ def eval_results(model: str, results: Mapping[str, Any]) -> list[Any]:
     qa = ("question-answering", "lmforge-heldout-qa", f"held-out Q&A of {qa_uri}")
     # (task type, dataset type, dataset name, metric type, metric name, value)
     rows = [(*text, key, key.replace("_", " "), entry.get(key)) for key in ("perplexity", "bits_per_byte")]
-    rows += [(*qa, metric, f"{key} ({scale})", entry.get(key)) for key, metric, scale in _QA_METRICS]
+    rows += [(*qa, metric, f"{key} ({scale_text(key, '-')})", entry.get(key)) for key, metric in _QA_METRICS]
     harness = results.get("harness") or {}
     for task, scores in ((harness.get("scores") or {}).get(model) or {}).items():
         task_row = ("text-generation", task, f"lm-evaluation-harness {task}")

@@ -40,6 +40,7 @@ from lmforge.contracts import (
     max_positions,
     read_engine_status,
     read_history,
+    scale_text,
     served_model,
 )
 from lmforge.data.qa import Example, qa_lineage
@@ -178,12 +179,9 @@ def _generate(
         max_positions=positions,
     )
     log.info(
-        "%s: EM %.3f (0-1), F1 %.3f (0-1), BLEU %.2f (0-100), ROUGE-L %.3f (0-1) on %d held-out prompts",
+        "%s: EM %.3f (%s), F1 %.3f (%s), BLEU %.2f (%s), ROUGE-L %.3f (%s) on %d held-out prompts",
         name,
-        scores.exact_match,
-        scores.f1,
-        scores.bleu,
-        scores.rouge_l,
+        *(x for key in ("exact_match", "f1", "bleu", "rouge_l") for x in (getattr(scores, key), scale_text(key))),
         scores.prompts,
     )
     figures = {

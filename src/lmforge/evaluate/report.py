@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from lmforge.contracts import scale_text
 from lmforge.evaluate.gate import check_mark, headline_lines
 from lmforge.report_html import bar_plot, breakable, charts, details, figure_png, line_plot, page, scroll_box, table
 
@@ -32,8 +33,11 @@ MODEL_LABELS: dict[str, str] = {
 }
 """Rows always shown in the comparison, in this order; other evaluated models follow."""
 
-SCALES: dict[str, str] = {"EM": "EM (0–1)", "F1": "F1 (0–1)", "BLEU": "BLEU (0–100)", "ROUGE-L": "ROUGE-L (0–1)"}
-"""Q&A metric labels with their scales: sacrebleu's BLEU is 0–100, the others 0–1."""
+SCALES: dict[str, str] = {
+    label: f"{label} ({scale_text(metric)})"
+    for label, metric in (("EM", "exact_match"), ("F1", "f1"), ("BLEU", "bleu"), ("ROUGE-L", "rouge_l"))
+}
+"""Q&A metric labels with their scales (:data:`~lmforge.contracts.QA_METRIC_SCALES`)."""
 
 QUALITY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("label", "model"),
