@@ -108,7 +108,9 @@ class LaunchConfig(StrictModel):
         "runtime's. A runtime of your own needs the stock one's replicated jobs and `node` container.",
     )
     runtime_kind: Literal["ClusterTrainingRuntime", "TrainingRuntime"] = Field(
-        "ClusterTrainingRuntime", description="Kind of the referenced runtime (TrainingRuntime: namespaced)."
+        "ClusterTrainingRuntime",
+        description="Kind of the referenced runtime: ClusterTrainingRuntime (cluster-wide, as lmforge's are) or "
+        "TrainingRuntime (in the job's namespace).",
     )
     namespace: str | None = Field(
         None,
