@@ -13,7 +13,12 @@ It implements only what the launcher calls, with the real paths, query parameter
 - the OpenAPI v3 document ``/openapi/v3/apis/{group}/{version}``, built from the CRD of the chosen Kubeflow
   Trainer release (``trainer_version``: ``v2.1.0`` has ``spec.podTemplateOverrides``, ``v2.3.0``
   ``spec.runtimePatches``), and the API server's unknown-field rule on create (tests/support/crd_schema.py): with
-  ``fieldValidation=Strict`` an undeclared field is a 400, otherwise it is pruned (and listed in ``pruned``).
+  ``fieldValidation=Strict`` an undeclared field is a 400, otherwise it is pruned (and listed in ``pruned``);
+- with ``runtimes`` (the names of the (Cluster)TrainingRuntimes the cluster has), Trainer's validating webhook on a
+  TrainJob create: one naming another runtime is a 403 with the message the webhook and the API server give
+  (``pkg/runtime/core/clustertrainingruntime.go`` and ``trainingruntime.go`` ``ValidateObjects`` in
+  kubeflow/trainer v2.1.0 and v2.3.0; controller-runtime's ``Denied`` answers 403; the API server prefixes
+  ``admission webhook "<name>" denied the request: ``).
 
 A job moves through a *script*: a list of :class:`Step`, each setting the job's status conditions and its
 pods. Steps advance only while a watch on the job is open and has delivered every earlier event, so a
@@ -48,7 +53,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -131,6 +136,7 @@ class K8sApiServer:
         base_env: Mapping[str, str] | None = None,
         served: tuple[str, ...] = ("TrainJob", "PyTorchJob"),
         trainer_version: str = "v2.3.0",
+        runtimes: Collection[str] | None = None,
     ) -> None:
         self.requests: list[dict[str, Any]] = []
         self.execute = execute
@@ -138,6 +144,7 @@ class K8sApiServer:
         self.secrets = {name: dict(data) for name, data in (secrets or {}).items()}
         self.base_env = dict(base_env or {})
         self.served = served
+        self.runtimes = None if runtimes is None else set(runtimes)  # None: every runtime a TrainJob names exists
         self.schemas = {  # kind -> the openAPIV3Schema the server enforces
             "TrainJob": crd_schema(TRAINER_CRDS[trainer_version], "v1alpha1"),
             "PyTorchJob": crd_schema(PYTORCHJOB_CRD, "v1"),
@@ -300,6 +307,9 @@ class K8sApiServer:
                 )
                 return _status(h, 400, "BadRequest", message)
             self.pruned.extend(unknown)
+            refused = self._runtime_webhook(body)
+            if refused:
+                return _status(h, 403, "Forbidden", refused)
             with self._lock:
                 if (plural, ns, body["metadata"]["name"]) in self._jobs:
                     return _status(h, 409, "AlreadyExists", f'{plural} "{body["metadata"]["name"]}" already exists')
@@ -329,6 +339,19 @@ class K8sApiServer:
                 self._event("DELETED", key, job.obj)
             return _status(h, 200, "Success", "deleted")
         return _status(h, 405, "MethodNotAllowed", method)
+
+    def _runtime_webhook(self, body: dict[str, Any]) -> str | None:
+        """Trainer's answer to a TrainJob whose runtime the cluster lacks, else ``None``."""
+        ref = body.get("spec", {}).get("runtimeRef", {})
+        if body.get("kind") != "TrainJob" or self.runtimes is None or ref.get("name") in self.runtimes:
+            return None
+        kind = ref.get("kind", "ClusterTrainingRuntime")
+        not_found = f'{kind.lower()}s.trainer.kubeflow.org "{ref.get("name")}" not found'
+        return (
+            'admission webhook "validator.trainjob.trainer.kubeflow.org" denied the request: spec.RuntimeRef: '
+            f"Invalid value: {json.dumps(ref)}: {not_found}: specified {kind[0].lower()}{kind[1:]} must be "
+            "created before the TrainJob is created"
+        )
 
     def _watch(self, h, plural, ns, query) -> None:
         selector = query.get("fieldSelector", "")

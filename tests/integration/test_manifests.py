@@ -18,9 +18,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.support.crd_schema import RUNTIME_CRDS, strict_validator
+
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 OVERLAYS = ("kubeflow-seaweedfs", "aws-s3", "gpu-pool", "pytorchjob")
+TRAINER_RUNTIMES = MANIFESTS / "trainer-runtimes"  # cluster-scoped: built alone, never with an overlay's namespace
 NAMESPACE = "lmforge"
 K8S_VERSIONS = ("1.30.0", "1.37.0")
 CLUSTER_SCOPED_KINDS = {"Namespace", "PriorityClass"}
@@ -290,3 +293,31 @@ def test_every_manifest_file_is_used_by_a_kustomization() -> None:
         used |= {(kustomization.parent / entry).resolve() for entry in entries}
     unused = [p for p in _yaml_files() if p.name != "kustomization.yaml" and p.resolve() not in used]
     assert not unused, f"files no kustomization applies: {unused}"
+
+
+def test_trainer_runtimes_build_cluster_scoped_and_validate_strictly_against_each_trainer_release() -> None:
+    """What `kubectl apply -k manifests/trainer-runtimes` applies: lmforge's two ClusterTrainingRuntimes, with no
+    namespace, each valid against the ClusterTrainingRuntime CRD of Trainer v2.1.0 and v2.3.0 with unknown fields
+    as errors; the CRDs' CEL rules that concern them are checked by hand (one ML policy; no InOrder startup policy
+    beside dependsOn). The validator is not vacuous: a misspelt field deep in a pod is refused by both."""
+    from lmforge.config.launch import LMFORGE_TRAINER_RUNTIMES
+
+    objs = _kustomize(TRAINER_RUNTIMES)
+    names = {o["metadata"]["name"] for o in objs if o["kind"] == "ClusterTrainingRuntime"}
+    assert len(objs) == len(names) and names == set(LMFORGE_TRAINER_RUNTIMES.values())
+    validators = {release: strict_validator(crd, "v1alpha1") for release, crd in RUNTIME_CRDS.items()}
+    for obj in objs:
+        assert "namespace" not in obj["metadata"], obj["metadata"]
+        assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "lmforge"
+        for release, validator in validators.items():
+            errors = [f"{'/'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(obj)]
+            assert not errors, (release, obj["metadata"]["name"], errors)
+        policy = obj["spec"]["mlPolicy"]
+        assert sum(k in policy for k in ("torch", "mpi", "jax", "xgboost", "flux")) == 1
+        assert "startupPolicy" not in obj["spec"]["template"]["spec"]
+    typo = json.loads(json.dumps(objs[0]))
+    typo["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0][
+        "securityContext"
+    ]["allowPrivilegeEscalaton"] = False
+    for validator in validators.values():
+        assert "'allowPrivilegeEscalaton' was unexpected" in " ".join(e.message for e in validator.iter_errors(typo))

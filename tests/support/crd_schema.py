@@ -24,6 +24,10 @@ TRAINER_CRDS = {  # Kubeflow Trainer release -> its TrainJob CRD
     "v2.3.0": CRDS / "trainer-v2.3.0" / "trainer.kubeflow.org_trainjobs.yaml",
     "main": CRDS / "trainer.kubeflow.org_trainjobs.yaml",
 }
+RUNTIME_CRDS = {  # Kubeflow Trainer release -> its ClusterTrainingRuntime CRD
+    "v2.1.0": CRDS / "trainer-v2.1.0" / "trainer.kubeflow.org_clustertrainingruntimes.yaml",
+    "v2.3.0": CRDS / "trainer-v2.3.0" / "trainer.kubeflow.org_clustertrainingruntimes.yaml",
+}
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 

@@ -66,6 +66,18 @@ class SecretKeyRefConfig(StrictModel):
     optional: bool = Field(False, description="Start the pods even when the Secret or the key is missing.")
 
 
+# The runtimes manifests/trainer-runtimes installs (restricted pods on every Trainer release), by `runtime`.
+LMFORGE_TRAINER_RUNTIMES = {
+    "torch-distributed": "lmforge-torch-distributed",
+    "deepspeed-distributed": "lmforge-deepspeed-distributed",
+}
+# The `runtime` (how training starts) of each runtime name lmforge knows: Kubeflow's stock ones and lmforge's.
+_RUNTIME_OF_NAME = {
+    **{name: name for name in LMFORGE_TRAINER_RUNTIMES},
+    **{lmforge: stock for stock, lmforge in LMFORGE_TRAINER_RUNTIMES.items()},
+}
+
+
 def _default_tolerations() -> list[TolerationConfig]:
     return [TolerationConfig(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")]
 
@@ -80,11 +92,25 @@ class LaunchConfig(StrictModel):
     )
     runtime: Literal["torch-distributed", "deepspeed-distributed"] = Field(
         "torch-distributed",
-        description="TrainJob runtime: torch-distributed (torchrun; DeepSpeed runs under it too) or "
-        "deepspeed-distributed (MPI launcher). A PyTorchJob always launches with torchrun.",
+        description="How a TrainJob starts training, as the Kubeflow runtime of that name does: torch-distributed "
+        "(torchrun; DeepSpeed runs under it too) or deepspeed-distributed (MPI launcher). The runtime the TrainJob "
+        "refers to is runtime_name. A PyTorchJob always launches with torchrun.",
+    )
+    runtime_name: str | None = Field(
+        None,
+        pattern=DNS_SUBDOMAIN,
+        max_length=253,
+        description="Name of the runtime the TrainJob refers to (runtimeRef). null: lmforge's runtime for `runtime` "
+        "(lmforge-torch-distributed, lmforge-deepspeed-distributed), whose pods meet Pod Security restricted on "
+        "every Trainer release; a cluster admin installs them once with `kubectl apply -k "
+        "manifests/trainer-runtimes`. Kubeflow's stock torch-distributed / deepspeed-distributed work too, but on "
+        "Trainer v2.1 their pods are not restricted: a v2.1 TrainJob cannot set a securityContext, its pods get the "
+        "runtime's. A runtime of your own needs the stock one's replicated jobs and `node` container.",
     )
     runtime_kind: Literal["ClusterTrainingRuntime", "TrainingRuntime"] = Field(
-        "ClusterTrainingRuntime", description="Kind of the referenced runtime (TrainingRuntime: namespaced)."
+        "ClusterTrainingRuntime",
+        description="Kind of the referenced runtime: ClusterTrainingRuntime (cluster-wide, as lmforge's are) or "
+        "TrainingRuntime (in the job's namespace).",
     )
     namespace: str | None = Field(
         None,
@@ -161,6 +187,14 @@ class LaunchConfig(StrictModel):
                 f"runtime {self.runtime!r} is a TrainJob runtime; a PyTorchJob always launches with torchrun "
                 "(DeepSpeed runs under it): use runtime 'torch-distributed' or backend 'trainjob'"
             )
+        if self.backend == "pytorchjob" and self.runtime_name is not None:
+            raise ValueError("runtime_name names a TrainJob runtime; a PyTorchJob has none: leave it null")
+        starts = _RUNTIME_OF_NAME.get(self.runtime_name or "", self.runtime)
+        if starts != self.runtime:
+            raise ValueError(
+                f"runtime_name {self.runtime_name!r} starts training as {starts} does, but runtime is "
+                f"{self.runtime!r}: set runtime: {starts}"
+            )
 
         s3_keys = self.s3_credentials.keys if self.s3_credentials else []
         for name, value in self.env.items():
@@ -190,3 +224,8 @@ class LaunchConfig(StrictModel):
                 where = "env" if name in self.env else "s3_credentials.keys"
                 raise ValueError(f"secret_env: {name!r} is also set in {where}; set it in one place")
         return self
+
+    @property
+    def trainjob_runtime(self) -> str:
+        """Name of the runtime a TrainJob refers to: ``runtime_name``, else lmforge's runtime for ``runtime``."""
+        return self.runtime_name or LMFORGE_TRAINER_RUNTIMES[self.runtime]

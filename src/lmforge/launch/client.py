@@ -77,6 +77,14 @@ class LaunchResult:
     log_tail: dict[str, list[str]] = field(default_factory=dict)
 
 
+# Kubeflow Trainer's webhook refusing a TrainJob whose (Cluster)TrainingRuntime the cluster lacks, and what to do.
+_NO_RUNTIME = "trainingruntime must be created before the trainjob"
+_NO_RUNTIME_HINT = (
+    "the cluster has no runtime of that name: a cluster admin installs lmforge's once with "
+    "`kubectl apply -k manifests/trainer-runtimes`, or set launch.runtime_name to a runtime the cluster has"
+)
+
+
 def api_message(exc: ApiException) -> str:
     """The ``message`` of the API server's ``Status`` answer, else its raw body."""
     try:
@@ -215,6 +223,8 @@ class _Launch:
                     self.adopted = True
                     return existing
             reason = f"HTTP {exc.status} {exc.reason}: {api_message(exc)}"
+            if _NO_RUNTIME in reason.lower():
+                reason += f" ({_NO_RUNTIME_HINT})"
             raise LaunchError(f"{self.ref}: create failed: {reason}") from exc
         log.info("%s: created", self.ref)
         return job

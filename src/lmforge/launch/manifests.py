@@ -3,9 +3,10 @@
 Nothing here talks to a cluster. The manifests follow the CRDs as published by Kubeflow (copies under
 ``tests/data/crds/``, where the tests validate every builder's output against them):
 
-- ``TrainJob`` (Kubeflow Trainer v2, ``trainer.kubeflow.org/v1alpha1``): the stock ``ClusterTrainingRuntime``
-  supplies the pod template; lmforge sets ``spec.trainer`` (image, command, nodes, GPUs, env) and places the
-  pods (node selector, tolerations, service account, /dev/shm) with the field the cluster's Trainer has:
+- ``TrainJob`` (Kubeflow Trainer v2, ``trainer.kubeflow.org/v1alpha1``): the ``ClusterTrainingRuntime`` it refers
+  to (by default lmforge's, ``manifests/trainer-runtimes``) supplies the pod template; lmforge sets
+  ``spec.trainer`` (image, command, nodes, GPUs, env) and places the pods (node selector, tolerations, service
+  account, /dev/shm) with the field the cluster's Trainer has:
   ``spec.runtimePatches`` (v2.2 and later) or ``spec.podTemplateOverrides`` (v2.1, what Kubeflow 1.11 ships;
   v2.1 has no ``activeDeadlineSeconds`` either). The CRDs of both are under ``tests/data/crds/``.
 - ``PyTorchJob`` (Training Operator v1, ``kubeflow.org/v1``): a full pod template per replica type
@@ -13,7 +14,8 @@ Nothing here talks to a cluster. The manifests follow the CRDs as published by K
 
 Pods meet Pod Security ``restricted`` (:mod:`lmforge.pod_security`) wherever the job kind lets lmforge say so: the
 PyTorchJob pod template and a TrainJob's ``runtimePatches``; Trainer v2.1's ``podTemplateOverrides`` has no
-``securityContext``, so there the runtime's applies. Credentials come only as ``secretKeyRef``.
+``securityContext``, so there the runtime's applies (lmforge's runtimes set it). Credentials come only as
+``secretKeyRef``.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ TRAINJOB = JobKind(
     version="v1alpha1",
     plural="trainjobs",
     pod_label="jobset.sigs.k8s.io/jobset-name",  # Trainer runs a JobSet named after the TrainJob
-    container="node",  # the container name in the stock torch-/deepspeed-distributed runtimes
+    container="node",  # the container name in the torch-/deepspeed-distributed runtimes, stock and lmforge's
     succeeded="Complete",
 )
 PYTORCHJOB = JobKind(
@@ -304,7 +306,7 @@ def build_trainjob(
     if len(container) > 1:
         pod_spec["containers"] = [container]
     spec: dict[str, Any] = {
-        "runtimeRef": {"apiGroup": TRAINJOB.group, "kind": cfg.runtime_kind, "name": cfg.runtime},
+        "runtimeRef": {"apiGroup": TRAINJOB.group, "kind": cfg.runtime_kind, "name": cfg.trainjob_runtime},
         "trainer": trainer,
     }
     if pod_spec and pod_overrides == "podTemplateOverrides":

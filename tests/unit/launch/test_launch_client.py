@@ -249,6 +249,28 @@ def test_launch_places_pods_with_the_field_the_clusters_trainer_serves(release, 
         assert "lmforge-worker" in str(pod) and "lmforge.io/pool" in str(pod)  # placement and account kept
 
 
+@pytest.mark.parametrize("runtime_kind", ["ClusterTrainingRuntime", "TrainingRuntime"])
+def test_a_runtime_the_cluster_lacks_fails_the_create_saying_how_to_install_or_name_one(runtime_kind):
+    """lmforge's runtimes by default, on a cluster that has only the stock ones: Trainer's webhook refuses the
+    TrainJob; the error keeps its message and says what to do. Naming a stock runtime then creates the job."""
+    cfg = LaunchConfig(num_nodes=2, namespace="lmforge", runtime_kind=runtime_kind)
+    with K8sApiServer(max_lifetime_s=30, runtimes={"torch-distributed", "deepspeed-distributed"}) as server:
+        api_cfg = kubernetes.client.Configuration()
+        api_cfg.host = server.url
+        with kubernetes.client.ApiClient(api_cfg) as api:
+            with pytest.raises(LaunchError) as err:
+                launch(cfg, ARGS, image="img", run_id=RUN, task="pretrain", api_client=api)
+            message = str(err.value)
+            assert '"lmforge-torch-distributed" not found' in message and "HTTP 403" in message
+            assert "kubectl apply -k manifests/trainer-runtimes" in message and "launch.runtime_name" in message
+            stock = cfg.model_copy(update={"runtime_name": "torch-distributed"})
+            name = build_job(stock, ARGS, image="img", run_id=RUN, task="pretrain")["metadata"]["name"]
+            assert server.job("trainjobs", "lmforge", name) is None
+            server.script(name, [created("TrainJob"), succeeded("TrainJob", pods(name, phase="Succeeded"))])
+            launch(stock, ARGS, image="img", run_id=RUN, task="pretrain", api_client=api)
+        assert server.job("trainjobs", "lmforge", name)["spec"]["runtimeRef"]["name"] == "torch-distributed"
+
+
 def test_a_field_the_clusters_crd_lacks_fails_the_create_instead_of_being_pruned():
     """Forced runtimePatches on a Trainer v2.1 cluster: strict field validation turns silent pruning into an error."""
     cfg = LaunchConfig(num_nodes=2, namespace="lmforge", trainjob_pod_overrides="runtimePatches")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -12,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lmforge.config import LaunchConfig, SecretEnvConfig, TolerationConfig, validate_config
+from lmforge.config.launch import LMFORGE_TRAINER_RUNTIMES
 from lmforge.errors import ConfigError
 from lmforge.launch import (
     PYTORCHJOB,
@@ -32,6 +34,8 @@ ARGS = stage_args("pretrain", {"shards": "s3://b/shards", "model": "s3://b/model
 RFC1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 # The TrainJob field each Kubeflow Trainer release places pods with (v2.1 is what Kubeflow 1.11 ships).
 POD_OVERRIDES_OF = {"v2.1.0": "podTemplateOverrides", "v2.3.0": "runtimePatches", "main": "runtimePatches"}
+# lmforge's ClusterTrainingRuntimes, one file per `launch.runtime`.
+LMFORGE_RUNTIMES = Path(__file__).parents[3] / "manifests" / "trainer-runtimes"
 
 
 def _load_crd(filename: str) -> dict[str, Any]:
@@ -164,10 +168,20 @@ def test_strict_validation_rejects_fields_the_crd_does_not_have(validators):
     assert "podTemplateOverrides" in messages and "numNode" in messages and "'auto' is not of type" in messages
 
 
-@pytest.mark.parametrize("runtime_file", ["torch_distributed.yaml", "deepspeed_distributed.yaml"])
-def test_trainjob_patches_name_jobs_and_containers_the_stock_runtime_has(runtime_file):
-    runtime = _load_crd(runtime_file)
-    cfg = LaunchConfig(runtime=runtime["metadata"]["name"], num_nodes=2)
+@pytest.mark.parametrize(
+    ("runtime_file", "framework"),
+    [
+        (CRDS / "torch_distributed.yaml", "torch-distributed"),
+        (CRDS / "deepspeed_distributed.yaml", "deepspeed-distributed"),
+        *((LMFORGE_RUNTIMES / f"{runtime}.yaml", runtime) for runtime in LMFORGE_TRAINER_RUNTIMES),
+    ],
+    ids=lambda v: str(v.relative_to(CRDS.parents[2])) if isinstance(v, Path) else v,
+)
+def test_trainjob_patches_name_jobs_and_containers_the_runtime_has(runtime_file, framework):
+    """For Kubeflow's stock runtimes (``runtime_name`` set to theirs) and lmforge's (the default) alike."""
+    runtime = load_crd(runtime_file)
+    name = runtime["metadata"]["name"]
+    cfg = LaunchConfig(runtime=framework, runtime_name=None if name.startswith("lmforge-") else name, num_nodes=2)
     manifest = build_job(cfg, ARGS, image="img", run_id="r", task="pretrain")
     assert manifest["spec"]["runtimeRef"] == {
         "apiGroup": "trainer.kubeflow.org",
@@ -316,6 +330,9 @@ def test_secret_env_names_are_env_names_set_in_one_place():
         ({"env": {"DB_PASSWORD": "x"}}, "DB_PASSWORD"),
         ({"env": {"1BAD": "x"}}, "1BAD"),
         ({"backend": "pytorchjob", "runtime": "deepspeed-distributed"}, "runtime"),
+        ({"backend": "pytorchjob", "runtime_name": "torch-distributed"}, "runtime_name"),
+        ({"runtime_name": "deepspeed-distributed"}, "runtime_name"),
+        ({"runtime_name": "Not_A_Name"}, "runtime_name"),
         ({"num_nodes": 0}, "num_nodes"),
         ({"gpus_per_node": True}, "gpus_per_node"),
         ({"namespace": "Not_A_Label"}, "namespace"),
@@ -415,17 +432,26 @@ RUNTIME_OF = {  # Trainer release -> its stock torch-distributed runtime (deepsp
 
 
 @pytest.mark.parametrize("overrides", CONFIGS.values(), ids=CONFIGS.keys())
-@pytest.mark.parametrize(("release", "runtime_file"), [*RUNTIME_OF.items(), ("v2.3.0", "deepspeed_distributed.yaml")])
+@pytest.mark.parametrize(
+    ("release", "runtime_file"),
+    [
+        *RUNTIME_OF.items(),
+        ("v2.1.0", "trainer-v2.1.0/deepspeed_distributed.yaml"),
+        ("v2.3.0", "deepspeed_distributed.yaml"),
+    ],
+)
 def test_trainjob_pods_meet_pod_security_restricted_where_the_trainer_can_say_so(
     release, runtime_file, overrides, validators
 ):
     """The pods Trainer makes of the stock runtime and lmforge's patches pass the ``restricted`` checks
     (tests/support/pod_security.py) and the TrainJob still validates strictly. Trainer v2.1's podTemplateOverrides
-    has no securityContext field: there the pods are as restricted as the runtime makes them, and the stock one
-    sets nothing, so exactly the four checks that need a securityContext fail."""
+    has no securityContext field: there the pods are as restricted as the runtime makes them, and the stock ones
+    set nothing restricted needs, so exactly the four checks that need a securityContext fail. That is why lmforge
+    ships its own runtimes (next test)."""
     runtime = _load_crd(runtime_file)
     fields = {k: v for k, v in overrides.items() if k != "active_deadline_s" or release != "v2.1.0"}
-    cfg = LaunchConfig.model_validate({"runtime": runtime["metadata"]["name"], "num_nodes": 2, **fields})
+    name = runtime["metadata"]["name"]
+    cfg = LaunchConfig.model_validate({"runtime": name, "runtime_name": name, "num_nodes": 2, **fields})
     manifest = build_job(cfg, ARGS, image="img", run_id="r", task="pretrain", pod_overrides=POD_OVERRIDES_OF[release])
     assert_valid(manifest, validators, release)
     for job, pod in trainjob_pods(manifest, runtime).items():
@@ -441,6 +467,65 @@ def test_trainjob_pods_meet_pod_security_restricted_where_the_trainer_can_say_so
         else:
             assert violations == [], (job, violations)
         assert pod.get("serviceAccountName") == fields.get("service_account", "lmforge-worker")
+
+
+@pytest.mark.parametrize("overrides", CONFIGS.values(), ids=CONFIGS.keys())
+@pytest.mark.parametrize("runtime", LMFORGE_TRAINER_RUNTIMES)
+@pytest.mark.parametrize("release", ["v2.1.0", "v2.3.0"])
+def test_trainjob_pods_meet_pod_security_restricted_on_every_trainer_release_with_lmforge_runtimes(
+    release, runtime, overrides, validators
+):
+    """By default a TrainJob refers to lmforge's runtime (manifests/trainer-runtimes), whose pod template carries
+    the securityContext that Trainer v2.1's podTemplateOverrides cannot: the pods Trainer makes of it and lmforge's
+    placement pass every ``restricted`` check on v2.1 as on v2.3, mount no API token, and the TrainJob validates
+    strictly."""
+    fields = {k: v for k, v in overrides.items() if k != "active_deadline_s" or release != "v2.1.0"}
+    cfg = LaunchConfig.model_validate({"runtime": runtime, "num_nodes": 2, **fields})
+    manifest = build_job(cfg, ARGS, image="img", run_id="r", task="pretrain", pod_overrides=POD_OVERRIDES_OF[release])
+    assert_valid(manifest, validators, release)
+    hardened = load_crd(LMFORGE_RUNTIMES / f"{runtime}.yaml")
+    assert manifest["spec"]["runtimeRef"]["name"] == hardened["metadata"]["name"] == LMFORGE_TRAINER_RUNTIMES[runtime]
+    pods = trainjob_pods(manifest, hardened)
+    assert set(pods) == ({"node", "launcher"} if runtime == "deepspeed-distributed" else {"node"})
+    for job, pod in pods.items():
+        assert restricted_violations(pod) == [], (job, restricted_violations(pod))
+        assert pod["automountServiceAccountToken"] is False
+        assert pod.get("serviceAccountName") == fields.get("service_account", "lmforge-worker")
+
+
+def _without_security(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        drop = {"securityContext", "automountServiceAccountToken"}
+        return {k: _without_security(v) for k, v in obj.items() if k not in drop}
+    return [_without_security(v) for v in obj] if isinstance(obj, list) else obj
+
+
+@pytest.mark.parametrize("runtime", LMFORGE_TRAINER_RUNTIMES)
+def test_lmforge_runtimes_are_the_stock_ones_with_restricted_pods(runtime):
+    """lmforge's runtime keeps all of Kubeflow's stock one (ML policy, MPI settings, network, success policy,
+    replicated jobs in order with their dependencies, images, commands, probes, the framework label the Kubeflow SDK
+    reads) and adds only security settings; each of its pods is ``restricted`` on its own."""
+    hardened = load_crd(LMFORGE_RUNTIMES / f"{runtime}.yaml")
+    stock = _load_crd(f"{runtime.replace('-', '_')}.yaml")  # Trainer main @ 8c0f5059, the same as v2.3.0
+    assert hardened["kind"] == stock["kind"] and hardened["metadata"]["labels"] == stock["metadata"]["labels"]
+    assert _without_security(hardened["spec"]) == _without_security(stock["spec"])
+    for job in hardened["spec"]["template"]["spec"]["replicatedJobs"]:
+        pod = job["template"]["spec"]["template"]["spec"]
+        assert restricted_violations(pod) == [], job["name"]
+        assert pod["automountServiceAccountToken"] is False
+
+
+def test_runtime_name_chooses_the_runtime_and_must_start_training_as_runtime_says():
+    assert LaunchConfig().trainjob_runtime == "lmforge-torch-distributed"
+    assert LaunchConfig(runtime="deepspeed-distributed").trainjob_runtime == "lmforge-deepspeed-distributed"
+    assert LaunchConfig(runtime_name="torch-distributed").trainjob_runtime == "torch-distributed"
+    assert LaunchConfig(runtime_name="team-torch-restricted").trainjob_runtime == "team-torch-restricted"
+    with pytest.raises(
+        ConfigError,
+        match="runtime_name 'lmforge-deepspeed-distributed' starts training as "
+        "deepspeed-distributed does, but runtime is 'torch-distributed'",
+    ):
+        validate_config(LaunchConfig, {"runtime_name": "lmforge-deepspeed-distributed"}, prefix="launch")
 
 
 @pytest.mark.parametrize("num_nodes", [1, 3])
