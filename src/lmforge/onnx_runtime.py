@@ -1,9 +1,10 @@
 """Run an exported causal LM with ONNX Runtime on CPU (shared by export, quantize, evaluate and serving).
 
 The model directory follows the lmforge ONNX contract (see :mod:`lmforge.export.onnx_export`):
-``model.onnx`` without a KV cache, run by :class:`OrtCausalLM` (inputs ``input_ids`` / ``attention_mask``
-int64 ``[batch, seq]``, output ``logits`` float32 ``[batch, seq, vocab]``), and ``decoder_with_past.onnx``
-with one, run by :class:`OrtDecoderWithPast` (prefill, decode steps, greedy generation).
+``decoder_model.onnx`` without a KV cache, run by :class:`OrtCausalLM` (inputs ``input_ids`` / ``attention_mask``
+int64 ``[batch, seq]``, output ``logits`` float32 ``[batch, seq, vocab]``), and ``model.onnx`` with one (the
+file optimum's ``ORTModelForCausalLM`` loads), run by :class:`OrtDecoderWithPast` (prefill, decode steps, greedy
+generation).
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from lmforge.errors import InputDataError
 
 log = logging.getLogger("lmforge.onnx_runtime")
 
-MODEL_FILE = "model.onnx"
-WITH_PAST_FILE = "decoder_with_past.onnx"
+NO_PAST_FILE = "decoder_model.onnx"
+"""The decoder without a KV cache (optimum's name for it, which optimum never loads before ``model.onnx``)."""
+WITH_PAST_FILE = "model.onnx"
+"""The decoder with a KV cache: optimum's standard file name, the one ``ORTModelForCausalLM`` loads."""
 
 
 def past_input_names(layers: int) -> list[str]:
@@ -36,9 +39,9 @@ def present_output_names(layers: int) -> list[str]:
 
 
 def resolve_model_file(model_dir_or_file: str | Path) -> Path:
-    """``model.onnx`` inside a directory, or the file itself; raise if it does not exist."""
+    """The no-cache graph (``decoder_model.onnx``) in a directory, or the file itself; raise if it does not exist."""
     path = Path(model_dir_or_file)
-    file = path / MODEL_FILE if path.is_dir() else path
+    file = path / NO_PAST_FILE if path.is_dir() else path
     if not file.is_file():
         raise InputDataError(f"ONNX model not found: {file}")
     return file
@@ -93,7 +96,7 @@ class OrtCausalLM:
     """A causal LM exported to ONNX, run by an ONNX Runtime CPU session.
 
     Args:
-        model_dir_or_file: an ONNX model directory (holding ``model.onnx``) or the ``.onnx`` file.
+        model_dir_or_file: an ONNX model directory (holding ``decoder_model.onnx``) or the ``.onnx`` file.
         threads: intra-op threads; ``None`` lets ONNX Runtime choose.
     """
 
@@ -128,10 +131,10 @@ class OrtCausalLM:
 
 
 class OrtDecoderWithPast:
-    """The KV-cache decoder (``decoder_with_past.onnx``) run by an ONNX Runtime CPU session.
+    """The KV-cache decoder (``model.onnx``) run by an ONNX Runtime CPU session.
 
     Args:
-        model_dir_or_file: an ONNX model directory (holding ``decoder_with_past.onnx``) or the file.
+        model_dir_or_file: an ONNX model directory (holding ``model.onnx``) or the file.
         threads: intra-op threads; ``None`` lets ONNX Runtime choose.
         spinning: let idle intra-op threads busy-wait for the next run (see :func:`cpu_session`).
     """

@@ -14,7 +14,6 @@ import pytest
 
 from lmforge.config import ExportConfig
 from lmforge.export.onnx_export import run as export_onnx
-from lmforge.onnx_runtime import WITH_PAST_FILE
 from tests.support.optimum_env import optimum_python
 from tests.support.serve_helpers import redraw_weights
 
@@ -27,13 +26,13 @@ CONSUMER = textwrap.dedent(
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from optimum.onnxruntime import ORTModelForCausalLM
 
-    model_dir, onnx_dir, with_past = sys.argv[1:4]
+    model_dir, onnx_dir = sys.argv[1:3]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
     batch = tokenizer(["KING: my lord", "a"], return_tensors="pt", padding=True)
     greedy = dict(max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     torch_model = AutoModelForCausalLM.from_pretrained(model_dir)
-    ort_model = ORTModelForCausalLM.from_pretrained(onnx_dir, file_name=with_past)
+    ort_model = ORTModelForCausalLM.from_pretrained(onnx_dir)
     print(json.dumps({
         "transformers": transformers.__version__,
         "tokenizer": type(tokenizer).__name__,
@@ -66,9 +65,7 @@ def released(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 def test_transformers_4_and_optimum_load_the_tokenizer_model_and_onnx_and_generate_with_the_kv_cache(python, released):
     model, onnx = released
-    done = subprocess.run(
-        [python, "-c", CONSUMER, str(model), str(onnx), WITH_PAST_FILE], capture_output=True, text=True, timeout=600
-    )
+    done = subprocess.run([python, "-c", CONSUMER, str(model), str(onnx)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["transformers"].startswith("4."), seen

@@ -1,19 +1,20 @@
 """The ``export_onnx`` stage: a Hugging Face causal LM to an ONNX model directory, checked for parity.
 
-Output directory (the ONNX model contract other stages rely on):
+Output directory (the ONNX model contract other stages rely on), in the layout optimum's ``ORTModelForCausalLM``
+loads: ``ORTModelForCausalLM.from_pretrained(DIR)`` takes ``model.onnx`` and generates with its KV cache
+(tests/integration/test_consumers_transformers4.py).
 
-* ``model.onnx`` — the decoder without a KV cache. Inputs ``input_ids`` and ``attention_mask`` (int64
-  ``[batch, seq]``), output ``logits`` (float32 ``[batch, seq, vocab]``); batch and sequence are dynamic.
-  Scoring (perplexity, latency) uses this graph.
-* ``decoder_with_past.onnx`` — the decoder with a KV cache, for generation. Inputs ``input_ids`` (int64
+* ``model.onnx`` — the decoder with a KV cache, for generation. Inputs ``input_ids`` (int64
   ``[batch, seq]``), ``attention_mask`` (int64 ``[batch, past + seq]``: the mask of the cached and the new
   tokens) and per layer ``i`` ``past_key_values.{i}.key`` / ``past_key_values.{i}.value`` (float32
   ``[batch, kv_heads, past, head_dim]``); outputs ``logits`` and ``present.{i}.key`` /
   ``present.{i}.value`` (``[batch, kv_heads, past + seq, head_dim]``). Batch, sequence and past length are
   dynamic and the past may be empty (``past = 0``), so the same graph does the prefill and every decode
-  step. Written unless ``ExportConfig.with_past`` is false. These are the names optimum's ``ORTModelForCausalLM``
-  reads: ``ORTModelForCausalLM.from_pretrained(DIR, file_name="decoder_with_past.onnx")`` generates with the cache
-  (tests/integration/test_consumers_transformers4.py).
+  step. Written unless ``ExportConfig.with_past`` is false.
+* ``decoder_model.onnx`` — the decoder without a KV cache. Inputs ``input_ids`` and ``attention_mask`` (int64
+  ``[batch, seq]``), output ``logits`` (float32 ``[batch, seq, vocab]``); batch and sequence are dynamic.
+  Scoring (perplexity, latency) uses this graph. optimum's name for a decoder without a cache: optimum
+  loads it only when asked by ``file_name`` or when the directory has no ``model.onnx``.
 * external data (``<graph>.onnx.data``) when the weights exceed 2 GB; the tokenizer and config files
   copied from the source model; ``manifest.json``.
 
@@ -45,7 +46,7 @@ from lmforge.errors import LmforgeError
 from lmforge.model.build import load_causal_lm
 from lmforge.onnx_runtime import (
     EXTERNAL_DATA_BYTES,
-    MODEL_FILE,
+    NO_PAST_FILE,
     WITH_PAST_FILE,
     OrtCausalLM,
     OrtDecoderWithPast,
@@ -169,7 +170,7 @@ class GraphSpec:
 
 
 def no_cache_spec() -> GraphSpec:
-    """``model.onnx``: ``input_ids``/``attention_mask`` ``[batch, seq]`` -> ``logits``."""
+    """``decoder_model.onnx``: ``input_ids``/``attention_mask`` ``[batch, seq]`` -> ``logits``."""
     axes = {0: "batch", 1: "seq"}
     return GraphSpec(
         input_names=list(INPUT_NAMES),
@@ -180,7 +181,7 @@ def no_cache_spec() -> GraphSpec:
 
 
 def with_past_spec(layers: int) -> GraphSpec:
-    """``decoder_with_past.onnx``: new tokens, the whole mask and the past -> logits and the present."""
+    """``model.onnx``: new tokens, the whole mask and the past -> logits and the present."""
     past_names, present_names = past_input_names(layers), present_output_names(layers)
     past_axes = {0: "batch", 2: "past"}
     return GraphSpec(
@@ -325,7 +326,7 @@ def run(cfg: ExportConfig, *, model: str | Path, onnx_model: str | Path) -> Stag
 
     with staged_output(onnx_model) as out:
         copy_model_files(model, out)
-        path = out / MODEL_FILE
+        path = out / NO_PAST_FILE
         # Batch 2 and sequence 8: sizes 0 and 1 would be specialized as constants by torch.export.
         shape = (2, min(8, max_positions))
         example = (torch.zeros(shape, dtype=torch.long), torch.ones(shape, dtype=torch.long))
@@ -333,7 +334,7 @@ def run(cfg: ExportConfig, *, model: str | Path, onnx_model: str | Path) -> Stag
             exporter = _export(wrapper, example, path, cfg.opset, no_cache_spec())
         session = OrtCausalLM(path)  # runs onnx.checker on the file
         parity = check_parity(wrapper, session, parity_cases(vocab_size, max_positions))
-        worst = _raise_if_over(f"{model} ({exporter} exporter)", parity, cfg.parity_tolerance, MODEL_FILE)
+        worst = _raise_if_over(f"{model} ({exporter} exporter)", parity, cfg.parity_tolerance, NO_PAST_FILE)
         size = model_size_bytes(path)
         metrics = {
             "parity_max_abs_diff": worst,

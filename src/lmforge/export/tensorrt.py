@@ -5,8 +5,8 @@ build time, timing cache, smoke-test result) + ``status.json`` + ``manifest.json
 ``tensorrt`` package or a CUDA GPU the stage writes ``status.json`` ``{"status": "skipped", "reason": ...}``
 and a manifest instead; it never writes a placeholder engine.
 
-The graph is ``decoder_with_past.onnx`` when the directory has one (``TensorRTConfig.graph``), with one
-optimization profile over batch, new tokens and cached tokens; else ``model.onnx`` over batch and
+The graph is the cache graph ``model.onnx`` when the directory has one (``TensorRTConfig.graph``), with one
+optimization profile over batch, new tokens and cached tokens; else ``decoder_model.onnx`` over batch and
 sequence. The engine is built by the TensorRT Python API or by ``trtexec`` (``TensorRTConfig.builder``).
 
 Only :func:`_build_engine`, :func:`_run_engine` and :func:`_run_trtexec` touch TensorRT; profile
@@ -36,7 +36,7 @@ from lmforge.artifacts import input_record, staged_output, write_manifest
 from lmforge.config import TensorRTConfig
 from lmforge.contracts import ENGINE_STATUS_FILE, gate_result
 from lmforge.errors import InputDataError, LmforgeError
-from lmforge.onnx_runtime import MODEL_FILE, WITH_PAST_FILE, cpu_session, resolve_model_file
+from lmforge.onnx_runtime import NO_PAST_FILE, WITH_PAST_FILE, cpu_session, resolve_model_file
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.export")
@@ -87,11 +87,11 @@ def optimization_profiles(cfg: TensorRTConfig, inputs: Mapping[str, Dims]) -> di
 
 def select_graph(cfg: TensorRTConfig, model_dir: Path) -> Path:
     """The ONNX file to build: ``cfg.graph``, or with ``auto`` the cache graph when present."""
-    if cfg.graph == "model" or (cfg.graph == "auto" and not (model_dir / WITH_PAST_FILE).is_file()):
-        return resolve_model_file(model_dir / MODEL_FILE if model_dir.is_dir() else model_dir)
+    if cfg.graph == "no_past" or (cfg.graph == "auto" and not (model_dir / WITH_PAST_FILE).is_file()):
+        return resolve_model_file(model_dir / NO_PAST_FILE if model_dir.is_dir() else model_dir)
     path = model_dir / WITH_PAST_FILE
     if not path.is_file():
-        raise InputDataError(f"{model_dir}: graph decoder_with_past requested but {WITH_PAST_FILE} is missing")
+        raise InputDataError(f"{model_dir}: graph with_past requested but {WITH_PAST_FILE} is missing")
     return path
 
 

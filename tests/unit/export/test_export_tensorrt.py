@@ -24,6 +24,7 @@ from lmforge.export.tensorrt import (
     timing_cache_record,
     trtexec_command,
 )
+from lmforge.onnx_runtime import NO_PAST_FILE, WITH_PAST_FILE
 
 PROFILE = TensorRTConfig(min_batch=1, opt_batch=2, max_batch=4, min_seq=1, opt_seq=16, max_seq=32)
 NO_CACHE = {"input_ids": ["batch", "seq"], "attention_mask": ["batch", "seq"]}
@@ -61,7 +62,7 @@ def _toy_model_dir(root, *, with_qdq: bool):
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     onnx.checker.check_model(model)
-    onnx.save(model, str(root / "model.onnx"))
+    onnx.save(model, str(root / NO_PAST_FILE))
     (root / "config.json").write_text(json.dumps({"vocab_size": vocab}))
     write_manifest(root, "onnx-model", extra={"quantization": "qdq-int8" if with_qdq else "none"})
     return root
@@ -181,13 +182,13 @@ def test_timing_cache_is_reused_once_a_build_wrote_it(tmp_path):
 def test_select_graph_prefers_the_cache_graph_when_present(tmp_path):
     root = tmp_path / "m"
     root.mkdir()
-    (root / "model.onnx").write_bytes(b"x")
-    assert select_graph(TensorRTConfig(), root) == root / "model.onnx"
-    with pytest.raises(InputDataError, match="decoder_with_past.onnx is missing"):
-        select_graph(TensorRTConfig(graph="decoder_with_past"), root)
-    (root / "decoder_with_past.onnx").write_bytes(b"x")
-    assert select_graph(TensorRTConfig(), root) == root / "decoder_with_past.onnx"
-    assert select_graph(TensorRTConfig(graph="model"), root) == root / "model.onnx"
+    (root / NO_PAST_FILE).write_bytes(b"x")
+    assert select_graph(TensorRTConfig(), root) == root / NO_PAST_FILE
+    with pytest.raises(InputDataError, match=f"{WITH_PAST_FILE} is missing"):
+        select_graph(TensorRTConfig(graph="with_past"), root)
+    (root / WITH_PAST_FILE).write_bytes(b"x")
+    assert select_graph(TensorRTConfig(), root) == root / WITH_PAST_FILE
+    assert select_graph(TensorRTConfig(graph="no_past"), root) == root / NO_PAST_FILE
 
 
 def test_smoke_feeds_fill_the_opt_shapes_deterministically():
@@ -310,7 +311,7 @@ def test_builds_an_int8_engine_from_the_qdq_model_and_reuses_the_timing_cache(
     assert (tmp_path / "engine" / "engine.plan").stat().st_size > 0
     record = json.loads((tmp_path / "engine" / "build_record.json").read_text())
     assert record["precision"] == "int8" and record["strongly_typed"] and record["gpu"]
-    assert record["graph"] == "decoder_with_past.onnx"
+    assert record["graph"] == WITH_PAST_FILE
     assert record["smoke_test"]["shapes"]["input_ids"] == [2, 16]
     assert set(record["profiles"][0]) >= {"input_ids", "attention_mask", "past_key_values.0.key"}
     assert np.isfinite(record["smoke_test"]["max_abs_diff_vs_ort"])
