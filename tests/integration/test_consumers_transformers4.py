@@ -1,7 +1,8 @@
 """What lmforge writes loads where transformers 4.x is installed, as optimum[onnxruntime] installs it (a separate
 environment, tests/support/optimum_env.py): the tokenizer and the model with AutoTokenizer and AutoModelForCausalLM,
-and the exported ONNX decoder in optimum's ORTModelForCausalLM, generating with its KV cache the tokens it generates
-without one and the tokens transformers generates from the PyTorch model."""
+and the exported ONNX directory in optimum's ORTModelForCausalLM as optimum's documentation loads it (no file_name),
+generating with its KV cache the tokens it generates without one and the tokens transformers generates from the
+PyTorch model, with no warning that the graph is a legacy one."""
 
 from __future__ import annotations
 
@@ -71,5 +72,6 @@ def test_transformers_4_and_optimum_load_the_tokenizer_model_and_onnx_and_genera
     assert seen["transformers"].startswith("4."), seen
     assert seen["tokenizer"] == "PreTrainedTokenizerFast" and seen["inputs"] == ["attention_mask", "input_ids"]
     assert seen["can_use_cache"] is True
+    assert "legacy" not in done.stderr, done.stderr[-3000:]
     assert seen["ort_cache"] == seen["ort_no_cache"] == seen["torch"]
     assert len({tuple(row) for row in seen["torch"]}) == 2  # two prompts, two continuations

@@ -268,7 +268,8 @@ def test_onnx_models_load_in_onnxruntime(local_run, task, name):
     run, _ = local_run
     session = ort.InferenceSession(str(run.output(task, name) / NO_PAST_FILE), providers=["CPUExecutionProvider"])
     ids = np.array([[1, 2, 3, 4]], dtype=np.int64)
-    (logits,) = session.run(["logits"], {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(4)[None]}
+    (logits,) = session.run(["logits"], feeds)
     assert logits.shape[:2] == (1, 4) and np.isfinite(logits).all()
 
 

@@ -61,11 +61,13 @@ from lmforge.metrics.perplexity import onnx_logits_fn, perplexity
 from lmforge.onnx_runtime import (
     EXTERNAL_DATA_BYTES,
     NO_PAST_FILE,
+    POSITION_IDS,
     WITH_PAST_FILE,
     OrtCausalLM,
     OrtDecoderWithPast,
     copy_model_files,
     model_size_bytes,
+    positions_from_mask,
     resolve_model_file,
 )
 from lmforge.results import StageResult
@@ -98,7 +100,7 @@ def even_batch_size(count: int, at_most: int = CALIBRATION_BATCH) -> int:
 
 
 class TokenWindowReader(CalibrationDataReader):
-    """Feed calibration windows to ONNX Runtime in batches of ``batch_size`` sequences."""
+    """Feed calibration windows to the no-cache graph in batches of ``batch_size`` sequences."""
 
     def __init__(self, windows: np.ndarray, batch_size: int = CALIBRATION_BATCH) -> None:
         self.windows = windows
@@ -108,7 +110,8 @@ class TokenWindowReader(CalibrationDataReader):
     def _iterate(self) -> Iterator[dict[str, np.ndarray]]:
         for i in range(0, len(self.windows), self.batch_size):
             ids = self.windows[i : i + self.batch_size]
-            yield {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+            mask = np.ones_like(ids)
+            yield {"input_ids": ids, "attention_mask": mask, POSITION_IDS: positions_from_mask(mask, ids.shape[1])}
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self._batches, None)
@@ -132,11 +135,7 @@ class PastWindowReader(CalibrationDataReader):
             ids = self.windows[i : i + self.batch_size]
             head, tail = ids[:, :split], ids[:, split:]
             _, past = self.decoder.step(head, np.ones_like(head), self.decoder.empty_past(len(ids)))
-            yield {
-                "input_ids": tail,
-                "attention_mask": np.ones_like(ids),
-                **dict(zip(self.decoder.past_names, past, strict=True)),
-            }
+            yield self.decoder.feeds(tail, np.ones_like(ids), past)
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self._batches, None)

@@ -54,6 +54,14 @@ def _left_padded(rng, lengths, pad_id):
     return ids, mask
 
 
+def _generate_positions(mask: np.ndarray, seq: int) -> torch.Tensor:
+    """Position ids of the last ``seq`` tokens as transformers derives them in ``generate``
+    (``GenerationMixin._prepare_position_ids_for_generation``, transformers 5), computed here in torch."""
+    attention_mask = torch.from_numpy(mask)
+    positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+    return positions[:, -seq:]
+
+
 def test_output_dir_follows_the_onnx_model_contract(exported, model_dir):
     out, _ = exported
     for name in (
@@ -92,7 +100,7 @@ def test_output_dir_follows_the_onnx_model_contract(exported, model_dir):
 def test_graph_has_dynamic_int64_inputs_and_float_logits(exported):
     out, _ = exported
     graph = onnx.load(str(out / NO_PAST_FILE)).graph
-    assert [i.name for i in graph.input] == ["input_ids", "attention_mask"]
+    assert [i.name for i in graph.input] == ["input_ids", "attention_mask", "position_ids"]
     assert [o.name for o in graph.output] == ["logits"]
     for tensor in graph.input:
         assert tensor.type.tensor_type.elem_type == onnx.TensorProto.INT64
@@ -116,7 +124,7 @@ def test_ort_logits_match_pytorch_on_three_shapes_with_left_padding(exported, mo
         mask = np.ones_like(ids)
         mask[1:, :pad] = 0
         with torch.no_grad():
-            expected = wrapper(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+            expected = wrapper(torch.from_numpy(ids), torch.from_numpy(mask), _generate_positions(mask, seq)).numpy()
         actual = session.logits(ids, mask)
         assert actual.shape == (batch, seq, 512) and actual.dtype == np.float32
         keep = mask.astype(bool)
@@ -225,12 +233,15 @@ def test_with_past_graph_has_dynamic_batch_sequence_and_past(exported):
     out, _ = exported
     graph = onnx.load(str(out / WITH_PAST_FILE)).graph
     names = [i.name for i in graph.input]
-    assert names[:2] == ["input_ids", "attention_mask"]
-    assert names[2:] == [f"past_key_values.{i}.{kv}" for i in range(2) for kv in ("key", "value")]
+    assert names[:3] == ["input_ids", "attention_mask", "position_ids"]
+    assert names[3:] == [f"past_key_values.{i}.{kv}" for i in range(2) for kv in ("key", "value")]
     assert [o.name for o in graph.output] == ["logits"] + [
         f"present.{i}.{kv}" for i in range(2) for kv in ("key", "value")
     ]
-    for tensor in graph.input[2:]:
+    ids_dims, position_dims = (graph.input[i].type.tensor_type.shape.dim for i in (0, 2))
+    assert graph.input[2].type.tensor_type.elem_type == onnx.TensorProto.INT64
+    assert [d.dim_param for d in position_dims] == [d.dim_param for d in ids_dims]
+    for tensor in graph.input[3:]:
         dims = tensor.type.tensor_type.shape.dim
         assert dims[0].dim_param and dims[2].dim_param and (dims[1].dim_value, dims[3].dim_value) == (2, 16)
     mask_dims = graph.input[1].type.tensor_type.shape.dim
@@ -256,7 +267,8 @@ def test_with_past_matches_pytorch_from_an_empty_past_through_decode_steps(expor
         mask = mask if new is ids else np.concatenate([mask, np.ones_like(new)], axis=1)
         logits, past = session.step(new, mask, past)
         with torch.no_grad():
-            expected, *torch_past = decoder(torch.from_numpy(new), torch.from_numpy(mask), torch_past)
+            positions = _generate_positions(mask, new.shape[1])
+            expected, *torch_past = decoder(torch.from_numpy(new), torch.from_numpy(mask), positions, torch_past)
         keep = mask[:, -new.shape[1] :].astype(bool)
         assert np.max(np.abs(logits[keep] - expected.numpy()[keep])) <= 1e-3
         assert past[0].shape == (3, 2, mask.shape[1], 16)

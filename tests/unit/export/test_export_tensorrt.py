@@ -31,6 +31,7 @@ NO_CACHE = {"input_ids": ["batch", "seq"], "attention_mask": ["batch", "seq"]}
 WITH_PAST = {
     "input_ids": ["batch", "seq"],
     "attention_mask": ["batch", "past_seq"],
+    "position_ids": ["batch", "seq"],
     "past_key_values.0.key": ["batch", 12, "past", 64],
     "past_key_values.0.value": ["batch", 12, "past", 64],
 }
@@ -83,14 +84,15 @@ def test_optimization_profiles_of_the_cache_graph_cover_past_length_from_zero():
     assert optimization_profiles(cfg, WITH_PAST) == {
         "input_ids": ((1, 1), (2, 16), (4, 32)),
         "attention_mask": ((1, 1), (2, 116), (4, 232)),
+        "position_ids": ((1, 1), (2, 16), (4, 32)),
         "past_key_values.0.key": ((1, 12, 0, 64), (2, 12, 100, 64), (4, 12, 200, 64)),
         "past_key_values.0.value": ((1, 12, 0, 64), (2, 12, 100, 64), (4, 12, 200, 64)),
     }
 
 
 def test_optimization_profiles_refuse_an_input_without_a_rule_or_a_dynamic_head_count():
-    with pytest.raises(InputDataError, match="'position_ids'"):
-        optimization_profiles(PROFILE, {"input_ids": ["b", "s"], "position_ids": ["b", "s"]})
+    with pytest.raises(InputDataError, match="'token_type_ids'"):
+        optimization_profiles(PROFILE, {"input_ids": ["b", "s"], "token_type_ids": ["b", "s"]})
     with pytest.raises(InputDataError, match="static heads"):
         optimization_profiles(PROFILE, {"past_key_values.0.key": ["b", "heads", "past", 64]})
 
@@ -111,10 +113,11 @@ def test_trtexec_command_carries_shapes_precision_workspace_and_timing_cache(tmp
         f"--onnx={tmp_path / 'm.onnx'}",
         f"--saveEngine={tmp_path / 'e.plan'}",
         "--memPoolSize=workspace:2560M",
-        "--minShapes=input_ids:1x1,attention_mask:1x1,past_key_values.0.key:1x12x0x64,past_key_values.0.value:1x12x0x64",
-        "--optShapes=input_ids:2x16,attention_mask:2x116,past_key_values.0.key:2x12x100x64,"
+        "--minShapes=input_ids:1x1,attention_mask:1x1,position_ids:1x1,past_key_values.0.key:1x12x0x64,"
+        "past_key_values.0.value:1x12x0x64",
+        "--optShapes=input_ids:2x16,attention_mask:2x116,position_ids:2x16,past_key_values.0.key:2x12x100x64,"
         "past_key_values.0.value:2x12x100x64",
-        "--maxShapes=input_ids:4x32,attention_mask:4x232,past_key_values.0.key:4x12x200x64,"
+        "--maxShapes=input_ids:4x32,attention_mask:4x232,position_ids:4x32,past_key_values.0.key:4x12x200x64,"
         "past_key_values.0.value:4x12x200x64",
         "--stronglyTyped",
         f"--timingCacheFile={tmp_path / 't.cache'}",
@@ -197,10 +200,13 @@ def test_smoke_feeds_fill_the_opt_shapes_deterministically():
     assert {n: a.shape for n, a in feeds.items()} == {
         "input_ids": (2, 16),
         "attention_mask": (2, 21),
+        "position_ids": (2, 16),
         "past_key_values.0.key": (2, 12, 5, 64),
         "past_key_values.0.value": (2, 12, 5, 64),
     }
     assert feeds["input_ids"].max() < 50 and feeds["attention_mask"].all()
+    assert feeds["position_ids"].dtype == np.int64
+    np.testing.assert_array_equal(feeds["position_ids"], np.tile(np.arange(5, 21), (2, 1)))  # after the 5 cached
     np.testing.assert_array_equal(smoke_feeds(profiles, 50)["input_ids"], feeds["input_ids"])
 
 
