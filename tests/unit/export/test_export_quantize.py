@@ -143,7 +143,7 @@ def test_sharing_the_tied_table_moves_the_embedding_by_at_most_half_a_step_and_c
     next(node for node in reference.graph.node if node.name == gather).input[0] = "head_rows"
 
     ids = np.random.default_rng(3).integers(0, 512, size=(2, 24), dtype=np.int64)
-    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.tile(np.arange(24), (2, 1))}
     before_logits, before_rows = _run_with_output(separate, embedding, feeds)
     after_logits, after_rows = _run_with_output(shared, embedding, feeds)
     reference_logits, reference_rows = _run_with_output(reference, embedding, feeds)
@@ -172,7 +172,7 @@ def test_outputs_follow_the_onnx_model_contract(quantized, onnx_dir):
         assert manifest["quantization"] == kind
         assert manifest["inputs"]["onnx_model"]["kind"] == "onnx-model"
         graph = onnx.load(str(model_dir / NO_PAST_FILE)).graph
-        assert [i.name for i in graph.input] == ["input_ids", "attention_mask"]
+        assert [i.name for i in graph.input] == ["input_ids", "attention_mask", "position_ids"]
         assert [o.name for o in graph.output] == ["logits"]
         assert manifest["graphs"] == [NO_PAST_FILE, WITH_PAST_FILE]
         assert (model_dir / WITH_PAST_FILE).is_file()
@@ -205,7 +205,8 @@ def test_calibration_reader_batches_windows_and_rewinds():
     reader = TokenWindowReader(windows, batch_size=4)
     sizes = []
     while (batch := reader.get_next()) is not None:
-        assert batch["attention_mask"].shape == batch["input_ids"].shape
+        assert batch["attention_mask"].shape == batch["position_ids"].shape == batch["input_ids"].shape
+        np.testing.assert_array_equal(batch["position_ids"][-1], np.arange(4))
         sizes.append(len(batch["input_ids"]))
     assert sizes == [4, 4, 2]
     reader.rewind()
