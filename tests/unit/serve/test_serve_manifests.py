@@ -185,7 +185,11 @@ def test_triton_onnx_repository_parses_with_tritons_protobuf_and_matches_the_gra
     assert config.dynamic_batching.max_queue_delay_microseconds == 2500
     assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
     inputs, outputs = graph_signature(onnx_dir / NO_PAST_FILE)
-    assert [(i.name, list(i.dims)) for i in config.input] == [("input_ids", [-1]), ("attention_mask", [-1])]
+    assert [(i.name, list(i.dims)) for i in config.input] == [
+        ("input_ids", [-1]),
+        ("attention_mask", [-1]),
+        ("position_ids", [-1]),
+    ]
     assert [(t.name, tuple(t.dims)) for t in config.input] == [(t.name, t.dims[1:]) for t in inputs]
     assert [(t.name, tuple(t.dims)) for t in config.output] == [(t.name, t.dims[1:]) for t in outputs]
     assert all(t.data_type == model_config_pb2.TYPE_INT64 for t in config.input)
@@ -205,7 +209,7 @@ def test_triton_engine_repository_takes_its_tensors_from_the_source_graph(onnx_d
     config = _parse(folder)
     assert config.platform == "tensorrt_plan" and list(config.dynamic_batching.preferred_batch_size) == [4]
     names = [t.name for t in config.input]
-    assert names[:2] == ["input_ids", "attention_mask"] and names[2] == "past_key_values.0.key"
+    assert names[:3] == ["input_ids", "attention_mask", "position_ids"] and names[3] == "past_key_values.0.key"
     past = next(t for t in config.input if t.name == "past_key_values.0.key")
     assert list(past.dims)[1] == -1 and all(d > 0 for d in (past.dims[0], past.dims[2]))  # heads, past, head_dim
     assert [t.name for t in config.output][:2] == ["logits", "present.0.key"]
