@@ -7,7 +7,7 @@ Every runtime is measured in its own subprocess (so its peak RSS is its own) wit
 ``evaluate`` stage uses (:mod:`lmforge.metrics.latency`): full forward passes of ``--context`` tokens
 (= prefill) at batch 1 and 8, and KV-cache generation (prefill of ``--prompt`` tokens, then
 ``--new-tokens`` decode steps) at batch 1 and 8 where the runtime has a cache (an ONNX directory needs
-``decoder_with_past.onnx``). Warm-up runs come first. Prints a Markdown table; ``--json PATH`` also writes
+``model.onnx``, the cache graph). Warm-up runs come first. Prints a Markdown table; ``--json PATH`` also writes
 the figures there with the machine facts.
 """
 

@@ -5,10 +5,10 @@ vocabulary; big enough that INT8 GEMMs, not graph overhead, decide latency and s
 token shards from the packaged demo text, then runs the real stages (``export_onnx`` with the KV-cache
 graph, ``quantize_int8`` with its accuracy gate) and measures per model:
 
-* forward latency of ``model.onnx`` at batch 1 and batch 8, sequence 256 (median of ``--runs``);
-* per-token decode latency with the KV cache (``decoder_with_past.onnx``, batch 1, after a 256-token
+* forward latency of ``decoder_model.onnx`` at batch 1 and batch 8, sequence 256 (median of ``--runs``);
+* per-token decode latency with the KV cache (``model.onnx``, batch 1, after a 256-token
   prefill, median over ``--decode-tokens`` steps);
-* size on disk of ``model.onnx`` (plus external data);
+* size on disk of ``decoder_model.onnx`` (plus external data);
 * held-out perplexity (from the quantize stage's gate; random weights give ~vocabulary-size perplexity,
   so only the INT8-vs-FP32 delta is meaningful).
 

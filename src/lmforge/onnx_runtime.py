@@ -1,9 +1,11 @@
 """Run an exported causal LM with ONNX Runtime on CPU (shared by export, quantize, evaluate and serving).
 
 The model directory follows the lmforge ONNX contract (see :mod:`lmforge.export.onnx_export`):
-``model.onnx`` without a KV cache, run by :class:`OrtCausalLM` (inputs ``input_ids`` / ``attention_mask``
-int64 ``[batch, seq]``, output ``logits`` float32 ``[batch, seq, vocab]``), and ``decoder_with_past.onnx``
-with one, run by :class:`OrtDecoderWithPast` (prefill, decode steps, greedy generation).
+``decoder_model.onnx`` without a KV cache, run by :class:`OrtCausalLM` (inputs ``input_ids`` / ``attention_mask``
+/ ``position_ids`` int64 ``[batch, seq]``, output ``logits`` float32 ``[batch, seq, vocab]``), and ``model.onnx``
+with one (the file optimum's ``ORTModelForCausalLM`` loads), run by :class:`OrtDecoderWithPast` (prefill, decode
+steps, greedy generation). Both derive the position ids from the attention mask (:func:`positions_from_mask`), so
+callers pass only tokens and mask.
 """
 
 from __future__ import annotations
@@ -21,8 +23,26 @@ from lmforge.errors import InputDataError
 
 log = logging.getLogger("lmforge.onnx_runtime")
 
-MODEL_FILE = "model.onnx"
-WITH_PAST_FILE = "decoder_with_past.onnx"
+NO_PAST_FILE = "decoder_model.onnx"
+"""The decoder without a KV cache (optimum's name for it, which optimum never loads before ``model.onnx``)."""
+WITH_PAST_FILE = "model.onnx"
+"""The decoder with a KV cache: optimum's standard file name, the one ``ORTModelForCausalLM`` loads."""
+
+
+POSITION_IDS = "position_ids"
+
+
+def positions_from_mask(attention_mask: np.ndarray, seq: int) -> np.ndarray:
+    """Position ids ``[batch, seq]`` of the last ``seq`` tokens, as transformers' ``generate`` derives them.
+
+    ``cumsum(mask) - 1``, and 0 where the mask is 0 (transformers 5
+    ``GenerationMixin._prepare_position_ids_for_generation``; transformers 4 puts 1 there, which no unmasked token
+    attends to either): a left-padded row gets the positions of the unpadded sequence.
+    """
+    mask = np.asarray(attention_mask, dtype=np.int64)
+    positions = np.cumsum(mask, axis=-1) - 1
+    positions[mask == 0] = 0
+    return positions[:, mask.shape[1] - seq :]
 
 
 def past_input_names(layers: int) -> list[str]:
@@ -36,9 +56,9 @@ def present_output_names(layers: int) -> list[str]:
 
 
 def resolve_model_file(model_dir_or_file: str | Path) -> Path:
-    """``model.onnx`` inside a directory, or the file itself; raise if it does not exist."""
+    """The no-cache graph (``decoder_model.onnx``) in a directory, or the file itself; raise if it does not exist."""
     path = Path(model_dir_or_file)
-    file = path / MODEL_FILE if path.is_dir() else path
+    file = path / NO_PAST_FILE if path.is_dir() else path
     if not file.is_file():
         raise InputDataError(f"ONNX model not found: {file}")
     return file
@@ -93,7 +113,7 @@ class OrtCausalLM:
     """A causal LM exported to ONNX, run by an ONNX Runtime CPU session.
 
     Args:
-        model_dir_or_file: an ONNX model directory (holding ``model.onnx``) or the ``.onnx`` file.
+        model_dir_or_file: an ONNX model directory (holding ``decoder_model.onnx``) or the ``.onnx`` file.
         threads: intra-op threads; ``None`` lets ONNX Runtime choose.
     """
 
@@ -122,16 +142,20 @@ class OrtCausalLM:
             raise ValueError(
                 f"attention_mask shape {attention_mask.shape} differs from input_ids shape {input_ids.shape}"
             )
-        feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
+        feeds = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            POSITION_IDS: positions_from_mask(attention_mask, input_ids.shape[1]),
+        }
         (logits,) = self.session.run(["logits"], {k: v for k, v in feeds.items() if k in self.input_names})
         return logits
 
 
 class OrtDecoderWithPast:
-    """The KV-cache decoder (``decoder_with_past.onnx``) run by an ONNX Runtime CPU session.
+    """The KV-cache decoder (``model.onnx``) run by an ONNX Runtime CPU session.
 
     Args:
-        model_dir_or_file: an ONNX model directory (holding ``decoder_with_past.onnx``) or the file.
+        model_dir_or_file: an ONNX model directory (holding ``model.onnx``) or the file.
         threads: intra-op threads; ``None`` lets ONNX Runtime choose.
         spinning: let idle intra-op threads busy-wait for the next run (see :func:`cpu_session`).
     """
@@ -143,6 +167,7 @@ class OrtDecoderWithPast:
             raise InputDataError(f"ONNX decoder with KV cache not found: {self.path}")
         self.session = cpu_session(self.path, threads, spinning=spinning)
         inputs = {i.name: i for i in self.session.get_inputs()}
+        self.input_names = list(inputs)
         self.layers = sum(name.startswith("past_key_values.") for name in inputs) // 2
         self.past_names = past_input_names(self.layers)
         if self.layers == 0 or any(name not in inputs for name in self.past_names):
@@ -183,13 +208,18 @@ class OrtDecoderWithPast:
                 f"attention_mask shape {attention_mask.shape} must be [batch, past + seq] = "
                 f"[{input_ids.shape[0]}, {past_len + input_ids.shape[1]}]"
             )
-        feeds = {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            **dict(zip(self.past_names, past, strict=True)),
-        }
-        logits, *present = self.session.run(["logits", *self.present_names], feeds)
+        logits, *present = self.session.run(
+            ["logits", *self.present_names], self.feeds(input_ids, attention_mask, past)
+        )
         return logits, present
+
+    def feeds(self, input_ids: np.ndarray, attention_mask: np.ndarray, past: list[np.ndarray]) -> dict[str, np.ndarray]:
+        """The graph's inputs for one step: tokens, mask, the positions derived from the mask (when the graph takes
+        them) and the past."""
+        feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if POSITION_IDS in self.input_names:
+            feeds[POSITION_IDS] = positions_from_mask(attention_mask, input_ids.shape[1])
+        return {**feeds, **dict(zip(self.past_names, past, strict=True))}
 
     def generate(
         self,

@@ -1,7 +1,8 @@
 """What lmforge writes loads where transformers 4.x is installed, as optimum[onnxruntime] installs it (a separate
 environment, tests/support/optimum_env.py): the tokenizer and the model with AutoTokenizer and AutoModelForCausalLM,
-and the exported ONNX decoder in optimum's ORTModelForCausalLM, generating with its KV cache the tokens it generates
-without one and the tokens transformers generates from the PyTorch model."""
+and the exported ONNX directory in optimum's ORTModelForCausalLM as optimum's documentation loads it (no file_name),
+generating with its KV cache the tokens it generates without one and the tokens transformers generates from the
+PyTorch model, with no warning that the graph is a legacy one."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import pytest
 
 from lmforge.config import ExportConfig
 from lmforge.export.onnx_export import run as export_onnx
-from lmforge.onnx_runtime import WITH_PAST_FILE
 from tests.support.optimum_env import optimum_python
 from tests.support.serve_helpers import redraw_weights
 
@@ -27,13 +27,13 @@ CONSUMER = textwrap.dedent(
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from optimum.onnxruntime import ORTModelForCausalLM
 
-    model_dir, onnx_dir, with_past = sys.argv[1:4]
+    model_dir, onnx_dir = sys.argv[1:3]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
     batch = tokenizer(["KING: my lord", "a"], return_tensors="pt", padding=True)
     greedy = dict(max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     torch_model = AutoModelForCausalLM.from_pretrained(model_dir)
-    ort_model = ORTModelForCausalLM.from_pretrained(onnx_dir, file_name=with_past)
+    ort_model = ORTModelForCausalLM.from_pretrained(onnx_dir)
     print(json.dumps({
         "transformers": transformers.__version__,
         "tokenizer": type(tokenizer).__name__,
@@ -66,13 +66,12 @@ def released(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 def test_transformers_4_and_optimum_load_the_tokenizer_model_and_onnx_and_generate_with_the_kv_cache(python, released):
     model, onnx = released
-    done = subprocess.run(
-        [python, "-c", CONSUMER, str(model), str(onnx), WITH_PAST_FILE], capture_output=True, text=True, timeout=600
-    )
+    done = subprocess.run([python, "-c", CONSUMER, str(model), str(onnx)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["transformers"].startswith("4."), seen
     assert seen["tokenizer"] == "PreTrainedTokenizerFast" and seen["inputs"] == ["attention_mask", "input_ids"]
     assert seen["can_use_cache"] is True
+    assert "legacy" not in done.stderr, done.stderr[-3000:]
     assert seen["ort_cache"] == seen["ort_no_cache"] == seen["torch"]
     assert len({tuple(row) for row in seen["torch"]}) == 2  # two prompts, two continuations

@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lmforge import storage
 from lmforge.artifacts import MANIFEST, is_run_record, read_manifest
+from lmforge.onnx_runtime import NO_PAST_FILE
 from lmforge.release import CLAIM
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # ~2 min on an idle 2-core machine
@@ -265,9 +266,10 @@ def test_adapter_loads_with_peft(local_run):
 )
 def test_onnx_models_load_in_onnxruntime(local_run, task, name):
     run, _ = local_run
-    session = ort.InferenceSession(str(run.output(task, name) / "model.onnx"), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(run.output(task, name) / NO_PAST_FILE), providers=["CPUExecutionProvider"])
     ids = np.array([[1, 2, 3, 4]], dtype=np.int64)
-    (logits,) = session.run(["logits"], {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(4)[None]}
+    (logits,) = session.run(["logits"], feeds)
     assert logits.shape[:2] == (1, 4) and np.isfinite(logits).all()
 
 

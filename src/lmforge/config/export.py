@@ -18,7 +18,8 @@ class ExportConfig(StrictModel):
     )
     with_past: bool = Field(
         True,
-        description="Also export decoder_with_past.onnx (KV cache in and out, for generation) next to model.onnx.",
+        description="Also export model.onnx, the decoder with a KV cache in and out (for generation, and the file "
+        "optimum's ORTModelForCausalLM loads), next to decoder_model.onnx (no cache).",
     )
 
 
@@ -106,10 +107,10 @@ class TensorRTConfig(StrictModel):
     """The ``build_tensorrt`` stage (needs a GPU and the tensorrt package)."""
 
     precision: Literal["int8", "fp16", "fp32"] = Field("int8", description="Engine precision.")
-    graph: Literal["auto", "model", "decoder_with_past"] = Field(
+    graph: Literal["auto", "no_past", "with_past"] = Field(
         "auto",
-        description="Graph to build: model.onnx (no cache) or decoder_with_past.onnx; auto takes the cache graph "
-        "when the directory has one.",
+        description="Graph to build: no_past is decoder_model.onnx (no cache), with_past is model.onnx (KV cache in "
+        "and out); auto takes the cache graph when the directory has one.",
     )
     builder: Literal["python", "trtexec"] = Field(
         "python", description="Build with the TensorRT Python API or by running the trtexec command line tool."

@@ -1,25 +1,28 @@
 """The ``export_onnx`` stage: a Hugging Face causal LM to an ONNX model directory, checked for parity.
 
-Output directory (the ONNX model contract other stages rely on):
+Output directory (the ONNX model contract other stages rely on), in the layout optimum's ``ORTModelForCausalLM``
+loads: ``ORTModelForCausalLM.from_pretrained(DIR)`` takes ``model.onnx`` and generates with its KV cache
+(tests/integration/test_consumers_transformers4.py).
 
-* ``model.onnx`` — the decoder without a KV cache. Inputs ``input_ids`` and ``attention_mask`` (int64
-  ``[batch, seq]``), output ``logits`` (float32 ``[batch, seq, vocab]``); batch and sequence are dynamic.
-  Scoring (perplexity, latency) uses this graph.
-* ``decoder_with_past.onnx`` — the decoder with a KV cache, for generation. Inputs ``input_ids`` (int64
+* ``model.onnx`` — the decoder with a KV cache, for generation. Inputs ``input_ids`` and ``position_ids`` (int64
   ``[batch, seq]``), ``attention_mask`` (int64 ``[batch, past + seq]``: the mask of the cached and the new
   tokens) and per layer ``i`` ``past_key_values.{i}.key`` / ``past_key_values.{i}.value`` (float32
   ``[batch, kv_heads, past, head_dim]``); outputs ``logits`` and ``present.{i}.key`` /
   ``present.{i}.value`` (``[batch, kv_heads, past + seq, head_dim]``). Batch, sequence and past length are
   dynamic and the past may be empty (``past = 0``), so the same graph does the prefill and every decode
-  step. Written unless ``ExportConfig.with_past`` is false. These are the names optimum's ``ORTModelForCausalLM``
-  reads: ``ORTModelForCausalLM.from_pretrained(DIR, file_name="decoder_with_past.onnx")`` generates with the cache
-  (tests/integration/test_consumers_transformers4.py).
+  step. Written unless ``ExportConfig.with_past`` is false.
+* ``decoder_model.onnx`` — the decoder without a KV cache. Inputs ``input_ids``, ``attention_mask`` and
+  ``position_ids`` (int64 ``[batch, seq]``), output ``logits`` (float32 ``[batch, seq, vocab]``); batch and
+  sequence are dynamic. Scoring (perplexity, latency) uses this graph. The name is optimum's for a decoder
+  without a cache: optimum loads it only when asked by ``file_name`` or when the directory has no ``model.onnx``.
 * external data (``<graph>.onnx.data``) when the weights exceed 2 GB; the tokenizer and config files
   copied from the source model; ``manifest.json``.
 
-Both graphs derive the position ids from the attention mask (``cumsum(mask) - 1``, clamped at 0, the
-last ``seq`` of them with a past), so a left-padded row gets the same logits as the unpadded sequence and
-callers never pass positions.
+The inputs are the ones optimum's exporter gives GPT-2 and Llama decoders (``TextDecoderWithPositionIdsOnnxConfig``
+in ``optimum/exporters/onnx/config.py``), so optimum feeds the positions it derives itself. lmforge's runtime
+(:mod:`lmforge.onnx_runtime`) derives them from the attention mask as transformers' ``generate`` does
+(``cumsum(mask) - 1``, 0 on padding, the last ``seq`` of them with a past), so a left-padded row gets the same
+logits as the unpadded sequence.
 """
 
 from __future__ import annotations
@@ -45,20 +48,22 @@ from lmforge.errors import LmforgeError
 from lmforge.model.build import load_causal_lm
 from lmforge.onnx_runtime import (
     EXTERNAL_DATA_BYTES,
-    MODEL_FILE,
+    NO_PAST_FILE,
+    POSITION_IDS,
     WITH_PAST_FILE,
     OrtCausalLM,
     OrtDecoderWithPast,
     copy_model_files,
     model_size_bytes,
     past_input_names,
+    positions_from_mask,
     present_output_names,
 )
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.export")
 
-INPUT_NAMES = ("input_ids", "attention_mask")
+INPUT_NAMES = ("input_ids", "attention_mask", POSITION_IDS)
 OUTPUT_NAME = "logits"
 # Files carried from the model directory so an ONNX directory can be tokenized and described alone.
 # Protobuf cannot hold more than 2 GiB; leave headroom for the graph itself.
@@ -69,12 +74,6 @@ class ParityError(LmforgeError):
     """The exported ONNX model does not reproduce the PyTorch model's logits."""
 
 
-def positions_from_mask(attention_mask: torch.Tensor, seq: int | torch.SymInt) -> torch.Tensor:
-    """Position ids of the last ``seq`` tokens: ``cumsum(mask) - 1`` clamped at 0 (left padding safe)."""
-    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    return positions[:, attention_mask.shape[1] - seq :]
-
-
 def _cache_of(output: Any) -> Any:
     """The KV cache of a model output (``cache`` in transformers 5, ``past_key_values`` before)."""
     cache = getattr(output, "cache", None)
@@ -82,21 +81,22 @@ def _cache_of(output: Any) -> Any:
 
 
 class LogitsOnly(torch.nn.Module):
-    """Wrap a causal LM so that it takes ``(input_ids, attention_mask)`` and returns only the logits."""
+    """Wrap a causal LM so that it takes ``(input_ids, attention_mask, position_ids)`` and returns only the logits."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        positions = positions_from_mask(attention_mask, input_ids.shape[1])
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+    ) -> torch.Tensor:
         return self.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).logits
 
 
 class DecoderWithPast(torch.nn.Module):
-    """Wrap a causal LM as ``(input_ids, attention_mask, [past k, past v per layer]) -> (logits, *present)``.
+    """Wrap a causal LM as ``(input_ids, attention_mask, position_ids, [past k, v per layer]) -> (logits, *present)``.
 
     The cache travels as flat tensors (``[batch, kv_heads, past, head_dim]``, key then value per layer) so
     the exported graph has one named input and output per tensor.
@@ -108,12 +108,15 @@ class DecoderWithPast(torch.nn.Module):
         self.n_layers = n_layers
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past: list[torch.Tensor]
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past: list[torch.Tensor],
     ) -> tuple[torch.Tensor, ...]:
         cache = DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(self.n_layers)])
-        positions = positions_from_mask(attention_mask, input_ids.shape[1])
         out = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, cache=cache, use_cache=True
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache, use_cache=True
         )
         present: list[torch.Tensor] = []
         for layer in _cache_of(out).layers:
@@ -169,27 +172,33 @@ class GraphSpec:
 
 
 def no_cache_spec() -> GraphSpec:
-    """``model.onnx``: ``input_ids``/``attention_mask`` ``[batch, seq]`` -> ``logits``."""
+    """``decoder_model.onnx``: ``input_ids``/``attention_mask``/``position_ids`` ``[batch, seq]`` -> ``logits``."""
     axes = {0: "batch", 1: "seq"}
     return GraphSpec(
         input_names=list(INPUT_NAMES),
         output_names=[OUTPUT_NAME],
-        dynamic_shapes=(axes, axes),
+        dynamic_shapes=(axes, axes, axes),
         dynamic_axes={**{name: axes for name in INPUT_NAMES}, OUTPUT_NAME: axes},
     )
 
 
 def with_past_spec(layers: int) -> GraphSpec:
-    """``decoder_with_past.onnx``: new tokens, the whole mask and the past -> logits and the present."""
+    """``model.onnx``: new tokens, the whole mask and the past -> logits and the present."""
     past_names, present_names = past_input_names(layers), present_output_names(layers)
     past_axes = {0: "batch", 2: "past"}
     return GraphSpec(
         input_names=[*INPUT_NAMES, *past_names],
         output_names=[OUTPUT_NAME, *present_names],
-        dynamic_shapes=({0: "batch", 1: "seq"}, {0: "batch", 1: "past_seq"}, [past_axes] * len(past_names)),
+        dynamic_shapes=(
+            {0: "batch", 1: "seq"},
+            {0: "batch", 1: "past_seq"},
+            {0: "batch", 1: "seq"},
+            [past_axes] * len(past_names),
+        ),
         dynamic_axes={
             "input_ids": {0: "batch", 1: "seq"},
             "attention_mask": {0: "batch", 1: "past_seq"},
+            POSITION_IDS: {0: "batch", 1: "seq"},
             OUTPUT_NAME: {0: "batch", 1: "seq"},
             **{name: past_axes for name in past_names},
             **{name: {0: "batch", 2: "past_seq"} for name in present_names},
@@ -243,7 +252,8 @@ def check_parity(
     results = []
     for ids, mask in cases:
         with torch.no_grad():
-            expected = wrapper(torch.from_numpy(ids), torch.from_numpy(mask)).float().numpy()
+            positions = torch.from_numpy(positions_from_mask(mask, ids.shape[1]))
+            expected = wrapper(torch.from_numpy(ids), torch.from_numpy(mask), positions).float().numpy()
         actual = session.logits(ids, mask)
         if actual.shape != expected.shape:
             raise ParityError(f"ONNX logits shape {actual.shape} differs from PyTorch {expected.shape}")
@@ -282,9 +292,10 @@ def check_parity_with_past(
             new_mask[1:, : min(pad, ids.shape[1] - 1)] = 0
         mask = np.concatenate([mask, new_mask], axis=1)
         with torch.no_grad():
+            positions = torch.from_numpy(positions_from_mask(mask, ids.shape[1]))
+            torch_past = [torch.from_numpy(p) for p in past]
             expected = [
-                t.float().numpy()
-                for t in wrapper(torch.from_numpy(ids), torch.from_numpy(mask), [torch.from_numpy(p) for p in past])
+                t.float().numpy() for t in wrapper(torch.from_numpy(ids), torch.from_numpy(mask), positions, torch_past)
             ]
         logits, present = session.step(ids, mask, past)
         keep = new_mask.astype(bool)
@@ -325,15 +336,19 @@ def run(cfg: ExportConfig, *, model: str | Path, onnx_model: str | Path) -> Stag
 
     with staged_output(onnx_model) as out:
         copy_model_files(model, out)
-        path = out / MODEL_FILE
+        path = out / NO_PAST_FILE
         # Batch 2 and sequence 8: sizes 0 and 1 would be specialized as constants by torch.export.
         shape = (2, min(8, max_positions))
-        example = (torch.zeros(shape, dtype=torch.long), torch.ones(shape, dtype=torch.long))
+        example = (
+            torch.zeros(shape, dtype=torch.long),
+            torch.ones(shape, dtype=torch.long),
+            torch.arange(shape[1]).expand(shape),
+        )
         with torch.no_grad():
             exporter = _export(wrapper, example, path, cfg.opset, no_cache_spec())
         session = OrtCausalLM(path)  # runs onnx.checker on the file
         parity = check_parity(wrapper, session, parity_cases(vocab_size, max_positions))
-        worst = _raise_if_over(f"{model} ({exporter} exporter)", parity, cfg.parity_tolerance, MODEL_FILE)
+        worst = _raise_if_over(f"{model} ({exporter} exporter)", parity, cfg.parity_tolerance, NO_PAST_FILE)
         size = model_size_bytes(path)
         metrics = {
             "parity_max_abs_diff": worst,
@@ -349,6 +364,7 @@ def run(cfg: ExportConfig, *, model: str | Path, onnx_model: str | Path) -> Stag
             example_past = (
                 torch.zeros((2, 3), dtype=torch.long),
                 torch.ones((2, 7), dtype=torch.long),
+                torch.arange(4, 7).expand(2, 3),
                 layout.empty(2, past=4),
             )
             with torch.no_grad():

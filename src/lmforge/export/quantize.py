@@ -9,13 +9,13 @@
   useless and the histogram calibrators fail with "Too many bins"); the nodes touching them stay in float
   and the histogram calibrators skip them.
 
-Both graphs of the directory are quantized (``model.onnx`` and, when present, ``decoder_with_past.onnx``;
-the cache graph is calibrated with a real past: the first half of each window is prefilled by the FP32
+Both graphs of the directory are quantized (``decoder_model.onnx`` and, when present, the cache graph
+``model.onnx``; the cache graph is calibrated with a real past: the first half of each window is prefilled by the FP32
 decoder, the second half is the new tokens).
 
 Accuracy gate: held-out perplexity (``val`` split, :func:`lmforge.metrics.perplexity.perplexity`) of each
-INT8 ``model.onnx`` vs the FP32 ``model.onnx``, all in ONNX Runtime. An INT8 model whose relative delta is
-above ``max_perplexity_delta`` is still written (pipelines need the output) but its ``manifest.json`` says
+INT8 ``decoder_model.onnx`` vs the FP32 ``decoder_model.onnx``, all in ONNX Runtime. An INT8 model whose relative
+delta is above ``max_perplexity_delta`` is still written (pipelines need the output) but its ``manifest.json`` says
 ``accuracy_gate.accepted: false`` with the reason; ``evaluate`` then serves the next model in its preference
 (:func:`lmforge.contracts.served_model`, e.g. FP32), and ``promote`` withholds it from the release.
 """
@@ -60,12 +60,14 @@ from lmforge.export.tied_embedding import share_tied_embedding_file
 from lmforge.metrics.perplexity import onnx_logits_fn, perplexity
 from lmforge.onnx_runtime import (
     EXTERNAL_DATA_BYTES,
-    MODEL_FILE,
+    NO_PAST_FILE,
+    POSITION_IDS,
     WITH_PAST_FILE,
     OrtCausalLM,
     OrtDecoderWithPast,
     copy_model_files,
     model_size_bytes,
+    positions_from_mask,
     resolve_model_file,
 )
 from lmforge.results import StageResult
@@ -98,7 +100,7 @@ def even_batch_size(count: int, at_most: int = CALIBRATION_BATCH) -> int:
 
 
 class TokenWindowReader(CalibrationDataReader):
-    """Feed calibration windows to ONNX Runtime in batches of ``batch_size`` sequences."""
+    """Feed calibration windows to the no-cache graph in batches of ``batch_size`` sequences."""
 
     def __init__(self, windows: np.ndarray, batch_size: int = CALIBRATION_BATCH) -> None:
         self.windows = windows
@@ -108,7 +110,8 @@ class TokenWindowReader(CalibrationDataReader):
     def _iterate(self) -> Iterator[dict[str, np.ndarray]]:
         for i in range(0, len(self.windows), self.batch_size):
             ids = self.windows[i : i + self.batch_size]
-            yield {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+            mask = np.ones_like(ids)
+            yield {"input_ids": ids, "attention_mask": mask, POSITION_IDS: positions_from_mask(mask, ids.shape[1])}
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self._batches, None)
@@ -132,11 +135,7 @@ class PastWindowReader(CalibrationDataReader):
             ids = self.windows[i : i + self.batch_size]
             head, tail = ids[:, :split], ids[:, split:]
             _, past = self.decoder.step(head, np.ones_like(head), self.decoder.empty_past(len(ids)))
-            yield {
-                "input_ids": tail,
-                "attention_mask": np.ones_like(ids),
-                **dict(zip(self.decoder.past_names, past, strict=True)),
-            }
+            yield self.decoder.feeds(tail, np.ones_like(ids), past)
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self._batches, None)
@@ -343,7 +342,7 @@ def run(
     check_tokenizer_match(onnx_model, token_shards)
     windows = calibration_windows(token_shards.tokens("train"), cfg.calibration_sequences, cfg.calibration_seq_len)
     heldout = heldout_tokens(token_shards, cfg)
-    graphs = [MODEL_FILE] + ([WITH_PAST_FILE] if (onnx_model / WITH_PAST_FILE).is_file() else [])
+    graphs = [NO_PAST_FILE] + ([WITH_PAST_FILE] if (onnx_model / WITH_PAST_FILE).is_file() else [])
     fp32_bytes = model_size_bytes(fp32_file)
     external = fp32_bytes > EXTERNAL_DATA_BYTES
     sample = windows[: min(len(windows), 2)]
@@ -375,7 +374,7 @@ def run(
             )
             if cfg.share_tied_embedding:
                 shared_by_graph[graph] = share_tied_embedding_file(dyn_out / graph, external=external)
-            if graph == MODEL_FILE:
+            if graph == NO_PAST_FILE:
                 reader: CalibrationDataReader = TokenWindowReader(windows, batch)
             else:
                 reader = PastWindowReader(windows, OrtDecoderWithPast(onnx_model / graph), batch)
@@ -397,13 +396,13 @@ def run(
             )
         metrics = {
             "fp32_size_mb": fp32_bytes / 1e6,
-            "dynamic_size_mb": model_size_bytes(dyn_out / MODEL_FILE) / 1e6,
-            "qdq_size_mb": model_size_bytes(qdq_out / MODEL_FILE) / 1e6,
+            "dynamic_size_mb": model_size_bytes(dyn_out / NO_PAST_FILE) / 1e6,
+            "qdq_size_mb": model_size_bytes(qdq_out / NO_PAST_FILE) / 1e6,
             "calibration_sequences": float(len(windows)),
             "dynamic_max_abs_diff": _verify(dyn_out, sample, reference),
             "qdq_max_abs_diff": _verify(qdq_out, sample, reference),
             "fp32_perplexity": fp32_ppl,
-            "qdq_excluded_nodes": float(len(qdq_facts_by_graph[MODEL_FILE]["excluded_nodes"])),
+            "qdq_excluded_nodes": float(len(qdq_facts_by_graph[NO_PAST_FILE]["excluded_nodes"])),
         }
         for name, gate in gates.items():
             metrics[f"{name}_perplexity"] = gate["perplexity"]
@@ -449,7 +448,7 @@ def run(
         len(windows),
         cfg.calibrate_method,
     )
-    report_facts = {**qdq_facts, "excluded_nodes": qdq_facts_by_graph[MODEL_FILE]["excluded_nodes"]}
+    report_facts = {**qdq_facts, "excluded_nodes": qdq_facts_by_graph[NO_PAST_FILE]["excluded_nodes"]}
     return StageResult(
         metrics=metrics,
         html=html_section(metrics, gates, report_facts),

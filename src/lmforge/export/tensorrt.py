@@ -5,8 +5,8 @@ build time, timing cache, smoke-test result) + ``status.json`` + ``manifest.json
 ``tensorrt`` package or a CUDA GPU the stage writes ``status.json`` ``{"status": "skipped", "reason": ...}``
 and a manifest instead; it never writes a placeholder engine.
 
-The graph is ``decoder_with_past.onnx`` when the directory has one (``TensorRTConfig.graph``), with one
-optimization profile over batch, new tokens and cached tokens; else ``model.onnx`` over batch and
+The graph is the cache graph ``model.onnx`` when the directory has one (``TensorRTConfig.graph``), with one
+optimization profile over batch, new tokens and cached tokens; else ``decoder_model.onnx`` over batch and
 sequence. The engine is built by the TensorRT Python API or by ``trtexec`` (``TensorRTConfig.builder``).
 
 Only :func:`_build_engine`, :func:`_run_engine` and :func:`_run_trtexec` touch TensorRT; profile
@@ -36,7 +36,14 @@ from lmforge.artifacts import input_record, staged_output, write_manifest
 from lmforge.config import TensorRTConfig
 from lmforge.contracts import ENGINE_STATUS_FILE, gate_result
 from lmforge.errors import InputDataError, LmforgeError
-from lmforge.onnx_runtime import MODEL_FILE, WITH_PAST_FILE, cpu_session, resolve_model_file
+from lmforge.onnx_runtime import (
+    NO_PAST_FILE,
+    POSITION_IDS,
+    WITH_PAST_FILE,
+    cpu_session,
+    positions_from_mask,
+    resolve_model_file,
+)
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.export")
@@ -58,8 +65,8 @@ class TensorRTBuildError(LmforgeError):
 def optimization_profiles(cfg: TensorRTConfig, inputs: Mapping[str, Dims]) -> dict[str, tuple[Shape, Shape, Shape]]:
     """``{input name: (min, opt, max) shape}`` of the single optimization profile, from ``cfg``.
 
-    Rules: ``input_ids`` is ``[batch, seq]``; ``attention_mask`` is ``[batch, seq]`` without a cache and
-    ``[batch, past + seq]`` with one; ``past_key_values.*`` is ``[batch, heads, past, head_dim]`` with heads
+    Rules: ``input_ids`` and ``position_ids`` are ``[batch, seq]``; ``attention_mask`` is ``[batch, seq]`` without a
+    cache and ``[batch, past + seq]`` with one; ``past_key_values.*`` is ``[batch, heads, past, head_dim]`` with heads
     and head size read from the graph.
     """
     with_past = any(name.startswith(PAST_PREFIX) for name in inputs)
@@ -68,7 +75,7 @@ def optimization_profiles(cfg: TensorRTConfig, inputs: Mapping[str, Dims]) -> di
     past = (cfg.min_past, cfg.opt_past, cfg.max_past) if with_past else (0, 0, 0)
     profiles: dict[str, tuple[Shape, Shape, Shape]] = {}
     for name, dims in inputs.items():
-        if name == "input_ids":
+        if name in ("input_ids", POSITION_IDS):
             shapes = [(b, s) for b, s in zip(batch, seq, strict=True)]
         elif name == "attention_mask":
             shapes = [(b, p + s) for b, p, s in zip(batch, past, seq, strict=True)]
@@ -79,7 +86,7 @@ def optimization_profiles(cfg: TensorRTConfig, inputs: Mapping[str, Dims]) -> di
         else:
             raise InputDataError(
                 f"no optimization-profile rule for graph input {name!r}; known: input_ids, attention_mask, "
-                f"{PAST_PREFIX}*"
+                f"{POSITION_IDS}, {PAST_PREFIX}*"
             )
         profiles[name] = (shapes[0], shapes[1], shapes[2])
     return profiles
@@ -87,11 +94,11 @@ def optimization_profiles(cfg: TensorRTConfig, inputs: Mapping[str, Dims]) -> di
 
 def select_graph(cfg: TensorRTConfig, model_dir: Path) -> Path:
     """The ONNX file to build: ``cfg.graph``, or with ``auto`` the cache graph when present."""
-    if cfg.graph == "model" or (cfg.graph == "auto" and not (model_dir / WITH_PAST_FILE).is_file()):
-        return resolve_model_file(model_dir / MODEL_FILE if model_dir.is_dir() else model_dir)
+    if cfg.graph == "no_past" or (cfg.graph == "auto" and not (model_dir / WITH_PAST_FILE).is_file()):
+        return resolve_model_file(model_dir / NO_PAST_FILE if model_dir.is_dir() else model_dir)
     path = model_dir / WITH_PAST_FILE
     if not path.is_file():
-        raise InputDataError(f"{model_dir}: graph decoder_with_past requested but {WITH_PAST_FILE} is missing")
+        raise InputDataError(f"{model_dir}: graph with_past requested but {WITH_PAST_FILE} is missing")
     return path
 
 
@@ -312,7 +319,8 @@ def _run_trtexec(command: list[str]) -> str:
 def smoke_feeds(
     profiles: Mapping[str, tuple[Shape, Shape, Shape]], vocab_size: int, seed: int = 0
 ) -> dict[str, np.ndarray]:
-    """Deterministic inputs at the profile's opt shapes: random ids, an all-ones mask, a random past."""
+    """Deterministic inputs at the profile's opt shapes: random ids, an all-ones mask, the positions of the new
+    tokens after the past, a random past."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for name, (_, opt, _) in profiles.items():
@@ -320,6 +328,9 @@ def smoke_feeds(
             feeds[name] = rng.integers(0, vocab_size, size=opt, dtype=np.int64)
         elif name == "attention_mask":
             feeds[name] = np.ones(opt, dtype=np.int64)
+        elif name == POSITION_IDS:
+            mask_shape = profiles["attention_mask"][1] if "attention_mask" in profiles else opt
+            feeds[name] = positions_from_mask(np.ones(mask_shape, dtype=np.int64), opt[1])
         else:
             feeds[name] = rng.standard_normal(opt).astype(np.float32)
     return feeds

@@ -2,9 +2,9 @@
 
 A path given to the predictor is either a release (``models/<name>/<version>/``, whose ``manifest.json`` has
 ``kind: release``) or an ONNX model directory written by ``export_onnx`` or ``quantize_int8`` (holding
-``decoder_with_past.onnx``, the tokenizer and ``config.json``). From a release the predictor serves, on CPU, the
-dynamic INT8 model when the release has one (``promote`` only releases INT8 models whose accuracy gate accepted
-them) and ``prefer_int8`` is on, else the FP32 ONNX model.
+``model.onnx``, the decoder with a KV cache, the tokenizer and ``config.json``). From a release the predictor
+serves, on CPU, the dynamic INT8 model when the release has one (``promote`` only releases INT8 models whose accuracy
+gate accepted them) and ``prefer_int8`` is on, else the FP32 ONNX model.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class ServedModel:
     """The ONNX model directory to serve and where it came from."""
 
     path: Path
-    """ONNX model directory holding ``decoder_with_past.onnx``, ``config.json`` and the tokenizer."""
+    """ONNX model directory holding ``model.onnx`` (the cache graph), ``config.json`` and the tokenizer."""
     artifact: str
     """Release folder it is (``int8_dynamic``, ``onnx_fp32``), or the directory's name outside a release."""
     name: str

@@ -14,7 +14,7 @@ wrote. Output directory ``serving``:
 * ``manifest.json``.
 
 The lmforge runtime serves ``<release>/int8_dynamic`` (CPU, when the release has it) or ``<release>/onnx_fp32``; the
-triton runtime the TensorRT engine when it was built, else ``onnx_fp32/model.onnx``.
+triton runtime the TensorRT engine when it was built, else ``onnx_fp32/decoder_model.onnx`` (no KV cache).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from lmforge.config.base import validate_config
 from lmforge.config.launch import TolerationConfig
 from lmforge.config.serve import ServeConfig
 from lmforge.errors import InputDataError
-from lmforge.onnx_runtime import MODEL_FILE
+from lmforge.onnx_runtime import NO_PAST_FILE
 from lmforge.results import StageResult
 from lmforge.serve.apply import apply_and_wait
 from lmforge.serve.manifests import (
@@ -75,7 +75,7 @@ def _triton_repository(cfg: ServeConfig, release: str, artifact: str, name: str,
     """Write the repository into ``out/triton``, copy it to ``<release>/triton``; return that URI."""
     if artifact == ENGINE:
         engine_dir = storage.localize(storage.join(release, ENGINE), work)
-        graph = _read_json(str(engine_dir / "build_record.json")).get("graph", MODEL_FILE)
+        graph = _read_json(str(engine_dir / "build_record.json")).get("graph", NO_PAST_FILE)
         signature = storage.localize(storage.join(release, QDQ, str(graph)), work)
         write_triton_repository(
             out / TRITON_DIR,
@@ -88,7 +88,7 @@ def _triton_repository(cfg: ServeConfig, release: str, artifact: str, name: str,
     else:
         onnx_dir = storage.localize(storage.join(release, ONNX_FP32), work)
         write_triton_repository(
-            out / TRITON_DIR, model_name=name, model_file=onnx_dir / MODEL_FILE, platform="onnxruntime_onnx", cfg=cfg
+            out / TRITON_DIR, model_name=name, model_file=onnx_dir / NO_PAST_FILE, platform="onnxruntime_onnx", cfg=cfg
         )
     target = storage.join(release, TRITON_DIR)
     config = storage.join(target, name, "config.pbtxt")

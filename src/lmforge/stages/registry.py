@@ -310,7 +310,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         entry="lmforge.export.onnx_export:run",
         config=ExportConfig,
         inputs=(artifact("model", "Model", "Hugging Face causal LM directory."),),
-        outputs=(artifact("onnx_model", "Model", "model.onnx and decoder_with_past.onnx with tokenizer and config."),),
+        outputs=(artifact("onnx_model", "Model", "model.onnx (KV cache), decoder_model.onnx, tokenizer, config."),),
         headline=("parity_max_abs_diff",),
     ),
     StageSpec(

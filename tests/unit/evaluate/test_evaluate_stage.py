@@ -18,6 +18,7 @@ from lmforge.errors import InputDataError
 from lmforge.evaluate import evaluate
 from lmforge.metrics.perplexity import perplexity, torch_logits_fn
 from lmforge.model.build import load_causal_lm
+from lmforge.onnx_runtime import NO_PAST_FILE
 
 pytestmark = pytest.mark.slow  # ONNX export of the fixture model plus a full evaluation: about a minute on 2 cores
 
@@ -56,7 +57,7 @@ def _export_onnx(model_dir: Path, out: Path) -> Path:
     torch.onnx.export(
         LogitsOnly(load_causal_lm(model_dir)).eval(),
         (ids, torch.ones_like(ids)),
-        str(out / "model.onnx"),
+        str(out / NO_PAST_FILE),
         input_names=["input_ids", "attention_mask"],
         output_names=["logits"],
         dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}),
@@ -91,7 +92,7 @@ def artifacts(tmp_path_factory, tiny_model_dir, qa_jsonl) -> dict[str, Path]:
     fp32 = _export_onnx(tiny_model_dir, root / "onnx_fp32")
     int8 = root / "int8_dynamic"
     int8.mkdir()
-    quantize_dynamic(fp32 / "model.onnx", int8 / "model.onnx", weight_type=QuantType.QInt8)
+    quantize_dynamic(fp32 / NO_PAST_FILE, int8 / NO_PAST_FILE, weight_type=QuantType.QInt8)
     shutil.copy(fp32 / "config.json", int8 / "config.json")
     write_manifest(int8, "onnx")
     engine = root / "engine"

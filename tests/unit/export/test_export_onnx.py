@@ -19,7 +19,7 @@ from lmforge.errors import InputDataError
 from lmforge.export import onnx_export
 from lmforge.export.onnx_export import DecoderWithPast, LogitsOnly, ParityError, parity_cases
 from lmforge.model.build import load_causal_lm, load_tokenizer, save_model_dir
-from lmforge.onnx_runtime import OrtCausalLM, OrtDecoderWithPast, external_data_files
+from lmforge.onnx_runtime import NO_PAST_FILE, WITH_PAST_FILE, OrtCausalLM, OrtDecoderWithPast, external_data_files
 
 VOCAB = 512
 
@@ -54,11 +54,19 @@ def _left_padded(rng, lengths, pad_id):
     return ids, mask
 
 
+def _generate_positions(mask: np.ndarray, seq: int) -> torch.Tensor:
+    """Position ids of the last ``seq`` tokens as transformers derives them in ``generate``
+    (``GenerationMixin._prepare_position_ids_for_generation``, transformers 5), computed here in torch."""
+    attention_mask = torch.from_numpy(mask)
+    positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+    return positions[:, -seq:]
+
+
 def test_output_dir_follows_the_onnx_model_contract(exported, model_dir):
     out, _ = exported
     for name in (
-        "model.onnx",
-        "decoder_with_past.onnx",
+        NO_PAST_FILE,
+        WITH_PAST_FILE,
         "manifest.json",
         "tokenizer.json",
         "tokenizer_config.json",
@@ -78,10 +86,10 @@ def test_output_dir_follows_the_onnx_model_contract(exported, model_dir):
         "with_past_size_mb",
         "export_seconds",
     }
-    assert {"model.onnx", "decoder_with_past.onnx"} <= set(manifest["files"])
+    assert {NO_PAST_FILE, WITH_PAST_FILE} <= set(manifest["files"])
     past = manifest["with_past"]
     assert (past["file"], past["exporter"], past["layers"], past["kv_heads"], past["head_dim"]) == (
-        "decoder_with_past.onnx",
+        WITH_PAST_FILE,
         "dynamo",
         2,
         2,
@@ -91,8 +99,8 @@ def test_output_dir_follows_the_onnx_model_contract(exported, model_dir):
 
 def test_graph_has_dynamic_int64_inputs_and_float_logits(exported):
     out, _ = exported
-    graph = onnx.load(str(out / "model.onnx")).graph
-    assert [i.name for i in graph.input] == ["input_ids", "attention_mask"]
+    graph = onnx.load(str(out / NO_PAST_FILE)).graph
+    assert [i.name for i in graph.input] == ["input_ids", "attention_mask", "position_ids"]
     assert [o.name for o in graph.output] == ["logits"]
     for tensor in graph.input:
         assert tensor.type.tensor_type.elem_type == onnx.TensorProto.INT64
@@ -116,7 +124,7 @@ def test_ort_logits_match_pytorch_on_three_shapes_with_left_padding(exported, mo
         mask = np.ones_like(ids)
         mask[1:, :pad] = 0
         with torch.no_grad():
-            expected = wrapper(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+            expected = wrapper(torch.from_numpy(ids), torch.from_numpy(mask), _generate_positions(mask, seq)).numpy()
         actual = session.logits(ids, mask)
         assert actual.shape == (batch, seq, 512) and actual.dtype == np.float32
         keep = mask.astype(bool)
@@ -126,7 +134,7 @@ def test_ort_logits_match_pytorch_on_three_shapes_with_left_padding(exported, mo
 def test_metrics_report_parity_and_size(exported):
     out, result = exported
     assert 0 <= result.metrics["parity_max_abs_diff"] <= 1e-3
-    assert result.metrics["onnx_size_mb"] == pytest.approx((out / "model.onnx").stat().st_size / 1e6)
+    assert result.metrics["onnx_size_mb"] == pytest.approx((out / NO_PAST_FILE).stat().st_size / 1e6)
     assert result.metrics["export_seconds"] > 0
     assert [case["shape"] for case in result.summary["parity"]] == [[1, 1], [1, 17], [2, 64]]
     assert result.summary["parity"][2]["padded"]
@@ -175,7 +183,7 @@ def test_model_dir_without_weights_is_refused_with_its_path(tmp_path, tiny_model
 def test_ort_model_refuses_missing_and_corrupt_files(tmp_path):
     with pytest.raises(InputDataError, match="ONNX model not found"):
         OrtCausalLM(tmp_path)
-    bad = tmp_path / "model.onnx"
+    bad = tmp_path / NO_PAST_FILE
     bad.write_bytes(b"not a protobuf")
     with pytest.raises(InputDataError, match=f"{bad}: not a valid ONNX model"):
         OrtCausalLM(tmp_path)
@@ -183,10 +191,10 @@ def test_ort_model_refuses_missing_and_corrupt_files(tmp_path):
 
 def test_ort_model_defaults_mask_to_ones_and_reports_size(exported):
     out, _ = exported
-    session = OrtCausalLM(out / "model.onnx")
+    session = OrtCausalLM(out / NO_PAST_FILE)
     ids = np.arange(12, dtype=np.int64).reshape(2, 6)
     np.testing.assert_array_equal(session.logits(ids), session.logits(ids, np.ones_like(ids)))
-    assert session.size_bytes == Path(out / "model.onnx").stat().st_size
+    assert session.size_bytes == Path(out / NO_PAST_FILE).stat().st_size
     with pytest.raises(ValueError, match="2-D"):
         session.logits(ids[0])
 
@@ -223,14 +231,17 @@ def test_left_padded_row_gets_the_logits_of_the_unpadded_sequence(exported):
 
 def test_with_past_graph_has_dynamic_batch_sequence_and_past(exported):
     out, _ = exported
-    graph = onnx.load(str(out / "decoder_with_past.onnx")).graph
+    graph = onnx.load(str(out / WITH_PAST_FILE)).graph
     names = [i.name for i in graph.input]
-    assert names[:2] == ["input_ids", "attention_mask"]
-    assert names[2:] == [f"past_key_values.{i}.{kv}" for i in range(2) for kv in ("key", "value")]
+    assert names[:3] == ["input_ids", "attention_mask", "position_ids"]
+    assert names[3:] == [f"past_key_values.{i}.{kv}" for i in range(2) for kv in ("key", "value")]
     assert [o.name for o in graph.output] == ["logits"] + [
         f"present.{i}.{kv}" for i in range(2) for kv in ("key", "value")
     ]
-    for tensor in graph.input[2:]:
+    ids_dims, position_dims = (graph.input[i].type.tensor_type.shape.dim for i in (0, 2))
+    assert graph.input[2].type.tensor_type.elem_type == onnx.TensorProto.INT64
+    assert [d.dim_param for d in position_dims] == [d.dim_param for d in ids_dims]
+    for tensor in graph.input[3:]:
         dims = tensor.type.tensor_type.shape.dim
         assert dims[0].dim_param and dims[2].dim_param and (dims[1].dim_value, dims[3].dim_value) == (2, 16)
     mask_dims = graph.input[1].type.tensor_type.shape.dim
@@ -256,7 +267,8 @@ def test_with_past_matches_pytorch_from_an_empty_past_through_decode_steps(expor
         mask = mask if new is ids else np.concatenate([mask, np.ones_like(new)], axis=1)
         logits, past = session.step(new, mask, past)
         with torch.no_grad():
-            expected, *torch_past = decoder(torch.from_numpy(new), torch.from_numpy(mask), torch_past)
+            positions = _generate_positions(mask, new.shape[1])
+            expected, *torch_past = decoder(torch.from_numpy(new), torch.from_numpy(mask), positions, torch_past)
         keep = mask[:, -new.shape[1] :].astype(bool)
         assert np.max(np.abs(logits[keep] - expected.numpy()[keep])) <= 1e-3
         assert past[0].shape == (3, 2, mask.shape[1], 16)
@@ -292,12 +304,12 @@ def test_weights_over_the_protobuf_limit_go_to_external_data(model_dir, tmp_path
     monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 0)  # every model counts as "over 2 GB"
     out = tmp_path / "onnx"
     result = onnx_export.run(ExportConfig(), model=model_dir, onnx_model=out)
-    for name in ("model.onnx", "decoder_with_past.onnx"):
+    for name in (NO_PAST_FILE, WITH_PAST_FILE):
         data = external_data_files(out / name)
         assert data and all(f.is_file() for f in data), name
         assert {f.name for f in data} <= set(json.loads((out / "manifest.json").read_text())["files"])
     session = OrtCausalLM(out)
-    assert session.size_bytes > (out / "model.onnx").stat().st_size
+    assert session.size_bytes > (out / NO_PAST_FILE).stat().st_size
     assert result.metrics["onnx_size_mb"] == pytest.approx(session.size_bytes / 1e6)
     assert result.metrics["parity_max_abs_diff"] <= 1e-3 and result.metrics["with_past_parity_max_abs_diff"] <= 1e-3
 
@@ -305,6 +317,6 @@ def test_weights_over_the_protobuf_limit_go_to_external_data(model_dir, tmp_path
 def test_ort_decoder_refuses_a_graph_without_a_cache(exported):
     out, _ = exported
     with pytest.raises(InputDataError, match="not a decoder with past_key_values"):
-        OrtDecoderWithPast(out / "model.onnx")
+        OrtDecoderWithPast(out / NO_PAST_FILE)
     with pytest.raises(InputDataError, match="decoder with KV cache not found"):
         OrtDecoderWithPast(out / "missing")

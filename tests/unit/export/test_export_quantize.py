@@ -31,7 +31,7 @@ from lmforge.export.quantize import (
 from lmforge.export.tied_embedding import find_tied_pairs, share_tied_embedding
 from lmforge.metrics.perplexity import onnx_logits_fn, perplexity
 from lmforge.model.build import build_model, load_tokenizer, save_model_dir
-from lmforge.onnx_runtime import OrtCausalLM, OrtDecoderWithPast
+from lmforge.onnx_runtime import NO_PAST_FILE, WITH_PAST_FILE, OrtCausalLM, OrtDecoderWithPast
 
 # Wide enough that the int8 weights, not the fixed graph overhead, dominate the file size.
 MODEL = ModelConfig(arch="gpt2", n_layer=2, n_head=2, n_embd=64, block_size=64)
@@ -95,7 +95,7 @@ def test_dynamic_model_is_at_most_0_3x_fp32_with_one_int8_vocabulary_table(quant
     assert result.metrics["fp32_size_mb"] == pytest.approx(fp32 / 1e6)
     assert result.metrics["calibration_sequences"] == 12
     manifest = json.loads((dynamic_dir / "manifest.json").read_text())
-    for graph in ("model.onnx", "decoder_with_past.onnx"):
+    for graph in (NO_PAST_FILE, WITH_PAST_FILE):
         assert manifest["tied_embedding"][graph]["shared_tables"] == 1
         model = onnx.load(str(dynamic_dir / graph))
         vocab_tables = [i for i in model.graph.initializer if 512 in i.dims and 64 in i.dims]
@@ -124,8 +124,8 @@ def test_sharing_the_tied_table_moves_the_embedding_by_at_most_half_a_step_and_c
     quantize.run(
         cfg, onnx_model=onnx_dir, shards=tiny_shards_dir, int8_dynamic=tmp_path / "dynamic", int8_qdq=tmp_path / "qdq"
     )
-    separate = onnx.load(str(tmp_path / "dynamic" / "model.onnx"))
-    shared = onnx.load(str(tmp_path / "dynamic" / "model.onnx"))
+    separate = onnx.load(str(tmp_path / "dynamic" / NO_PAST_FILE))
+    shared = onnx.load(str(tmp_path / "dynamic" / NO_PAST_FILE))
     (pair,) = find_tied_pairs(separate)
     embedding, gather = pair.gather.output[0], pair.gather.name
     inits = {t.name: numpy_helper.to_array(t) for t in separate.graph.initializer}
@@ -143,7 +143,7 @@ def test_sharing_the_tied_table_moves_the_embedding_by_at_most_half_a_step_and_c
     next(node for node in reference.graph.node if node.name == gather).input[0] = "head_rows"
 
     ids = np.random.default_rng(3).integers(0, 512, size=(2, 24), dtype=np.int64)
-    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.tile(np.arange(24), (2, 1))}
     before_logits, before_rows = _run_with_output(separate, embedding, feeds)
     after_logits, after_rows = _run_with_output(shared, embedding, feeds)
     reference_logits, reference_rows = _run_with_output(reference, embedding, feeds)
@@ -156,7 +156,7 @@ def test_sharing_the_tied_table_moves_the_embedding_by_at_most_half_a_step_and_c
 
 
 def test_an_untied_or_unquantized_head_is_left_alone(onnx_dir):
-    fp32 = onnx.load(str(onnx_dir / "model.onnx"))
+    fp32 = onnx.load(str(onnx_dir / NO_PAST_FILE))
     assert share_tied_embedding(fp32) == {"shared_tables": 0, "bytes_removed": 0}
     assert find_tied_pairs(fp32) == []
 
@@ -164,24 +164,24 @@ def test_an_untied_or_unquantized_head_is_left_alone(onnx_dir):
 def test_outputs_follow_the_onnx_model_contract(quantized, onnx_dir):
     dynamic_dir, qdq_dir, _ = quantized
     for model_dir, kind in ((dynamic_dir, "dynamic-int8"), (qdq_dir, "qdq-int8")):
-        for name in ("model.onnx", "manifest.json", "tokenizer.json", "tokenizer_config.json", "config.json"):
+        for name in (NO_PAST_FILE, "manifest.json", "tokenizer.json", "tokenizer_config.json", "config.json"):
             assert (model_dir / name).is_file(), f"{model_dir.name}/{name}"
         assert tokenizer_fingerprint(model_dir) == tokenizer_fingerprint(onnx_dir)
         manifest = json.loads((model_dir / "manifest.json").read_text())
         assert manifest["kind"] == "onnx-model"
         assert manifest["quantization"] == kind
         assert manifest["inputs"]["onnx_model"]["kind"] == "onnx-model"
-        graph = onnx.load(str(model_dir / "model.onnx")).graph
-        assert [i.name for i in graph.input] == ["input_ids", "attention_mask"]
+        graph = onnx.load(str(model_dir / NO_PAST_FILE)).graph
+        assert [i.name for i in graph.input] == ["input_ids", "attention_mask", "position_ids"]
         assert [o.name for o in graph.output] == ["logits"]
-        assert manifest["graphs"] == ["model.onnx", "decoder_with_past.onnx"]
-        assert (model_dir / "decoder_with_past.onnx").is_file()
+        assert manifest["graphs"] == [NO_PAST_FILE, WITH_PAST_FILE]
+        assert (model_dir / WITH_PAST_FILE).is_file()
     qdq = json.loads((qdq_dir / "manifest.json").read_text())
     assert qdq["calibrate_method"] == "minmax" and qdq["calibration_sequences"] == 12 and qdq["symmetric"]
 
 
 def test_qdq_model_uses_symmetric_int8_scales_for_tensorrt(quantized):
-    model = onnx.load(str(quantized[1] / "model.onnx"))
+    model = onnx.load(str(quantized[1] / NO_PAST_FILE))
     initializers = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     qdq_nodes = [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
     assert any(n.op_type == "QuantizeLinear" for n in qdq_nodes)
@@ -205,7 +205,8 @@ def test_calibration_reader_batches_windows_and_rewinds():
     reader = TokenWindowReader(windows, batch_size=4)
     sizes = []
     while (batch := reader.get_next()) is not None:
-        assert batch["attention_mask"].shape == batch["input_ids"].shape
+        assert batch["attention_mask"].shape == batch["position_ids"].shape == batch["input_ids"].shape
+        np.testing.assert_array_equal(batch["position_ids"][-1], np.arange(4))
         sizes.append(len(batch["input_ids"]))
     assert sizes == [4, 4, 2]
     reader.rewind()
@@ -273,14 +274,14 @@ def test_each_calibrator_yields_an_accurate_qdq_model_all_ops_included(
     calibration no longer fails (entropy: "Too many bins")."""
     cfg = QuantizeConfig(calibration_sequences=8, calibration_seq_len=32, calibrate_method=method, op_types=["all"])
     windows = calibration_windows(TokenShards.open(tiny_shards_dir).tokens("train"), 8, 32)
-    src = onnx_dir / "model.onnx"
+    src = onnx_dir / NO_PAST_FILE
     facts = quantize.quantize_qdq(
-        src, tmp_path / "model.onnx", TokenWindowReader(windows, 4), cfg, external=False, workdir=tmp_path / "w"
+        src, tmp_path / NO_PAST_FILE, TokenWindowReader(windows, 4), cfg, external=False, workdir=tmp_path / "w"
     )
     assert {n.split("_")[1] for n in facts["excluded_nodes"]} == {"Where", "Add", "Softmax"}
     assert facts["unsafe_tensors"]
     fp32 = perplexity(onnx_logits_fn(OrtCausalLM(src)), heldout, context=64).perplexity
-    int8 = perplexity(onnx_logits_fn(OrtCausalLM(tmp_path / "model.onnx")), heldout, context=64).perplexity
+    int8 = perplexity(onnx_logits_fn(OrtCausalLM(tmp_path / NO_PAST_FILE)), heldout, context=64).perplexity
     assert (int8 - fp32) / fp32 < 0.02
 
 

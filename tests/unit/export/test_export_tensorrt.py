@@ -24,12 +24,14 @@ from lmforge.export.tensorrt import (
     timing_cache_record,
     trtexec_command,
 )
+from lmforge.onnx_runtime import NO_PAST_FILE, WITH_PAST_FILE
 
 PROFILE = TensorRTConfig(min_batch=1, opt_batch=2, max_batch=4, min_seq=1, opt_seq=16, max_seq=32)
 NO_CACHE = {"input_ids": ["batch", "seq"], "attention_mask": ["batch", "seq"]}
 WITH_PAST = {
     "input_ids": ["batch", "seq"],
     "attention_mask": ["batch", "past_seq"],
+    "position_ids": ["batch", "seq"],
     "past_key_values.0.key": ["batch", 12, "past", 64],
     "past_key_values.0.value": ["batch", 12, "past", 64],
 }
@@ -61,7 +63,7 @@ def _toy_model_dir(root, *, with_qdq: bool):
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     onnx.checker.check_model(model)
-    onnx.save(model, str(root / "model.onnx"))
+    onnx.save(model, str(root / NO_PAST_FILE))
     (root / "config.json").write_text(json.dumps({"vocab_size": vocab}))
     write_manifest(root, "onnx-model", extra={"quantization": "qdq-int8" if with_qdq else "none"})
     return root
@@ -82,14 +84,15 @@ def test_optimization_profiles_of_the_cache_graph_cover_past_length_from_zero():
     assert optimization_profiles(cfg, WITH_PAST) == {
         "input_ids": ((1, 1), (2, 16), (4, 32)),
         "attention_mask": ((1, 1), (2, 116), (4, 232)),
+        "position_ids": ((1, 1), (2, 16), (4, 32)),
         "past_key_values.0.key": ((1, 12, 0, 64), (2, 12, 100, 64), (4, 12, 200, 64)),
         "past_key_values.0.value": ((1, 12, 0, 64), (2, 12, 100, 64), (4, 12, 200, 64)),
     }
 
 
 def test_optimization_profiles_refuse_an_input_without_a_rule_or_a_dynamic_head_count():
-    with pytest.raises(InputDataError, match="'position_ids'"):
-        optimization_profiles(PROFILE, {"input_ids": ["b", "s"], "position_ids": ["b", "s"]})
+    with pytest.raises(InputDataError, match="'token_type_ids'"):
+        optimization_profiles(PROFILE, {"input_ids": ["b", "s"], "token_type_ids": ["b", "s"]})
     with pytest.raises(InputDataError, match="static heads"):
         optimization_profiles(PROFILE, {"past_key_values.0.key": ["b", "heads", "past", 64]})
 
@@ -110,10 +113,11 @@ def test_trtexec_command_carries_shapes_precision_workspace_and_timing_cache(tmp
         f"--onnx={tmp_path / 'm.onnx'}",
         f"--saveEngine={tmp_path / 'e.plan'}",
         "--memPoolSize=workspace:2560M",
-        "--minShapes=input_ids:1x1,attention_mask:1x1,past_key_values.0.key:1x12x0x64,past_key_values.0.value:1x12x0x64",
-        "--optShapes=input_ids:2x16,attention_mask:2x116,past_key_values.0.key:2x12x100x64,"
+        "--minShapes=input_ids:1x1,attention_mask:1x1,position_ids:1x1,past_key_values.0.key:1x12x0x64,"
+        "past_key_values.0.value:1x12x0x64",
+        "--optShapes=input_ids:2x16,attention_mask:2x116,position_ids:2x16,past_key_values.0.key:2x12x100x64,"
         "past_key_values.0.value:2x12x100x64",
-        "--maxShapes=input_ids:4x32,attention_mask:4x232,past_key_values.0.key:4x12x200x64,"
+        "--maxShapes=input_ids:4x32,attention_mask:4x232,position_ids:4x32,past_key_values.0.key:4x12x200x64,"
         "past_key_values.0.value:4x12x200x64",
         "--stronglyTyped",
         f"--timingCacheFile={tmp_path / 't.cache'}",
@@ -181,13 +185,13 @@ def test_timing_cache_is_reused_once_a_build_wrote_it(tmp_path):
 def test_select_graph_prefers_the_cache_graph_when_present(tmp_path):
     root = tmp_path / "m"
     root.mkdir()
-    (root / "model.onnx").write_bytes(b"x")
-    assert select_graph(TensorRTConfig(), root) == root / "model.onnx"
-    with pytest.raises(InputDataError, match="decoder_with_past.onnx is missing"):
-        select_graph(TensorRTConfig(graph="decoder_with_past"), root)
-    (root / "decoder_with_past.onnx").write_bytes(b"x")
-    assert select_graph(TensorRTConfig(), root) == root / "decoder_with_past.onnx"
-    assert select_graph(TensorRTConfig(graph="model"), root) == root / "model.onnx"
+    (root / NO_PAST_FILE).write_bytes(b"x")
+    assert select_graph(TensorRTConfig(), root) == root / NO_PAST_FILE
+    with pytest.raises(InputDataError, match=f"{WITH_PAST_FILE} is missing"):
+        select_graph(TensorRTConfig(graph="with_past"), root)
+    (root / WITH_PAST_FILE).write_bytes(b"x")
+    assert select_graph(TensorRTConfig(), root) == root / WITH_PAST_FILE
+    assert select_graph(TensorRTConfig(graph="no_past"), root) == root / NO_PAST_FILE
 
 
 def test_smoke_feeds_fill_the_opt_shapes_deterministically():
@@ -196,10 +200,13 @@ def test_smoke_feeds_fill_the_opt_shapes_deterministically():
     assert {n: a.shape for n, a in feeds.items()} == {
         "input_ids": (2, 16),
         "attention_mask": (2, 21),
+        "position_ids": (2, 16),
         "past_key_values.0.key": (2, 12, 5, 64),
         "past_key_values.0.value": (2, 12, 5, 64),
     }
     assert feeds["input_ids"].max() < 50 and feeds["attention_mask"].all()
+    assert feeds["position_ids"].dtype == np.int64
+    np.testing.assert_array_equal(feeds["position_ids"], np.tile(np.arange(5, 21), (2, 1)))  # after the 5 cached
     np.testing.assert_array_equal(smoke_feeds(profiles, 50)["input_ids"], feeds["input_ids"])
 
 
@@ -310,7 +317,7 @@ def test_builds_an_int8_engine_from_the_qdq_model_and_reuses_the_timing_cache(
     assert (tmp_path / "engine" / "engine.plan").stat().st_size > 0
     record = json.loads((tmp_path / "engine" / "build_record.json").read_text())
     assert record["precision"] == "int8" and record["strongly_typed"] and record["gpu"]
-    assert record["graph"] == "decoder_with_past.onnx"
+    assert record["graph"] == WITH_PAST_FILE
     assert record["smoke_test"]["shapes"]["input_ids"] == [2, 16]
     assert set(record["profiles"][0]) >= {"input_ids", "attention_mask", "past_key_values.0.key"}
     assert np.isfinite(record["smoke_test"]["max_abs_diff_vs_ort"])

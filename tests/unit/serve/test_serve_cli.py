@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from lmforge import storage
 from lmforge.cli import application
+from lmforge.onnx_runtime import NO_PAST_FILE, WITH_PAST_FILE
 from lmforge.serve.model_dir import fetch_release
 
 runner = CliRunner()
@@ -44,7 +45,7 @@ def test_a_path_that_is_no_model_fails_in_one_error_line(tmp_path: Path) -> None
     line = _error_line(["serve", str(tmp_path / "absent"), "--port", "18080"])
     assert line.startswith("error: model path not found") and "absent" in line
     (tmp_path / "empty").mkdir()
-    assert "no decoder_with_past.onnx" in _error_line(["serve", str(tmp_path / "empty")])
+    assert f"no {WITH_PAST_FILE}" in _error_line(["serve", str(tmp_path / "empty")])
 
 
 def _put_release(prefix: str, folders: dict[str, list[str]]) -> None:
@@ -57,7 +58,7 @@ def _put_release(prefix: str, folders: dict[str, list[str]]) -> None:
 
 def test_a_release_on_s3_is_fetched_as_its_manifest_and_the_one_folder_it_serves(s3_env: str, tmp_path: Path) -> None:
     prefix = f"s3://{s3_env}/registry/models/demo/v1"
-    onnx = ["decoder_with_past.onnx", "model.onnx", "config.json", "tokenizer.json"]
+    onnx = [WITH_PAST_FILE, NO_PAST_FILE, "config.json", "tokenizer.json"]
     _put_release(prefix, {"student": ["model.safetensors"], "onnx_fp32": onnx, "int8_dynamic": onnx})
     local = fetch_release(prefix, tmp_path / "a")
     fetched = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())

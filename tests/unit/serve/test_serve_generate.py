@@ -14,7 +14,7 @@ from lmforge.artifacts import write_manifest
 from lmforge.config import ExportConfig
 from lmforge.errors import InputDataError
 from lmforge.export.onnx_export import run as export_onnx
-from lmforge.onnx_runtime import OrtDecoderWithPast
+from lmforge.onnx_runtime import WITH_PAST_FILE, OrtDecoderWithPast
 from lmforge.serve.batcher import DoneEvent, DynamicBatcher, ErrorEvent, QueueFullError, TokenEvent
 from lmforge.serve.generate import GenerationRequest, generate_batch
 from lmforge.serve.model_dir import resolve_served_model
@@ -191,9 +191,9 @@ def test_a_release_serves_int8_when_it_has_it_else_fp32(onnx_dir, tmp_path) -> N
 
 def test_a_directory_without_the_kv_cache_graph_is_refused(onnx_dir, tmp_path) -> None:
     plain = tmp_path / "plain"
-    shutil.copytree(onnx_dir, plain, ignore=shutil.ignore_patterns("decoder_with_past.onnx*"))
+    shutil.copytree(onnx_dir, plain, ignore=shutil.ignore_patterns(f"{WITH_PAST_FILE}*"))
     write_manifest(plain, "onnx-model")
-    with pytest.raises(InputDataError, match="no decoder_with_past.onnx"):
+    with pytest.raises(InputDataError, match=f"no {WITH_PAST_FILE}"):
         resolve_served_model(plain)
     student_only = _release(tmp_path / "c", plain, ["student"], {})
     with pytest.raises(InputDataError, match="no servable ONNX model"):

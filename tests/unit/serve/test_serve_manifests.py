@@ -19,6 +19,7 @@ from lmforge.config.base import validate_config
 from lmforge.config.serve import ServeConfig
 from lmforge.errors import ConfigError, InputDataError
 from lmforge.export.onnx_export import run as export_onnx
+from lmforge.onnx_runtime import NO_PAST_FILE, WITH_PAST_FILE
 from lmforge.serve.manifests import (
     LMFORGE_FORMAT,
     LMFORGE_RUNTIME,
@@ -173,18 +174,22 @@ def test_triton_onnx_repository_parses_with_tritons_protobuf_and_matches_the_gra
     folder = write_triton_repository(
         tmp_path / "repo",
         model_name="lmforge-demo",
-        model_file=onnx_dir / "model.onnx",
+        model_file=onnx_dir / NO_PAST_FILE,
         platform="onnxruntime_onnx",
         cfg=cfg,
     )
-    assert (folder / "1" / "model.onnx").is_file()
+    assert (folder / "1" / "model.onnx").is_file()  # Triton's file name
     config = _parse(folder)
     assert (config.name, config.platform, config.max_batch_size) == ("lmforge-demo", "onnxruntime_onnx", 8)
     assert list(config.dynamic_batching.preferred_batch_size) == [4, 8]
     assert config.dynamic_batching.max_queue_delay_microseconds == 2500
     assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
-    inputs, outputs = graph_signature(onnx_dir / "model.onnx")
-    assert [(i.name, list(i.dims)) for i in config.input] == [("input_ids", [-1]), ("attention_mask", [-1])]
+    inputs, outputs = graph_signature(onnx_dir / NO_PAST_FILE)
+    assert [(i.name, list(i.dims)) for i in config.input] == [
+        ("input_ids", [-1]),
+        ("attention_mask", [-1]),
+        ("position_ids", [-1]),
+    ]
     assert [(t.name, tuple(t.dims)) for t in config.input] == [(t.name, t.dims[1:]) for t in inputs]
     assert [(t.name, tuple(t.dims)) for t in config.output] == [(t.name, t.dims[1:]) for t in outputs]
     assert all(t.data_type == model_config_pb2.TYPE_INT64 for t in config.input)
@@ -196,7 +201,7 @@ def test_triton_engine_repository_takes_its_tensors_from_the_source_graph(onnx_d
     plan = tmp_path / "engine.plan"
     plan.write_bytes(b"stands in for the engine bytes; the writer only copies it")
     cfg = _cfg(device="gpu", max_batch_size=4)
-    graph = onnx_dir / "decoder_with_past.onnx"
+    graph = onnx_dir / WITH_PAST_FILE
     folder = write_triton_repository(
         tmp_path / "repo", model_name="m", model_file=plan, platform="tensorrt_plan", cfg=cfg, signature_onnx=graph
     )
@@ -204,7 +209,7 @@ def test_triton_engine_repository_takes_its_tensors_from_the_source_graph(onnx_d
     config = _parse(folder)
     assert config.platform == "tensorrt_plan" and list(config.dynamic_batching.preferred_batch_size) == [4]
     names = [t.name for t in config.input]
-    assert names[:2] == ["input_ids", "attention_mask"] and names[2] == "past_key_values.0.key"
+    assert names[:3] == ["input_ids", "attention_mask", "position_ids"] and names[3] == "past_key_values.0.key"
     past = next(t for t in config.input if t.name == "past_key_values.0.key")
     assert list(past.dims)[1] == -1 and all(d > 0 for d in (past.dims[0], past.dims[2]))  # heads, past, head_dim
     assert [t.name for t in config.output][:2] == ["logits", "present.0.key"]
