@@ -48,12 +48,16 @@ def test_every_repository_path_the_docs_name_exists():
 def test_code_tests_and_docs_name_no_issue_numbers():
     pattern = re.compile(r"\bissue \d+", re.IGNORECASE)
     files = [
-        p for folder in ("src", "tests", "docs", "bench", "components", "pipelines") for p in (REPO / folder).rglob("*")
+        p
+        for folder in ("src", "tests", "docs", "bench", "components", "pipelines", "images", "manifests", ".ci")
+        for p in (REPO / folder).rglob("*")
     ]
     hits = [
         f"{path.relative_to(REPO)}:{number}"
-        for path in [*files, REPO / "README.md"]
-        if path.suffix in {".py", ".md"} and path.is_file()
+        for path in [*files, REPO / "README.md", REPO / "Makefile", REPO / "pyproject.toml"]
+        if path.suffix in {".py", ".md", ".yaml", ".yml", ".sh", ".toml", ".txt", ""}
+        and path.is_file()
+        and "data" not in path.relative_to(REPO).parts
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
         if pattern.search(line)
     ]
