@@ -37,11 +37,15 @@ def _step_seconds(log: Path) -> float | None:
 
 
 def run_demo(extra: list[str], out: Path) -> dict[str, Any]:
-    """One ``lmforge run -q`` into ``out``: its wall time, the evaluate step's time, the load before and after."""
+    """One ``lmforge run -q`` into ``out``: its wall time, the evaluate step's time, the load before and after, and
+    its last lines about the harness and the verdict."""
     load_before = load_average()
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "lmforge", "run", "-q", "-o", str(out), *extra], check=False)
+    command = [sys.executable, "-m", "lmforge", "run", "-q", "-o", str(out), *extra]
+    done = subprocess.run(command, check=False, capture_output=True, text=True)
     seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        print(done.stdout[-3000:], done.stderr[-3000:], sep="\n", file=sys.stderr)
     evaluate_logs = sorted(out.glob("runs/*/logs/*evaluate*"))
     return {
         "args": extra,
@@ -50,6 +54,7 @@ def run_demo(extra: list[str], out: Path) -> dict[str, Any]:
         "evaluate_s": _step_seconds(evaluate_logs[0]) if evaluate_logs else None,
         "load_before": load_before,
         "load_after": load_average(),
+        "summary": [line for line in done.stdout.splitlines() if line.startswith(("lmforge run", "harness", "verdict"))],
     }
 
 
