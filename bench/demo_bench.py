@@ -24,6 +24,7 @@ VARIANTS: dict[str, list[str]] = {
     "harness off": ["--set", "evaluate.harness.enabled=false"],
     "harness on (default)": [],
 }
+SUMMARY_LINES = ("lmforge run", "harness", "verdict")
 _STAMP = re.compile(r"^(\d\d):(\d\d):(\d\d)")
 
 
@@ -54,7 +55,7 @@ def run_demo(extra: list[str], out: Path) -> dict[str, Any]:
         "evaluate_s": _step_seconds(evaluate_logs[0]) if evaluate_logs else None,
         "load_before": load_before,
         "load_after": load_average(),
-        "summary": [line for line in done.stdout.splitlines() if line.startswith(("lmforge run", "harness", "verdict"))],
+        "summary": [line for line in done.stdout.splitlines() if line.startswith(SUMMARY_LINES)],
     }
 
 
