@@ -6,7 +6,8 @@ packaged or given, is rewritten into a scratch folder with its ``dataset_kwargs.
 path against the YAML's own folder, an ``s3://`` URI fetched through :mod:`lmforge.storage`. That folder is the
 harness's ``include_path``; each model directory runs through ``lm_eval.simple_evaluate`` with the harness's own
 Hugging Face model class (``hf``), exactly as ``lm_eval --model hf --model_args pretrained=DIR --include_path
-FOLDER --tasks TASK`` does.
+FOLDER --tasks TASK`` does, except that items whose continuation is longer than the model's context, which the
+harness cannot score, are left out for that model and counted (:mod:`lmforge.evaluate.harness_fit`).
 
 The served ONNX models are not run: the harness's ONNX backends drive onnxruntime-genai or optimum exports, not
 lmforge's graph, and a loglikelihood adapter over :class:`~lmforge.onnx_runtime.OrtCausalLM` would score the same
