@@ -103,7 +103,7 @@ local-images:
 # unless UPGRADE=1. Needs uv (pip install uv). TORCH_CPU says where torch's CPU build is found: PyTorch's CPU index,
 # or offline a folder holding the wheel (TORCH_CPU='--find-links DIR').
 TORCH_CPU ?= --torch-backend cpu
-LOCK_cpu := --extra demo --extra tracking --python-version 3.11 --python-platform x86_64-manylinux_2_36 $(TORCH_CPU)
+LOCK_cpu := --extra demo --extra harness --extra tracking --python-version 3.11 --python-platform x86_64-manylinux_2_36 $(TORCH_CPU)
 LOCK_train := --extra deepspeed --extra demo --extra tracking --python-version 3.12 --python-platform x86_64-manylinux_2_39
 LOCK_tensorrt := --extra tracking --python-version 3.12 --python-platform x86_64-manylinux_2_39
 LOCK_serve := --extra serve --python-version 3.11 --python-platform x86_64-manylinux_2_36 $(TORCH_CPU)

@@ -25,9 +25,10 @@ check with a reason; nothing passes by default. Each check ends in one of four s
 - ``n/a``: the comparison says nothing, and the reason says why: a threshold that no value can miss
   (``min_student_exact_match`` 0), a zero baseline (a teacher F1 of 0 leaves no F1 to lose; a production exact
   match of 0 none to drop), nothing to compare with (no production release yet, no base model evaluated, no
-  cleaning statistics, an INT8 model that is not served), no failing threshold (``min_retention`` null), or a
-  value that would pass but rests on a held-out set below the configured minimum (``results["confidence"]``:
-  "low confidence: N tokens / M documents" or "M prompts"); a value that fails on such a set still fails;
+  cleaning statistics, an INT8 model that is not served, a harness task of which no item fit the model's context),
+  no failing threshold (``min_retention`` null), or a value that would pass but rests on a held-out set below the
+  configured minimum (``results["confidence"]``: "low confidence: N tokens / M documents" or "M prompts"); a value
+  that fails on such a set still fails;
 - ``off``: the check is disabled (its threshold configured as null).
 
 An n/a check is never counted as passed. The gate passes when no check fails and every check named in
@@ -52,6 +53,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lmforge.config import GateConfig
+from lmforge.evaluate.harness import all_skipped
 
 STUDENT = "student"
 TEACHER = "teacher"
@@ -450,41 +452,54 @@ def _lower_is_better(results: Mapping[str, Any], key: str) -> bool:
     return (task_info.get("higher_is_better") or {}).get(metric) is False
 
 
+def _nothing_scored(results: Mapping[str, Any], models: tuple[str, ...], key: str) -> str | None:
+    """Why ``harness.<task>.<metric>`` says nothing for one of ``models``: its context fit none of the task's items."""
+    _, task, _ = key.split(".", 2)
+    harness = results.get("harness") or {}
+    notes = [f"{model} {task}: {note}" for model in models if (note := all_skipped(harness, model, task))]
+    return "; ".join(notes) + ": nothing to check" if notes else None
+
+
 def check_harness(cfg: GateConfig, results: Mapping[str, Any]) -> list[Check]:
     """``gate.harness``'s checks on lm-evaluation-harness metrics (``results["models"][model]["harness.<task>.
     <metric>"]``), in the gate's forms: a floor (``<key>``), a drop against the teacher as a fraction of the
     teacher's value (``<key>_vs_teacher``) and a drop against production, absolute (``<key>_vs_production``).
 
-    For a metric the harness marks lower-is-better the floor is a ceiling and a drop is a rise.
+    For a metric the harness marks lower-is-better the floor is a ceiling and a drop is a rise. A check on a task
+    that skipped every item for the model (or the teacher) is n/a: no item fit the model's context.
     """
     checks = []
     for key, limits in cfg.harness.items():
         model, lower = limits.model, _lower_is_better(results, key)
         what = f"{model} {key}"
         sign = -1.0 if lower else 1.0
+        unscored = _nothing_scored(results, (model,), key)
         if limits.min is not None:
             value, missing = _number(results, model, key)
             bound = _at_most if lower else _at_least
-            checks.append(bound(key, value, limits.min, missing, what))
+            if unscored:
+                checks.append(_not_applicable(key, limits.min, unscored))
+            else:
+                checks.append(bound(key, value, limits.min, missing, what))
         if limits.max_drop_vs_teacher is not None:
-            value, teacher, missing = _pair(results, model, TEACHER, key)
-            problems = [missing] if missing else []
-            change = _relative(value, teacher, problems, f"{TEACHER}.{key}")
-            drop = None if change is None else -sign * change
-            checks.append(
-                _at_most(
-                    f"{key}_vs_teacher",
-                    drop,
-                    limits.max_drop_vs_teacher,
-                    "; ".join(problems),
-                    f"{what} {'rise' if lower else 'drop'} vs teacher (fraction of teacher's)",
-                )
-            )
+            name = f"{key}_vs_teacher"
+            if why := _nothing_scored(results, (model, TEACHER), key):
+                checks.append(_not_applicable(name, limits.max_drop_vs_teacher, why))
+            else:
+                value, teacher, missing = _pair(results, model, TEACHER, key)
+                problems = [missing] if missing else []
+                change = _relative(value, teacher, problems, f"{TEACHER}.{key}")
+                drop = None if change is None else -sign * change
+                what_teacher = f"{what} {'rise' if lower else 'drop'} vs teacher (fraction of teacher's)"
+                checks.append(_at_most(name, drop, limits.max_drop_vs_teacher, "; ".join(problems), what_teacher))
         if limits.max_drop_vs_production is not None:
             name = f"{key}_vs_production"
             prod, prod_missing, version = _production(results, f"{model}_{key}")
             if version is None:
                 checks.append(_no_production_yet(name, limits.max_drop_vs_production, prod_missing))
+                continue
+            if unscored:
+                checks.append(_not_applicable(name, limits.max_drop_vs_production, unscored))
                 continue
             value, missing = _number(results, model, key)
             drop = sign * (prod - value) if value is not None and prod is not None else None

@@ -18,6 +18,7 @@ import yaml
 
 from lmforge.contracts import scale_text
 from lmforge.evaluate.gate import check_mark, headline_lines
+from lmforge.evaluate.harness import all_skipped, skip_lines
 from lmforge.report_html import bar_plot, breakable, charts, details, figure_png, line_plot, page, scroll_box, table
 
 log = logging.getLogger("lmforge.evaluate")
@@ -483,24 +484,33 @@ def verdict_markdown(lines: Sequence[str]) -> list[str]:
 
 
 def harness_rows(harness: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    """Headers and one row per model of the harness scores: ``task metric`` columns (with ``±`` standard errors)."""
+    """Headers and one row per model of the harness scores: ``task metric`` columns (with ``±`` standard errors),
+    ``n/a`` where the model skipped every item of the task, and a ``task skipped`` column after a task's metrics
+    where some model skipped items (``N of M``: continuations longer than its context)."""
     tasks = harness.get("tasks") or {}
     scores = harness.get("scores") or {}
-    columns = [
-        (task, metric)
-        for task in tasks
-        for metric in dict.fromkeys(
-            m for s in scores.values() for m in (s.get(task) or {}) if not m.endswith("_stderr")
-        )
-    ]
-    headers = ["model", *(f"{task} {metric}" for task, metric in columns)]
+    skipped = harness.get("skipped") or {}
+    columns = []
+    for task in tasks:
+        metrics = dict.fromkeys(m for s in scores.values() for m in (s.get(task) or {}) if not m.endswith("_stderr"))
+        columns += [(task, metric) for metric in metrics]
+        if any(task in by_task for by_task in skipped.values()):
+            columns.append((task, None))
+    headers = ["model", *(f"{task} {metric or 'skipped'}" for task, metric in columns)]
     rows = []
     for model, by_task in scores.items():
         cells: list[Any] = [MODEL_LABELS.get(model, model)]
         for task, metric in columns:
+            lost = (skipped.get(model) or {}).get(task)
+            if metric is None:
+                cells.append(f"{lost['skipped']} of {lost['documents']}" if lost else "0")
+                continue
             value = (by_task.get(task) or {}).get(metric)
             stderr = (by_task.get(task) or {}).get(f"{metric}_stderr")
-            cells.append(None if value is None else f"{value:.4g} ± {stderr:.2g}" if _finite(stderr) else value)
+            if value is None and all_skipped(harness, model, task):
+                cells.append("n/a")
+            else:
+                cells.append(None if value is None else f"{value:.4g} ± {stderr:.2g}" if _finite(stderr) else value)
         rows.append(cells)
     return headers, rows
 
@@ -523,6 +533,8 @@ def harness_html(harness: Mapping[str, Any]) -> str:
         f"class on each PyTorch model directory: {about}. acc is a fraction (0–1); ± one standard error.</p>"
     )
     body += table(headers, rows)
+    for line in skip_lines(harness):
+        body += f'<p class="note">{breakable(line)}</p>'
     for model, error in (harness.get("errors") or {}).items():
         body += f'<p class="fail">{html.escape(MODEL_LABELS.get(model, model))}: {breakable(error)}</p>'
     series = {
@@ -552,4 +564,5 @@ def harness_markdown(harness: Mapping[str, Any]) -> list[str]:
         "| " + " | ".join(headers) + " |",
         "|" + "---|" * len(headers),
         *("| " + " | ".join(_md(cell) for cell in row) + " |" for row in rows),
+        *(["", *(f"- {_md(line)}" for line in lines)] if (lines := skip_lines(harness)) else []),
     ]

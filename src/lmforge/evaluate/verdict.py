@@ -7,7 +7,8 @@ Rules (each a constant below, each tested):
   the samples before relying on it", else "answers held-out questions well".
 * Multiple choice (a harness task whose YAML states its ``chance``) — "picks the right answer in P% of <task>
   questions (chance C%)", and "no better than chance" unless accuracy exceeds chance by more than
-  :data:`CHANCE_MARGIN_STDERR` standard errors.
+  :data:`CHANCE_MARGIN_STDERR` standard errors; "<task> n/a (N of N items skipped: ...)" when the model's context
+  fits none of the task's items.
 * Held-out corpus text — against the base model's bits per byte: within :data:`BPB_SAME` "models held-out text as
   well as the base", else "X% better/worse than the base"; the base itself states its bits per byte.
 """
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from lmforge.evaluate.harness import all_skipped
 
 F1_SOME = 0.3
 F1_GOOD = 0.6
@@ -51,6 +54,8 @@ def choice_phrases(model: str, harness: Mapping[str, Any]) -> list[str]:
         chance = _num(info.get("chance"))
         scores = ((harness.get("scores") or {}).get(model) or {}).get(task) or {}
         acc, stderr = _num(scores.get("acc")), _num(scores.get("acc_stderr")) or 0.0
+        if chance is not None and acc is None and (note := all_skipped(harness, model, task)):
+            phrases.append(f"{task} n/a ({note})")
         if chance is None or acc is None:
             continue
         text = f"picks the right answer in {acc:.0%} of {task} questions (chance {chance:.0%})"

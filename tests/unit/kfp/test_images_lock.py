@@ -151,6 +151,16 @@ def test_the_cpu_image_locks_torch_s_cpu_build_and_the_gpu_images_never_the_cpu_
     assert "tensorrt" not in _lock("tensorrt").pins  # the NGC TensorRT base image's
 
 
+def test_the_image_evaluate_runs_in_locks_lm_evaluation_harness() -> None:
+    """evaluate runs the harness tasks (lmforge.evaluate.harness) in its image; without lm-eval there they are only
+    skipped with a log line, so the lock must pin it."""
+    from lmforge.stages.registry import get_stage
+
+    runtime = get_stage("evaluate").runtime
+    assert "harness" in _make_lock_args(runtime), f"Makefile: LOCK_{runtime} lacks --extra harness"
+    assert "lm-eval" in _lock(runtime).pins, f"images/{runtime}/requirements.lock: no lm-eval; run `make lock`"
+
+
 def test_a_dependency_added_or_raised_in_pyproject_without_relocking_is_reported() -> None:
     lock, pyproject = _lock("cpu"), _pyproject()
     assert "numpy" in lock.pins
