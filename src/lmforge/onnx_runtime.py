@@ -45,6 +45,16 @@ def positions_from_mask(attention_mask: np.ndarray, seq: int) -> np.ndarray:
     return positions[:, mask.shape[1] - seq :]
 
 
+def token_feeds(input_ids: np.ndarray, attention_mask: np.ndarray) -> dict[str, np.ndarray]:
+    """A graph's token inputs: ``input_ids``, ``attention_mask`` (``[batch, past + seq]`` with a cache) and the
+    ``position_ids`` of the new tokens derived from the mask (:func:`positions_from_mask`)."""
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        POSITION_IDS: positions_from_mask(attention_mask, input_ids.shape[1]),
+    }
+
+
 def past_input_names(layers: int) -> list[str]:
     """Graph inputs of the cache: key then value per layer."""
     return [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
@@ -142,11 +152,7 @@ class OrtCausalLM:
             raise ValueError(
                 f"attention_mask shape {attention_mask.shape} differs from input_ids shape {input_ids.shape}"
             )
-        feeds = {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            POSITION_IDS: positions_from_mask(attention_mask, input_ids.shape[1]),
-        }
+        feeds = token_feeds(input_ids, attention_mask)
         (logits,) = self.session.run(["logits"], {k: v for k, v in feeds.items() if k in self.input_names})
         return logits
 
@@ -216,9 +222,7 @@ class OrtDecoderWithPast:
     def feeds(self, input_ids: np.ndarray, attention_mask: np.ndarray, past: list[np.ndarray]) -> dict[str, np.ndarray]:
         """The graph's inputs for one step: tokens, mask, the positions derived from the mask (when the graph takes
         them) and the past."""
-        feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if POSITION_IDS in self.input_names:
-            feeds[POSITION_IDS] = positions_from_mask(attention_mask, input_ids.shape[1])
+        feeds = {k: v for k, v in token_feeds(input_ids, attention_mask).items() if k in self.input_names}
         return {**feeds, **dict(zip(self.past_names, past, strict=True))}
 
     def generate(

@@ -178,10 +178,18 @@ def _generate(
         seed=gen.seed,
         max_positions=positions,
     )
+    em, f1, bleu, rouge = (scale_text(key) for key in ("exact_match", "f1", "bleu", "rouge_l"))
     log.info(
         "%s: EM %.3f (%s), F1 %.3f (%s), BLEU %.2f (%s), ROUGE-L %.3f (%s) on %d held-out prompts",
         name,
-        *(x for key in ("exact_match", "f1", "bleu", "rouge_l") for x in (getattr(scores, key), scale_text(key))),
+        scores.exact_match,
+        em,
+        scores.f1,
+        f1,
+        scores.bleu,
+        bleu,
+        scores.rouge_l,
+        rouge,
         scores.prompts,
     )
     figures = {

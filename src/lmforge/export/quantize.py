@@ -61,14 +61,13 @@ from lmforge.metrics.perplexity import onnx_logits_fn, perplexity
 from lmforge.onnx_runtime import (
     EXTERNAL_DATA_BYTES,
     NO_PAST_FILE,
-    POSITION_IDS,
     WITH_PAST_FILE,
     OrtCausalLM,
     OrtDecoderWithPast,
     copy_model_files,
     model_size_bytes,
-    positions_from_mask,
     resolve_model_file,
+    token_feeds,
 )
 from lmforge.results import StageResult
 
@@ -110,8 +109,7 @@ class TokenWindowReader(CalibrationDataReader):
     def _iterate(self) -> Iterator[dict[str, np.ndarray]]:
         for i in range(0, len(self.windows), self.batch_size):
             ids = self.windows[i : i + self.batch_size]
-            mask = np.ones_like(ids)
-            yield {"input_ids": ids, "attention_mask": mask, POSITION_IDS: positions_from_mask(mask, ids.shape[1])}
+            yield token_feeds(ids, np.ones_like(ids))
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self._batches, None)
