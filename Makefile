@@ -56,15 +56,17 @@ IMAGES ?= cpu train tensorrt serve
 # podman's settings for this kind of machine (runc, ulimits under the host's limits), system files untouched.
 export CONTAINERS_CONF ?= $(CURDIR)/images/containers.conf
 # Build arguments, each passed only when set (the Dockerfiles' defaults: public bases pinned by digest, PyTorch's
-# CPU index): BASE_IMAGE (also the wheel stage's), TRAIN_LOCK (images/train/Dockerfile's LOCK), TORCH_WHEELS (a
+# CPU index): BASE_IMAGE (also the wheel stage's), TRAIN_LOCK and TENSORRT_LOCK (the LOCK of images/train's and
+# images/tensorrt's Dockerfiles), TORCH_WHEELS (a
 # local folder holding the locks' torch wheel, podman only) and PIP_CA (a CA bundle for a TLS-intercepting proxy,
 # given to pip as a build secret, never stored in an image).
 PIP_CA ?= $(wildcard /etc/ssl/certs/ca-certificates.crt)
 PODMAN_ARGS = --network=host --layers --build-arg VERSION=$(VERSION) \
   $(if $(PIP_CA),--secret id=pip-ca$(comma)src=$(PIP_CA)) \
   $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg WHEEL_IMAGE=$(BASE_IMAGE)) \
-  $(if $(TRAIN_LOCK),--build-arg LOCK=$(TRAIN_LOCK)) \
   $(if $(TORCH_WHEELS),-v $(TORCH_WHEELS):$(TORCH_WHEELS):ro --build-arg TORCH_FIND_LINKS=$(TORCH_WHEELS) --build-arg TORCH_INDEX_URL=)
+LOCK_ARG_train = $(if $(TRAIN_LOCK),--build-arg LOCK=$(TRAIN_LOCK))
+LOCK_ARG_tensorrt = $(if $(TENSORRT_LOCK),--build-arg LOCK=$(TENSORRT_LOCK))
 comma := ,
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
@@ -75,10 +77,9 @@ ifeq ($(ENGINE),docker)
 	REGISTRY=$(REGISTRY) TAG=$$($(PYTHON) -m lmforge images --tag) $(if $(BASE_IMAGE),BASE_IMAGE=$(BASE_IMAGE)) \
 	  docker buildx bake $(IMAGES) $(if $(PUSH),--push,)
 else
-	set -e; tag=$$($(PYTHON) -m lmforge images --tag); for image in $(IMAGES); do \
-	  podman build $(PODMAN_ARGS) -f images/$$image/Dockerfile -t $(REGISTRY)/lmforge-$$image:$$tag . ; \
-	  $(if $(PUSH),podman push $(REGISTRY)/lmforge-$$image:$$tag;) \
-	done
+	set -e; tag=$$($(PYTHON) -m lmforge images --tag); $(foreach image,$(IMAGES), \
+	  podman build $(PODMAN_ARGS) $(LOCK_ARG_$(image)) -f images/$(image)/Dockerfile -t $(REGISTRY)/lmforge-$(image):$$tag . ; \
+	  $(if $(PUSH),podman push $(REGISTRY)/lmforge-$(image):$$tag;))
 endif
 
 # lmforge's Debian base made locally, no registry: Debian bookworm with Python 3.11 (images/base/build.sh).
@@ -86,14 +87,15 @@ LOCAL_BASE ?= localhost/lmforge-base:bookworm
 base-image:
 	ENGINE=$(ENGINE) images/base/build.sh $(LOCAL_BASE)
 
-# One command on a machine that reaches only Debian and PyPI (CI's): the cpu, serve and train images (the train
-# image in its CPU form: the cpu image's packages) on the local Debian base, torch's CPU wheel from pip's
-# find-links folder when it names one. The pipeline's images, tagged as the compiled pipeline pulls them.
-LOCAL_IMAGES ?= cpu serve train
+# One command on a machine that reaches only Debian and PyPI (CI's): the cpu, serve, train and tensorrt images (train
+# and tensorrt in their CPU form: the cpu image's packages, no CUDA, no TensorRT) on the local Debian base, torch's
+# CPU wheel from pip's find-links folder when it names one. The pipeline's images, tagged as the compiled pipeline
+# pulls them: `lmforge run --runner podman` runs the whole DAG in them.
+LOCAL_IMAGES ?= cpu serve train tensorrt
 local-images:
 	$(ENGINE) image exists $(LOCAL_BASE) || $(MAKE) base-image
 	$(MAKE) images ENGINE=$(ENGINE) IMAGES="$(LOCAL_IMAGES)" BASE_IMAGE=$(LOCAL_BASE) \
-	  TRAIN_LOCK=images/cpu/requirements.lock \
+	  TRAIN_LOCK=images/cpu/requirements.lock TENSORRT_LOCK=images/cpu/requirements.lock \
 	  TORCH_WHEELS=$${TORCH_WHEELS:-$$($(PYTHON) -m pip config get global.find-links 2>/dev/null)}
 
 # Hash-pinned locks of the images' Python dependencies, images/<runtime>/requirements.lock, which each Dockerfile
