@@ -61,7 +61,7 @@ export CONTAINERS_CONF ?= $(CURDIR)/images/containers.conf
 # local folder holding the locks' torch wheel, podman only) and PIP_CA (a CA bundle for a TLS-intercepting proxy,
 # given to pip as a build secret, never stored in an image).
 PIP_CA ?= $(wildcard /etc/ssl/certs/ca-certificates.crt)
-PODMAN_ARGS = --network=host --layers --build-arg VERSION=$(VERSION) \
+PODMAN_ARGS = --network=host --layers --build-arg VERSION=$(VERSION) --build-arg CONTENT_TAG=$(CONTENT_TAG) \
   $(if $(PIP_CA),--secret id=pip-ca$(comma)src=$(PIP_CA)) \
   $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg WHEEL_IMAGE=$(BASE_IMAGE)) \
   $(if $(TORCH_WHEELS),-v $(TORCH_WHEELS):$(TORCH_WHEELS):ro --build-arg TORCH_FIND_LINKS=$(TORCH_WHEELS) --build-arg TORCH_INDEX_URL=)
@@ -69,17 +69,25 @@ LOCK_ARG_train = $(if $(TRAIN_LOCK),--build-arg LOCK=$(TRAIN_LOCK))
 LOCK_ARG_tensorrt = $(if $(TENSORRT_LOCK),--build-arg LOCK=$(TENSORRT_LOCK))
 comma := ,
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+# The images' tags (components/images.py): the release tag VERSION, which the committed pipeline pulls, and the
+# content tag <version>-<source hash> (lmforge images --tag), computed once and only by the targets that use it.
+CONTENT_TAG = $(eval CONTENT_TAG := $(or $(shell $(PYTHON) -m lmforge images --tag),$(error `$(PYTHON) -m lmforge images --tag` printed no tag)))$(CONTENT_TAG)
+image_ref = $(REGISTRY)/lmforge-$(1):$(2)
 
 images:
-	# Build (and with PUSH=1 push) IMAGES to REGISTRY under the tag the compiled pipeline pulls (lmforge images
-	# --tag). Then: lmforge compile --registry $(REGISTRY) --root DIR
+	# Build IMAGES under the content tag and the release tag. PUSH=1 pushes the content tag to REGISTRY, RELEASE=1
+	# with it the release tag. Then: lmforge compile --registry $(REGISTRY) --image-tag content --root DIR
 ifeq ($(ENGINE),docker)
-	REGISTRY=$(REGISTRY) TAG=$$($(PYTHON) -m lmforge images --tag) $(if $(BASE_IMAGE),BASE_IMAGE=$(BASE_IMAGE)) \
-	  docker buildx bake $(IMAGES) $(if $(PUSH),--push,)
+	REGISTRY=$(REGISTRY) TAG=$(CONTENT_TAG) VERSION=$(VERSION) $(if $(BASE_IMAGE),BASE_IMAGE=$(BASE_IMAGE)) \
+	  docker buildx bake $(IMAGES) --load
 else
-	set -e; tag=$$($(PYTHON) -m lmforge images --tag); $(foreach image,$(IMAGES), \
-	  podman build $(PODMAN_ARGS) $(LOCK_ARG_$(image)) -f images/$(image)/Dockerfile -t $(REGISTRY)/lmforge-$(image):$$tag . ; \
-	  $(if $(PUSH),podman push $(REGISTRY)/lmforge-$(image):$$tag;))
+	set -e; $(foreach image,$(IMAGES), \
+	  podman build $(PODMAN_ARGS) $(LOCK_ARG_$(image)) -f images/$(image)/Dockerfile \
+	    -t $(call image_ref,$(image),$(CONTENT_TAG)) -t $(call image_ref,$(image),$(VERSION)) . ;)
+endif
+ifdef PUSH
+	set -e; $(foreach image,$(IMAGES), $(ENGINE) push $(call image_ref,$(image),$(CONTENT_TAG)); \
+	  $(if $(RELEASE),$(ENGINE) push $(call image_ref,$(image),$(VERSION));))
 endif
 
 # lmforge's Debian base made locally, no registry: Debian bookworm with Python 3.11 (images/base/build.sh).
@@ -89,8 +97,8 @@ base-image:
 
 # One command on a machine that reaches only Debian and PyPI (CI's): the cpu, serve, train and tensorrt images (train
 # and tensorrt in their CPU form: the cpu image's packages, no CUDA, no TensorRT) on the local Debian base, torch's
-# CPU wheel from pip's find-links folder when it names one. The pipeline's images, tagged as the compiled pipeline
-# pulls them: `lmforge run --runner podman` runs the whole DAG in them.
+# CPU wheel from pip's find-links folder when it names one. The pipeline's images under the content tag, which
+# `lmforge run --runner podman` runs the whole DAG in, and the release tag, which the committed pipeline names.
 LOCAL_IMAGES ?= cpu serve train tensorrt
 local-images:
 	$(ENGINE) image exists $(LOCAL_BASE) || $(MAKE) base-image

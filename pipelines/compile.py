@@ -2,8 +2,9 @@
 
 Components go to ``components/<stage>/component.yaml`` (for reuse with
 ``kfp.components.load_component_from_file``) with a generated ``README.md`` beside it; pipelines go to
-``pipelines/compiled/<name>.yaml``; the images' tag to ``components/image_tag.txt``; every config field
-to ``docs/config.md``. Every stage in the registry must have a component.
+``pipelines/compiled/<name>.yaml``; every config field to ``docs/config.md``. Every stage in the registry must
+have a component. The images are named by the tag of :func:`lmforge_kfp.components.images.image_tag` (the release
+tag unless ``$LMFORGE_IMAGE_TAG`` says otherwise), so the committed files change only when their content does.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from kfp import compiler
 
 from lmforge.stages import STAGES, render_config_markdown
 from lmforge_kfp.components import load_component
-from lmforge_kfp.components.images import image_tag
 from lmforge_kfp.pipelines.component_docs import render_component_readme, render_index
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -43,8 +43,7 @@ def compile_all(root: Path = REPO_ROOT) -> list[Path]:
         (folder / "README.md").write_text(render_component_readme(stage, component), encoding="utf-8")
         written += [folder / "component.yaml", folder / "README.md"]
     (root / "components" / "README.md").write_text(render_index(components), encoding="utf-8")
-    (root / "components" / "image_tag.txt").write_text(image_tag() + "\n", encoding="utf-8")
-    written += [root / "components" / "README.md", root / "components" / "image_tag.txt"]
+    written.append(root / "components" / "README.md")
     (root / CONFIG_DOCS).parent.mkdir(parents=True, exist_ok=True)
     (root / CONFIG_DOCS).write_text(render_config_markdown(), encoding="utf-8")
     written.append(root / CONFIG_DOCS)

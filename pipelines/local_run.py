@@ -3,7 +3,8 @@
 Each run gets ``<root>/<run id>/``: kfp.local's outputs in the pipeline's folder below it, the logs in ``logs/``
 (``run.log`` and one file per task, see :mod:`lmforge_kfp.pipelines.console`) and the pipeline it ran. The
 compiled pipeline's retry policies are dropped for a local run: a laptop has no preemption, and kfp.local would
-rerun a deterministic failure after 30-60 s of backoff.
+rerun a deterministic failure after 30-60 s of backoff. In containers the tasks run the images of this code, named
+by its content tag (what ``make local-images`` builds), not the release tag the committed pipeline pulls.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from kfp.components import load_component_from_file
 
 from lmforge.errors import LmforgeError
 from lmforge.launch.stage_runner import RUN_ID_ENV
+from lmforge_kfp.components.images import content_tag, with_tag
 from lmforge_kfp.containers import ContainerSettings, container_runner
 from lmforge_kfp.pipelines.console import ANSI, RunConsole
 
@@ -77,17 +79,24 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{uuid.uuid4().hex[:8]}"
 
 
-def without_retries(spec_text: str) -> str:
-    """The compiled pipeline with every task's ``retryPolicy`` removed (documents: pipeline spec, platform spec)."""
+def local_pipeline(spec_text: str, runner: str) -> str:
+    """The compiled pipeline as a local run with ``runner`` runs it (documents: pipeline spec, platform spec).
 
-    def strip(node: Any) -> Any:
+    Every task's ``retryPolicy`` is removed; in containers (``docker``, ``podman``) every lmforge image reference
+    (a task's image, the ``job_image`` and ``predictor_image`` constants) names this code's content tag.
+    """
+    tag = None if runner == "subprocess" else content_tag()
+
+    def local(node: Any) -> Any:
         if isinstance(node, dict):
-            return {key: strip(value) for key, value in node.items() if key != "retryPolicy"}
+            return {key: local(value) for key, value in node.items() if key != "retryPolicy"}
         if isinstance(node, list):
-            return [strip(item) for item in node]
+            return [local(item) for item in node]
+        if tag and isinstance(node, str):
+            return with_tag(node, tag)
         return node
 
-    return yaml.safe_dump_all([strip(doc) for doc in yaml.safe_load_all(spec_text)], sort_keys=False)
+    return yaml.safe_dump_all([local(doc) for doc in yaml.safe_load_all(spec_text)], sort_keys=False)
 
 
 @contextlib.contextmanager
@@ -136,12 +145,12 @@ def run_pipeline_locally(
     Args:
         params: pipeline arguments.
         pipeline_root: where run directories go.
-        pipeline_yaml: the compiled pipeline (its retry policies are dropped for the local run).
+        pipeline_yaml: the compiled pipeline (run as :func:`local_pipeline` makes it).
         console: what ``out`` shows: ``verbose`` (everything kfp.local prints), ``default`` (a line per stage and
             the training progress) or ``quiet`` (nothing); every line also goes to the run's ``logs/``.
         out: where the shown lines go (default: stdout).
         runner: ``subprocess`` (this Python), or ``docker`` / ``podman``: each task in the image the compiled
-            pipeline names, through the Docker API (:mod:`lmforge_kfp.containers`).
+            pipeline names, under this code's content tag, through the Docker API (:mod:`lmforge_kfp.containers`).
         containers: mounts, network and environment of the containers (the run's own folder is always mounted).
 
     Raises:
@@ -151,7 +160,7 @@ def run_pipeline_locally(
     run_root = Path(pipeline_root).resolve() / run_id
     run_root.mkdir(parents=True)  # never exist_ok: a run directory belongs to one run
     local_yaml = run_root / "pipeline.yaml"
-    local_yaml.write_text(without_retries(Path(pipeline_yaml).read_text(encoding="utf-8")), encoding="utf-8")
+    local_yaml.write_text(local_pipeline(Path(pipeline_yaml).read_text(encoding="utf-8"), runner), encoding="utf-8")
     logs = run_root / LOGS
     router = RunConsole(logs, out or sys.stdout, console)
     start = time.perf_counter()

@@ -188,31 +188,57 @@ def compile_(
             "pushed to); default: $LMFORGE_IMAGE_REGISTRY, else ghcr.io/lmforge."
         ),
     ] = None,
+    image_tag: Annotated[
+        str | None,
+        typer.Option(
+            "--image-tag",
+            help="Tag of the images the steps pull; default $LMFORGE_IMAGE_TAG, else the package version: the "
+            "release tag, what a release publishes and the committed YAML names. `content`: <version>-<source "
+            "hash> (`lmforge images --tag`), what `make images` builds and pushes: use it for images you build "
+            "yourself, so KFP's cache (keyed on the image) never reuses a step an older image ran.",
+        ),
+    ] = None,
 ) -> None:
     """Compile every component (components/*/component.yaml) and pipeline (pipelines/compiled/*.yaml)."""
+    from lmforge_kfp.components.images import REGISTRY_ENV, TAG_ENV
+
     if registry:
-        os.environ["LMFORGE_IMAGE_REGISTRY"] = registry
+        os.environ[REGISTRY_ENV] = registry
+    if image_tag:
+        os.environ[TAG_ENV] = image_tag
     from lmforge_kfp.pipelines.compile import REPO_ROOT, compile_all
 
-    for path in compile_all(root or REPO_ROOT):
+    try:
+        written = compile_all(root or REPO_ROOT)
+    except LmforgeError as exc:
+        fail(exc)
+    for path in written:
         typer.echo(str(path))
 
 
 def images(
-    tag: Annotated[bool, typer.Option("--tag", help="Print only the tag (what `make images` builds under).")] = False,
+    tag: Annotated[
+        bool, typer.Option("--tag", help="Print only the content tag (what `make images` builds and pushes).")
+    ] = False,
 ) -> None:
-    """The images the compiled pipeline pulls or deploys: <registry>/lmforge-<runtime>:<version>-<source hash>."""
+    """The images the compiled pipeline pulls or deploys: <registry>/lmforge-<runtime>:<tag>.
+
+    The tag is the release tag (the package version), or what $LMFORGE_IMAGE_TAG says (`content`: the content tag).
+    """
     from lmforge.stages import STAGES
-    from lmforge_kfp.components.images import SERVICE_IMAGES, image_for, image_tag, service_image
+    from lmforge_kfp.components.images import SERVICE_IMAGES, content_tag, image_for, service_image
 
     if tag:
-        typer.echo(image_tag())
+        typer.echo(content_tag())
         return
-    for runtime in sorted({spec.runtime for spec in STAGES.values()}):
-        stage = next(name for name, spec in STAGES.items() if spec.runtime == runtime)
-        typer.echo(f"{runtime}\t{image_for(stage)}")
-    for name in SERVICE_IMAGES:  # no step runs in these; the serve step's InferenceService does
-        typer.echo(f"{name}\t{service_image(name)}")
+    try:
+        for runtime in sorted({spec.runtime for spec in STAGES.values()}):
+            stage = next(name for name, spec in STAGES.items() if spec.runtime == runtime)
+            typer.echo(f"{runtime}\t{image_for(stage)}")
+        for name in SERVICE_IMAGES:  # no step runs in these; the serve step's InferenceService does
+            typer.echo(f"{name}\t{service_image(name)}")
+    except LmforgeError as exc:  # a $LMFORGE_IMAGE_TAG that is no tag
+        fail(exc)
 
 
 # -- Kubeflow Pipelines server: submit, schedule, runs ---------------------------------------------------------------

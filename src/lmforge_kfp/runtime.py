@@ -7,9 +7,10 @@ config, the launch parameters of a distributed stage to :func:`lmforge.launch.ru
 then writes the stage's ``Metrics``/``HTML``/``Markdown`` outputs and returns its output parameters.
 
 The stage's context is the run's ``preset``, the KFP run id (``$LMFORGE_RUN_ID``, from the pod label) and the
-pipeline version (the image tag, also exported as ``$LMFORGE_PIPELINE_VERSION`` for the processes the step
-starts, such as torchrun's workers): what the stage's MLflow run is tagged with when tracking is on. A training
-step's ``run_root`` becomes ``$LMFORGE_RUN_ROOT``: with the run id, it places a templated ``checkpoint.dir``.
+pipeline version (the content tag of the code the step runs, also exported as ``$LMFORGE_PIPELINE_VERSION`` for
+the processes the step starts, such as torchrun's workers): what the stage's MLflow run is tagged with when
+tracking is on. A training step's ``run_root`` becomes ``$LMFORGE_RUN_ROOT``: with the run id, it places a
+templated ``checkpoint.dir``.
 """
 
 from __future__ import annotations
@@ -92,9 +93,9 @@ def headline(spec: StageSpec, result: Any) -> list[str]:
 
 def _context(args: Mapping[str, Any]) -> dict[str, str]:
     """The run's facts a stage may take (``StageSpec.context``) and its MLflow run is tagged with."""
-    from lmforge_kfp.components.images import image_tag
+    from lmforge_kfp.components.images import content_tag
 
-    version = os.environ.setdefault(PIPELINE_VERSION_ENV, image_tag())
+    version = os.environ.setdefault(PIPELINE_VERSION_ENV, content_tag())
     return {"preset": args.get("preset", ""), "run_id": os.environ.get(RUN_ID_ENV, ""), "pipeline_version": version}
 
 

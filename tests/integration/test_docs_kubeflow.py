@@ -1,9 +1,10 @@
 """docs/kubeflow.md's "first hour on a real cluster": every command of its code block runs here as far as it can.
 
-No Docker daemon, cluster or KFP API server is reachable here. What runs: ``lmforge compile --registry ... --root
-...`` (its output is checked), the overlay through the real kustomize, ``lmforge submit`` in both forms against the
-KFP API stand-in (tests/fakes/kfp_api_server.py; multi-user with a bearer token). ``make images`` is checked against the
-Makefile and ``lmforge images --tag``; ``kubectl create secret|token`` and the port-forward need a cluster.
+No Docker daemon, cluster or KFP API server is reachable here. What runs: ``make images`` as a dry run (``make
+-n``: what it would push), ``lmforge compile --registry ... --image-tag content --root ...`` (its output is checked
+against those pushes), the overlay through the real kustomize, ``lmforge submit`` in both forms against the KFP API
+stand-in (tests/fakes/kfp_api_server.py; multi-user with a bearer token). ``kubectl create secret|token`` and the
+port-forward need a cluster.
 """
 
 from __future__ import annotations
@@ -53,14 +54,26 @@ def test_every_command_of_the_page_is_one_this_module_exercises():
     assert not unknown, unknown
 
 
-def test_make_images_pushes_under_the_tag_the_compiled_pipeline_pulls():
+@pytest.fixture(scope="module")
+def pushed() -> set[str]:
+    """The references step 1 pushes, from a dry run of it (ENGINE=podman: a command per image)."""
+    (command,) = _one(("make", "images"))
+    args = [*command[2:], "ENGINE=podman", f"PYTHON={sys.executable}"]
+    env = {k: v for k, v in os.environ.items() if k not in ("REGISTRY", "IMAGES", "PUSH", "RELEASE")}
+    result = subprocess.run(
+        ["make", "-n", "images", *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return set(re.findall(r"podman push (\S+?);", result.stdout))
+
+
+def test_make_images_pushes_each_image_under_its_content_tag_only(pushed):
     (command,) = _one(("make", "images"))
     registry = dict(arg.split("=", 1) for arg in command[2:] if "=" in arg)["REGISTRY"]
-    makefile = (ROOT / "Makefile").read_text()
-    assert "REGISTRY=$(REGISTRY) TAG=$$($(PYTHON) -m lmforge images --tag)" in makefile
     result = runner.invoke(application(), ["images", "--tag"])
     assert result.exit_code == 0 and re.fullmatch(r"\d+\.\d+\.\d+-[0-9a-f]{12}\n", result.output)
-    assert registry  # used by the compile step below
+    tag = result.output.strip()
+    assert pushed == {f"{registry}/lmforge-{image}:{tag}" for image in ("cpu", "train", "tensorrt", "serve")}
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +85,7 @@ def compiled(tmp_path_factory) -> tuple[Path, str, str]:
     out = tmp_path_factory.mktemp("kfp")
     args[args.index("--root") + 1] = str(out)
     # A fresh process, as a user runs it: component modules read the registry when they are first imported.
-    env = {k: v for k, v in os.environ.items() if k != "LMFORGE_IMAGE_REGISTRY"}
+    env = {k: v for k, v in os.environ.items() if k not in ("LMFORGE_IMAGE_REGISTRY", "LMFORGE_IMAGE_TAG")}
     result = subprocess.run(
         [sys.executable, "-m", "lmforge", *args], capture_output=True, text=True, timeout=300, env=env, check=False
     )
@@ -81,7 +94,7 @@ def compiled(tmp_path_factory) -> tuple[Path, str, str]:
 
 
 @pytest.mark.slow
-def test_compile_against_the_registry_points_every_step_at_the_pushed_images(compiled):
+def test_compile_against_the_registry_points_every_step_at_the_pushed_images(compiled, pushed):
     out, registry, tag = compiled
     pipeline = out / "pipelines" / "compiled" / "lmforge_pipeline.yaml"
     spec = next(yaml.safe_load_all(pipeline.read_text()))
@@ -89,6 +102,8 @@ def test_compile_against_the_registry_points_every_step_at_the_pushed_images(com
     assert images == {f"{registry}/lmforge-{runtime}:{tag}" for runtime in ("cpu", "train", "tensorrt")}
     job_images = re.findall(r"constant: (\S+lmforge-train:\S+)", pipeline.read_text())
     assert job_images and {image for image in job_images} == {f"{registry}/lmforge-train:{tag}"}
+    predictor_images = set(re.findall(r"constant: (\S+lmforge-serve:\S+)", pipeline.read_text()))
+    assert images | predictor_images <= pushed
     for component in (out / "components").glob("*/component.yaml"):
         assert f"{registry}/lmforge-" in component.read_text(), component
 

@@ -1,5 +1,6 @@
 """Compiled YAML is current, reusable, and places GPU stages (and only those) on the GPU pool."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,7 @@ from kfp import compiler, dsl
 from kfp.components import load_component_from_file
 
 from lmforge.stages import STAGES
+from lmforge_kfp.components.images import REGISTRY_ENV, TAG_ENV, computed_tag, release_tag
 from lmforge_kfp.pipelines.compile import REPO_ROOT, compile_all
 
 GPU_STAGES = {name for name, spec in STAGES.items() if spec.on_gpu}
@@ -37,19 +39,31 @@ def fresh_compile(tmp_path_factory, monkeypatch_module) -> Path:
 @pytest.fixture(scope="module")
 def monkeypatch_module():
     with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("LMFORGE_IMAGE_REGISTRY", raising=False)
+        for name in (REGISTRY_ENV, TAG_ENV):
+            mp.delenv(name, raising=False)
         yield mp
 
 
 def test_committed_yaml_and_readmes_match_a_fresh_compile(fresh_compile):
     fresh = sorted(p.relative_to(fresh_compile) for p in fresh_compile.rglob("*") if p.is_file())
-    assert len(fresh) == 2 * len(STAGES) + 4  # YAML + README per component, index, tag, pipeline, docs/config.md
+    assert len(fresh) == 2 * len(STAGES) + 3  # YAML + README per component, index, pipeline, docs/config.md
     stale = [
         str(rel)
         for rel in fresh
         if not (REPO_ROOT / rel).is_file() or (REPO_ROOT / rel).read_text() != (fresh_compile / rel).read_text()
     ]
     assert not stale, f"compiled YAML or component README is stale, run `lmforge compile` and commit: {stale}"
+
+
+def test_committed_generated_files_name_images_by_the_release_tag_never_the_content_tag(fresh_compile):
+    """So that they change only when their content does, not on every change to an image source."""
+    generated = sorted(p.relative_to(fresh_compile) for p in fresh_compile.rglob("*") if p.is_file())
+    committed = {str(rel): (REPO_ROOT / rel).read_text() for rel in generated}
+    content = computed_tag()
+    carrying = [name for name, text in committed.items() if content in text]
+    assert not carrying, f"committed generated files carry the content tag {content}: {carrying}"
+    tags = {tag for text in committed.values() for tag in re.findall(r"/lmforge-[a-z0-9]+:([\w.-]+)", text)}
+    assert tags == {release_tag()}
 
 
 def test_every_stage_has_a_component_yaml():

@@ -8,7 +8,11 @@ What only a real build shows (the base image still exists, pip resolves inside i
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,13 +24,19 @@ from lmforge import __version__
 from lmforge.stages import RUNTIMES as RUNTIME_GPU
 from lmforge.stages import STAGES
 from lmforge_kfp.components.images import (
+    CONTENT,
+    CONTENT_TAG_ENV,
     DEFAULT_REGISTRY,
     IMAGE_SOURCES,
     SERVICE_IMAGES,
+    TAG_ENV,
     computed_tag,
     image_for,
+    release_tag,
     service_image,
 )
+from lmforge_kfp.containers import pipeline_images
+from lmforge_kfp.pipelines.local_run import COMPILED_PIPELINE, local_pipeline
 
 ROOT = Path(__file__).resolve().parents[3]
 RUNTIMES = sorted({spec.runtime for spec in STAGES.values()})
@@ -245,8 +255,10 @@ def test_bake_target_builds_the_runtime_dockerfile_under_the_mapped_name(runtime
     body = _bake_targets().get(runtime)
     assert body is not None, f"docker-bake.hcl has no target {runtime}"
     assert f'dockerfile = "images/{runtime}/Dockerfile"' in body
-    # Same name and tag as components.images.image_for: <registry>/lmforge-<runtime>:<tag>; `make images` sets TAG.
-    assert f'"${{REGISTRY}}/lmforge-{runtime}:${{TAG}}"' in body
+    # Same names as components.images.image_for: <registry>/lmforge-<runtime>:<tag>, under the content tag (TAG,
+    # which `make images` sets) and the release tag (VERSION).
+    tags = f'"${{REGISTRY}}/lmforge-{runtime}:${{TAG}}", "${{REGISTRY}}/lmforge-{runtime}:${{VERSION}}"'
+    assert f"tags       = [{tags}]" in body
     group = re.search(r'group\s+"default"\s*{\s*targets\s*=\s*\[([^\]]*)\]', _bake())
     assert group and f'"{runtime}"' in group.group(1)
 
@@ -261,12 +273,6 @@ def test_ci_workflow_installs_cpu_torch_first_and_fails_on_stale_compiled_yaml()
     assert positions == sorted(positions), "CI steps out of order"
     assert "download.pytorch.org/whl/cpu" in script
     assert "git diff --exit-code" in script[positions[-1] :]
-
-
-def test_make_images_builds_under_the_tag_the_pipeline_pulls() -> None:
-    makefile = (ROOT / "Makefile").read_text()
-    assert "TAG=$$($(PYTHON) -m lmforge images --tag)" in makefile and "REGISTRY=$(REGISTRY)" in makefile
-    assert image_for("pretrain").endswith(f":{computed_tag()}")
 
 
 def _copy_sources(dst: Path) -> None:
@@ -295,6 +301,100 @@ def test_a_changed_image_source_changes_the_tag_and_a_generated_file_does_not(tm
     assert computed_tag(tmp_path) != tag
 
 
-def test_installed_package_reads_the_committed_tag() -> None:
-    """Inside an image (no checkout) the tag comes from components/image_tag.txt, which must be current."""
-    assert (ROOT / "components" / "image_tag.txt").read_text().strip() == computed_tag()
+@pytest.mark.parametrize("image", IMAGES)
+def test_each_image_carries_the_content_tag_it_is_built_under_and_names_images_by_it(image: str) -> None:
+    """Inside an image there is no checkout to hash: the build argument CONTENT_TAG is its content tag."""
+    final = _stages(_instructions(_dockerfile(image)))[-1]
+    assert Instruction("ARG", "CONTENT_TAG=") in final
+    assert Instruction("ENV", f"{CONTENT_TAG_ENV}=${{CONTENT_TAG}} {TAG_ENV}={CONTENT}") in final
+    assert re.search(r"^\s*CONTENT_TAG\s*=\s*TAG$", _bake_targets()["_common"], re.MULTILINE)
+
+
+# Variables of the caller's environment that would override the Makefile's defaults.
+_MAKE_OVERRIDES = ("REGISTRY", "IMAGES", "LOCAL_IMAGES", "PUSH", "RELEASE", "TORCH_WHEELS", "BASE_IMAGE")
+
+
+def _make_dry_run(target: str, engine: str, **variables: str) -> str:
+    """What ``make -n TARGET`` prints (a recursive make's commands included), continuation lines joined."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    args = [make, "-n", target, f"ENGINE={engine}", f"PYTHON={sys.executable}"]
+    env = {name: value for name, value in os.environ.items() if name not in _MAKE_OVERRIDES}
+    done = subprocess.run(
+        args + [f"{name}={value}" for name, value in variables.items()],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.replace("\\\n", " ")
+
+
+def _built_references(dry_run: str, engine: str) -> set[str]:
+    """The references a dry run's builds tag: podman build's ``-t``, or the tags of the bake targets it builds."""
+    if engine == "podman":
+        return set(re.findall(r"\s-t (\S+)", dry_run))
+    bake = re.search(r"REGISTRY=(\S+) TAG=(\S+) VERSION=(\S+) .*?docker buildx bake ([\w ]+?) --load", dry_run)
+    assert bake, f"no docker buildx bake in {dry_run}"
+    registry, tag, version, targets = bake.groups()
+    values = {"REGISTRY": registry, "TAG": tag, "VERSION": version}
+    references = set()
+    for target in targets.split():
+        tags = re.search(r"tags\s*=\s*\[([^\]]*)\]", _bake_targets()[target])
+        assert tags, f"docker-bake.hcl: target {target} has no tags"
+        references |= {_resolve(template, values) for template in re.findall(r'"([^"]+)"', tags.group(1))}
+    return references
+
+
+@pytest.mark.parametrize("engine", ["podman", "docker"])
+def test_local_images_builds_what_a_container_run_pulls_and_what_the_committed_pipeline_names(
+    engine: str, tmp_path: Path
+) -> None:
+    """`lmforge run --runner ENGINE` asks for the content tag's images; `make local-images` builds them (and tags
+    the release tag, which the committed pipeline names), nothing built to find out."""
+    built = _built_references(_make_dry_run("local-images", engine), engine)
+    run_pipeline = tmp_path / "pipeline.yaml"
+    run_pipeline.write_text(local_pipeline(COMPILED_PIPELINE.read_text(), engine))
+    asked = set(pipeline_images(run_pipeline).values())
+    assert asked == {f"{DEFAULT_REGISTRY}/lmforge-{runtime}:{computed_tag()}" for runtime in RUNTIMES}
+    assert asked <= built
+    committed = set(pipeline_images(COMPILED_PIPELINE).values()) | {service_image(name) for name in SERVICE_IMAGES}
+    assert committed == {f"{DEFAULT_REGISTRY}/lmforge-{image}:{release_tag()}" for image in IMAGES}
+    assert committed <= built
+
+
+def test_a_container_run_names_every_image_of_the_pipeline_by_the_content_tag() -> None:
+    """The training steps' job_image and serve's predictor_image constants move with the steps' own images."""
+    text = local_pipeline(COMPILED_PIPELINE.read_text(), "podman")
+    assert f":{release_tag()}\n" not in text
+    assert f"constant: {DEFAULT_REGISTRY}/lmforge-serve:{computed_tag()}" in text
+    assert f"constant: {DEFAULT_REGISTRY}/lmforge-train:{computed_tag()}" in text
+    assert local_pipeline(COMPILED_PIPELINE.read_text(), "subprocess").count(computed_tag()) == 0
+
+
+def test_make_images_builds_with_the_content_tag_as_build_argument() -> None:
+    dry_run = _make_dry_run("images", "podman", IMAGES="cpu")
+    assert f"--build-arg CONTENT_TAG={computed_tag()} " in dry_run
+    assert f"TAG={computed_tag()} VERSION={release_tag()} " in _make_dry_run("images", "docker", IMAGES="cpu")
+
+
+@pytest.mark.parametrize(
+    ("engine", "variables", "pushed_tags"),
+    [
+        ("podman", {}, []),
+        ("podman", {"PUSH": "1"}, ["content"]),
+        ("docker", {"PUSH": "1", "RELEASE": "1"}, ["content", "release"]),
+    ],
+)
+def test_make_images_pushes_the_content_tag_and_the_release_tag_only_when_asked(
+    engine: str, variables: dict[str, str], pushed_tags: list[str]
+) -> None:
+    tags = {"content": computed_tag(), "release": release_tag()}
+    registry = "registry.example.com/ml"
+    dry_run = _make_dry_run("images", engine, IMAGES="cpu", REGISTRY=registry, **variables)
+    pushed = re.findall(rf"{engine} push (\S+?);", dry_run)
+    assert pushed == [f"{registry}/lmforge-cpu:{tags[name]}" for name in pushed_tags]
