@@ -324,67 +324,93 @@ def _raise_if_over(name: str, results: list[dict[str, Any]], tolerance: float, w
     return worst
 
 
+def no_past_example(max_positions: int) -> tuple[torch.Tensor, ...]:
+    """Example inputs that trace the no-cache graph: ids, mask and positions of a batch of 2 sequences."""
+    # Batch 2 and sequence 8: sizes 0 and 1 would be specialized as constants by torch.export.
+    shape = (2, min(8, max_positions))
+    return (
+        torch.zeros(shape, dtype=torch.long),
+        torch.ones(shape, dtype=torch.long),
+        torch.arange(shape[1]).expand(shape),
+    )
+
+
+def with_past_example(layout: CacheLayout) -> tuple[Any, ...]:
+    """Example inputs that trace the cache graph: 3 new tokens after a past of 4, batch 2."""
+    # Past length 4 and 3 new tokens: no dimension of size 0 or 1 for torch.export to specialize.
+    return (
+        torch.zeros((2, 3), dtype=torch.long),
+        torch.ones((2, 7), dtype=torch.long),
+        torch.arange(4, 7).expand(2, 3),
+        layout.empty(2, past=4),
+    )
+
+
+def export_no_past(
+    lm: torch.nn.Module, model: Path, path: Path, cfg: ExportConfig
+) -> tuple[str, list[dict[str, Any]], float]:
+    """Export the no-cache graph of ``lm`` to ``path`` and check it against PyTorch.
+
+    Returns:
+        The exporter used, the parity per case and the worst difference (within ``cfg.parity_tolerance``).
+    """
+    wrapper = LogitsOnly(lm).eval()
+    max_positions = _max_positions(lm)
+    with torch.no_grad():
+        exporter = _export(wrapper, no_past_example(max_positions), path, cfg.opset, no_cache_spec())
+    session = OrtCausalLM(path)  # runs onnx.checker on the file
+    parity = check_parity(wrapper, session, parity_cases(int(lm.config.vocab_size), max_positions))
+    worst = _raise_if_over(f"{model} ({exporter} exporter)", parity, cfg.parity_tolerance, NO_PAST_FILE)
+    return exporter, parity, worst
+
+
+def export_with_past(
+    lm: torch.nn.Module, model: Path, path: Path, cfg: ExportConfig
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """Export the cache graph of ``lm`` to ``path`` and check it against PyTorch, step by step.
+
+    Returns:
+        Its metrics (worst parity, size) and its record for the manifest.
+    """
+    layout = cache_layout(lm)
+    decoder = DecoderWithPast(lm, layout.layers).eval()
+    with torch.no_grad():
+        exporter = _export(decoder, with_past_example(layout), path, cfg.opset, with_past_spec(layout.layers))
+    steps = with_past_cases(int(lm.config.vocab_size), _max_positions(lm))
+    parity = check_parity_with_past(decoder, OrtDecoderWithPast(path), steps)
+    worst = _raise_if_over(f"{model} ({exporter} exporter)", parity, cfg.parity_tolerance, WITH_PAST_FILE)
+    metrics = {"with_past_parity_max_abs_diff": worst, "with_past_size_mb": model_size_bytes(path) / 1e6}
+    record = {
+        "file": WITH_PAST_FILE,
+        "exporter": exporter,
+        "layers": layout.layers,
+        "kv_heads": layout.kv_heads,
+        "head_dim": layout.head_dim,
+        "parity": parity,
+    }
+    return metrics, record
+
+
+def _max_positions(lm: torch.nn.Module) -> int:
+    """The model's maximum positions, else :data:`PARITY_MAX_SEQ`."""
+    return int(getattr(lm.config, "max_position_embeddings", None) or PARITY_MAX_SEQ)
+
+
 def run(cfg: ExportConfig, *, model: str | Path, onnx_model: str | Path) -> StageResult:
     """Export ``model`` to an ONNX model directory at ``onnx_model`` and verify it against PyTorch."""
     start = time.perf_counter()
     model = Path(model)
     lm = load_causal_lm(model, dtype=torch.float32)
-    wrapper = LogitsOnly(lm).eval()
-    vocab_size = int(lm.config.vocab_size)
-    max_positions = int(getattr(lm.config, "max_position_embeddings", None) or PARITY_MAX_SEQ)
     source = input_record(model)
 
     with staged_output(onnx_model) as out:
         copy_model_files(model, out)
-        path = out / NO_PAST_FILE
-        # Batch 2 and sequence 8: sizes 0 and 1 would be specialized as constants by torch.export.
-        shape = (2, min(8, max_positions))
-        example = (
-            torch.zeros(shape, dtype=torch.long),
-            torch.ones(shape, dtype=torch.long),
-            torch.arange(shape[1]).expand(shape),
-        )
-        with torch.no_grad():
-            exporter = _export(wrapper, example, path, cfg.opset, no_cache_spec())
-        session = OrtCausalLM(path)  # runs onnx.checker on the file
-        parity = check_parity(wrapper, session, parity_cases(vocab_size, max_positions))
-        worst = _raise_if_over(f"{model} ({exporter} exporter)", parity, cfg.parity_tolerance, NO_PAST_FILE)
-        size = model_size_bytes(path)
-        metrics = {
-            "parity_max_abs_diff": worst,
-            "onnx_size_mb": size / 1e6,
-        }
+        exporter, parity, worst = export_no_past(lm, model, out / NO_PAST_FILE, cfg)
+        metrics = {"parity_max_abs_diff": worst, "onnx_size_mb": model_size_bytes(out / NO_PAST_FILE) / 1e6}
         extra: dict[str, Any] = {"exporter": exporter, "opset": cfg.opset, "quantization": "none", "parity": parity}
-
         if cfg.with_past:
-            layout = cache_layout(lm)
-            decoder = DecoderWithPast(lm, layout.layers).eval()
-            past_path = out / WITH_PAST_FILE
-            # Past length 4 and 3 new tokens: no dimension of size 0 or 1 for torch.export to specialize.
-            example_past = (
-                torch.zeros((2, 3), dtype=torch.long),
-                torch.ones((2, 7), dtype=torch.long),
-                torch.arange(4, 7).expand(2, 3),
-                layout.empty(2, past=4),
-            )
-            with torch.no_grad():
-                past_exporter = _export(decoder, example_past, past_path, cfg.opset, with_past_spec(layout.layers))
-            past_parity = check_parity_with_past(
-                decoder, OrtDecoderWithPast(past_path), with_past_cases(vocab_size, max_positions)
-            )
-            past_worst = _raise_if_over(
-                f"{model} ({past_exporter} exporter)", past_parity, cfg.parity_tolerance, WITH_PAST_FILE
-            )
-            metrics["with_past_parity_max_abs_diff"] = past_worst
-            metrics["with_past_size_mb"] = model_size_bytes(past_path) / 1e6
-            extra["with_past"] = {
-                "file": WITH_PAST_FILE,
-                "exporter": past_exporter,
-                "layers": layout.layers,
-                "kv_heads": layout.kv_heads,
-                "head_dim": layout.head_dim,
-                "parity": past_parity,
-            }
+            past_metrics, extra["with_past"] = export_with_past(lm, model, out / WITH_PAST_FILE, cfg)
+            metrics.update(past_metrics)
         metrics["export_seconds"] = time.perf_counter() - start
         write_manifest(
             out, "onnx-model", inputs={"model": source}, config=cfg.model_dump(), metrics=metrics, extra=extra

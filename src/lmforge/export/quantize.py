@@ -28,6 +28,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -323,6 +324,174 @@ def html_section(metrics: dict[str, float], gates: dict[str, dict[str, Any]], fa
     )
 
 
+def model_graphs(onnx_dir: Path) -> list[str]:
+    """The graphs of an ONNX model directory to quantize: the no-cache graph, then the cache graph when present."""
+    return [NO_PAST_FILE] + ([WITH_PAST_FILE] if (onnx_dir / WITH_PAST_FILE).is_file() else [])
+
+
+@dataclass(frozen=True)
+class Fp32Reference:
+    """What the INT8 models are measured against: the FP32 model's size, logits and held-out perplexity."""
+
+    size_bytes: int
+    sample: np.ndarray
+    """The first (at most 2) calibration windows, on which the INT8 logits are checked."""
+    logits: np.ndarray
+    context: int
+    """The perplexity context: ``gate_context``, at most the model's maximum positions."""
+    perplexity: float
+
+
+def fp32_reference(
+    onnx_dir: Path, fp32_file: Path, windows: np.ndarray, heldout: np.ndarray, cfg: QuantizeConfig
+) -> Fp32Reference:
+    """Measure the FP32 model once: its size, its logits on a sample of ``windows`` and its held-out perplexity."""
+    size_bytes = model_size_bytes(fp32_file)
+    sample = windows[: min(len(windows), 2)]
+    fp32_model = OrtCausalLM(fp32_file)
+    logits = fp32_model.logits(sample)
+    context = min(cfg.gate_context, _max_positions(onnx_dir, cfg.gate_context))
+    ppl = perplexity(onnx_logits_fn(fp32_model), heldout, context=context).perplexity
+    return Fp32Reference(size_bytes, sample, logits, context, ppl)
+
+
+def calibration_reader(onnx_dir: Path, graph: str, windows: np.ndarray, batch_size: int) -> CalibrationDataReader:
+    """The reader that calibrates ``graph``: plain windows for the no-cache graph, a prefilled past for the other."""
+    if graph == NO_PAST_FILE:
+        return TokenWindowReader(windows, batch_size)
+    return PastWindowReader(windows, OrtDecoderWithPast(onnx_dir / graph), batch_size)
+
+
+def _quantize_dynamic(src: Path, dst: Path, external: bool) -> None:
+    """Write the dynamic-INT8 model of ``src``: int8 weights of MatMul/Gemm, activations quantized at run time."""
+    quantize_dynamic(
+        str(src),
+        str(dst),
+        op_types_to_quantize=list(DYNAMIC_OP_TYPES),
+        weight_type=QuantType.QInt8,
+        use_external_data_format=external,
+    )
+
+
+def quantize_graphs(
+    onnx_dir: Path,
+    graphs: Sequence[str],
+    windows: np.ndarray,
+    cfg: QuantizeConfig,
+    *,
+    dynamic_dir: Path,
+    qdq_dir: Path,
+    workdir: Path,
+    external: bool,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Quantize each of ``graphs`` in ``onnx_dir`` both ways, into ``dynamic_dir`` and ``qdq_dir``.
+
+    Returns:
+        By graph: the tied-embedding sharing of the dynamic model, and the Q/DQ calibration facts.
+    """
+    tied_by_graph: dict[str, Any] = {}
+    calibration_by_graph: dict[str, Any] = {}
+    batch = even_batch_size(len(windows))
+    for graph in graphs:
+        prepared = workdir / graph
+        preprocessed = _preprocess(onnx_dir / graph, prepared, external)
+        src = prepared if preprocessed else onnx_dir / graph
+        _quantize_dynamic(src, dynamic_dir / graph, external)
+        if cfg.share_tied_embedding:
+            tied_by_graph[graph] = share_tied_embedding_file(dynamic_dir / graph, external=external)
+        reader = calibration_reader(onnx_dir, graph, windows, batch)
+        facts = quantize_qdq(src, qdq_dir / graph, reader, cfg, external=external, workdir=workdir / f"{graph}.calib")
+        calibration_by_graph[graph] = {"preprocessed": preprocessed, **facts}
+    return tied_by_graph, calibration_by_graph
+
+
+def accuracy_gate(
+    name: str, model_dir: Path, heldout: np.ndarray, fp32: Fp32Reference, cfg: QuantizeConfig
+) -> dict[str, Any]:
+    """The gate record of the INT8 model in ``model_dir``: its held-out perplexity against the FP32 one."""
+    ppl = perplexity(onnx_logits_fn(OrtCausalLM(model_dir)), heldout, context=fp32.context).perplexity
+    gate = {
+        **gate_decision(fp32.perplexity, ppl, cfg.max_perplexity_delta),
+        "context": fp32.context,
+        "tokens": int(heldout.size),
+    }
+    log.log(logging.INFO if gate["accepted"] else logging.WARNING, "INT8 %s %s", name, gate["reason"])
+    return gate
+
+
+def gate_metrics(gates: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """``<model>_perplexity``, ``<model>_perplexity_delta`` and ``<model>_accepted`` (1 or 0) per gated model."""
+    metrics: dict[str, float] = {}
+    for name, gate in gates.items():
+        metrics[f"{name}_perplexity"] = gate["perplexity"]
+        metrics[f"{name}_perplexity_delta"] = gate["perplexity_delta"]
+        metrics[f"{name}_accepted"] = 1.0 if gate["accepted"] else 0.0
+    return metrics
+
+
+def int8_metrics(
+    fp32: Fp32Reference,
+    *,
+    dynamic_dir: Path,
+    qdq_dir: Path,
+    calibration_sequences: int,
+    excluded_nodes: int,
+) -> dict[str, float]:
+    """Sizes, the INT8 logits' distance from FP32 on the sample (each model checked finite) and calibration counts."""
+    return {
+        "fp32_size_mb": fp32.size_bytes / 1e6,
+        "dynamic_size_mb": model_size_bytes(dynamic_dir / NO_PAST_FILE) / 1e6,
+        "qdq_size_mb": model_size_bytes(qdq_dir / NO_PAST_FILE) / 1e6,
+        "calibration_sequences": float(calibration_sequences),
+        "dynamic_max_abs_diff": _verify(dynamic_dir, fp32.sample, fp32.logits),
+        "qdq_max_abs_diff": _verify(qdq_dir, fp32.sample, fp32.logits),
+        "fp32_perplexity": fp32.perplexity,
+        "qdq_excluded_nodes": float(excluded_nodes),
+    }
+
+
+def dynamic_facts(tied_by_graph: dict[str, Any]) -> dict[str, Any]:
+    """What the dynamic-INT8 manifest says about its quantization."""
+    return {
+        "quantization": "dynamic-int8",
+        "op_types": list(DYNAMIC_OP_TYPES),
+        "per_channel": False,
+        "tied_embedding": tied_by_graph,
+    }
+
+
+def qdq_facts(cfg: QuantizeConfig, calibration_sequences: int, calibration_by_graph: dict[str, Any]) -> dict[str, Any]:
+    """What the Q/DQ INT8 manifest says about its quantization and calibration."""
+    return {
+        "quantization": "qdq-int8",
+        "op_types": list(cfg.op_types),
+        "per_channel": cfg.per_channel,
+        "symmetric": True,
+        "activation_type": "int8",
+        "calibrate_method": cfg.calibrate_method,
+        "calibration_sequences": calibration_sequences,
+        "calibration_seq_len": cfg.calibration_seq_len,
+        "calibration": calibration_by_graph,
+    }
+
+
+def _log_outcome(onnx_dir: Path, metrics: dict[str, float], gates: dict[str, dict[str, Any]], method: str) -> None:
+    def verdict(name: str) -> str:
+        return "accepted" if gates[name]["accepted"] else "rejected"
+
+    log.info(
+        "quantized %s: fp32 %.2f MB, dynamic %.2f MB (%s), qdq %.2f MB (%s), %d calibration sequences, %s",
+        onnx_dir,
+        metrics["fp32_size_mb"],
+        metrics["dynamic_size_mb"],
+        verdict("dynamic"),
+        metrics["qdq_size_mb"],
+        verdict("qdq"),
+        metrics["calibration_sequences"],
+        method,
+    )
+
+
 def run(
     cfg: QuantizeConfig,
     *,
@@ -340,15 +509,8 @@ def run(
     check_tokenizer_match(onnx_model, token_shards)
     windows = calibration_windows(token_shards.tokens("train"), cfg.calibration_sequences, cfg.calibration_seq_len)
     heldout = heldout_tokens(token_shards, cfg)
-    graphs = [NO_PAST_FILE] + ([WITH_PAST_FILE] if (onnx_model / WITH_PAST_FILE).is_file() else [])
-    fp32_bytes = model_size_bytes(fp32_file)
-    external = fp32_bytes > EXTERNAL_DATA_BYTES
-    sample = windows[: min(len(windows), 2)]
-    fp32_model = OrtCausalLM(fp32_file)
-    reference = fp32_model.logits(sample)
-    context = min(cfg.gate_context, _max_positions(onnx_model, cfg.gate_context))
-    fp32_ppl = perplexity(onnx_logits_fn(fp32_model), heldout, context=context).perplexity
-    del fp32_model
+    graphs = model_graphs(onnx_model)
+    fp32 = fp32_reference(onnx_model, fp32_file, windows, heldout, cfg)
     inputs = {"onnx_model": source, "shards": input_record(token_shards.root)}
 
     with (
@@ -356,105 +518,48 @@ def run(
         staged_output(int8_dynamic) as dyn_out,
         staged_output(int8_qdq) as qdq_out,
     ):
-        qdq_facts_by_graph: dict[str, Any] = {}
-        shared_by_graph: dict[str, Any] = {}
-        batch = even_batch_size(len(windows))
-        for graph in graphs:
-            prepared = Path(tmp) / graph
-            preprocessed = _preprocess(onnx_model / graph, prepared, external)
-            src = prepared if preprocessed else onnx_model / graph
-            quantize_dynamic(
-                str(src),
-                str(dyn_out / graph),
-                op_types_to_quantize=list(DYNAMIC_OP_TYPES),
-                weight_type=QuantType.QInt8,
-                use_external_data_format=external,
-            )
-            if cfg.share_tied_embedding:
-                shared_by_graph[graph] = share_tied_embedding_file(dyn_out / graph, external=external)
-            if graph == NO_PAST_FILE:
-                reader: CalibrationDataReader = TokenWindowReader(windows, batch)
-            else:
-                reader = PastWindowReader(windows, OrtDecoderWithPast(onnx_model / graph), batch)
-            facts = quantize_qdq(
-                src, qdq_out / graph, reader, cfg, external=external, workdir=Path(tmp) / f"{graph}.calib"
-            )
-            qdq_facts_by_graph[graph] = {"preprocessed": preprocessed, **facts}
-
-        gates = {}
-        for name, out in (("dynamic", dyn_out), ("qdq", qdq_out)):
-            ppl = perplexity(onnx_logits_fn(OrtCausalLM(out)), heldout, context=context).perplexity
-            gates[name] = {
-                **gate_decision(fp32_ppl, ppl, cfg.max_perplexity_delta),
-                "context": context,
-                "tokens": int(heldout.size),
-            }
-            log.log(
-                logging.INFO if gates[name]["accepted"] else logging.WARNING, "INT8 %s %s", name, gates[name]["reason"]
-            )
+        tied_by_graph, calibration_by_graph = quantize_graphs(
+            onnx_model,
+            graphs,
+            windows,
+            cfg,
+            dynamic_dir=dyn_out,
+            qdq_dir=qdq_out,
+            workdir=Path(tmp),
+            external=fp32.size_bytes > EXTERNAL_DATA_BYTES,
+        )
+        gates = {
+            name: accuracy_gate(name, out, heldout, fp32, cfg) for name, out in (("dynamic", dyn_out), ("qdq", qdq_out))
+        }
+        excluded = calibration_by_graph[NO_PAST_FILE]["excluded_nodes"]
         metrics = {
-            "fp32_size_mb": fp32_bytes / 1e6,
-            "dynamic_size_mb": model_size_bytes(dyn_out / NO_PAST_FILE) / 1e6,
-            "qdq_size_mb": model_size_bytes(qdq_out / NO_PAST_FILE) / 1e6,
-            "calibration_sequences": float(len(windows)),
-            "dynamic_max_abs_diff": _verify(dyn_out, sample, reference),
-            "qdq_max_abs_diff": _verify(qdq_out, sample, reference),
-            "fp32_perplexity": fp32_ppl,
-            "qdq_excluded_nodes": float(len(qdq_facts_by_graph[NO_PAST_FILE]["excluded_nodes"])),
+            **int8_metrics(
+                fp32,
+                dynamic_dir=dyn_out,
+                qdq_dir=qdq_out,
+                calibration_sequences=len(windows),
+                excluded_nodes=len(excluded),
+            ),
+            **gate_metrics(gates),
         }
-        for name, gate in gates.items():
-            metrics[f"{name}_perplexity"] = gate["perplexity"]
-            metrics[f"{name}_perplexity_delta"] = gate["perplexity_delta"]
-            metrics[f"{name}_accepted"] = 1.0 if gate["accepted"] else 0.0
         metrics["quantize_seconds"] = time.perf_counter() - start
-        common: dict[str, Any] = {"graphs": graphs, "weight_type": "int8"}
-        dynamic_facts = {
-            "quantization": "dynamic-int8",
-            "op_types": list(DYNAMIC_OP_TYPES),
-            "per_channel": False,
-            "tied_embedding": shared_by_graph,
-        }
-        qdq_facts = {
-            "quantization": "qdq-int8",
-            "op_types": list(cfg.op_types),
-            "per_channel": cfg.per_channel,
-            "symmetric": True,
-            "activation_type": "int8",
-            "calibrate_method": cfg.calibrate_method,
-            "calibration_sequences": len(windows),
-            "calibration_seq_len": cfg.calibration_seq_len,
-            "calibration": qdq_facts_by_graph,
-        }
-        for out, facts, gate in ((dyn_out, dynamic_facts, gates["dynamic"]), (qdq_out, qdq_facts, gates["qdq"])):
+        qdq = qdq_facts(cfg, len(windows), calibration_by_graph)
+        for out, facts, gate in (
+            (dyn_out, dynamic_facts(tied_by_graph), gates["dynamic"]),
+            (qdq_out, qdq, gates["qdq"]),
+        ):
             copy_model_files(onnx_model, out)
-            write_manifest(
-                out,
-                "onnx-model",
-                inputs=inputs,
-                config=cfg.model_dump(),
-                metrics=metrics,
-                extra={**common, **facts, GATE_KEY: gate},
-            )
-    log.info(
-        "quantized %s: fp32 %.2f MB, dynamic %.2f MB (%s), qdq %.2f MB (%s), %d calibration sequences, %s",
-        onnx_model,
-        metrics["fp32_size_mb"],
-        metrics["dynamic_size_mb"],
-        "accepted" if gates["dynamic"]["accepted"] else "rejected",
-        metrics["qdq_size_mb"],
-        "accepted" if gates["qdq"]["accepted"] else "rejected",
-        len(windows),
-        cfg.calibrate_method,
-    )
-    report_facts = {**qdq_facts, "excluded_nodes": qdq_facts_by_graph[NO_PAST_FILE]["excluded_nodes"]}
+            extra = {"graphs": graphs, "weight_type": "int8", **facts, GATE_KEY: gate}
+            write_manifest(out, "onnx-model", inputs=inputs, config=cfg.model_dump(), metrics=metrics, extra=extra)
+    _log_outcome(onnx_model, metrics, gates, cfg.calibrate_method)
     return StageResult(
         metrics=metrics,
-        html=html_section(metrics, gates, report_facts),
+        html=html_section(metrics, gates, {**qdq, "excluded_nodes": excluded}),
         summary={
             "dynamic_dir": str(int8_dynamic),
             "qdq_dir": str(int8_qdq),
             "graphs": graphs,
             "accuracy_gate": gates,
-            "calibration": qdq_facts_by_graph,
+            "calibration": calibration_by_graph,
         },
     )

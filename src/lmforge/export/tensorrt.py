@@ -351,6 +351,103 @@ def _smoke_test(plan: bytes, model_file: Path, profiles: Mapping, vocab_size: in
     }
 
 
+def skip_reason(cfg: TensorRTConfig, int8_qdq: Path) -> str | None:
+    """Why no engine is built: TensorRT or a GPU is missing here, or the INT8 model failed its accuracy gate."""
+    reason = unavailable_reason(cfg)
+    if reason is None and cfg.precision == "int8":
+        gate = gate_result(int8_qdq)
+        if not gate["accepted"]:
+            reason = f"the Q/DQ INT8 model failed the accuracy gate ({gate['reason']}); serve the FP32 model"
+    return reason
+
+
+def _write_skipped(cfg: TensorRTConfig, engine: str | Path, inputs: dict[str, Any], reason: str) -> StageResult:
+    """Write the ``skipped`` status and the manifest, and no engine."""
+    log.warning("build_tensorrt skipped: %s", reason)
+    metrics = {"built": 0.0}
+    with staged_output(engine) as out:
+        status = write_status(out, "skipped", reason)
+        write_manifest(out, KIND, inputs=inputs, config=cfg.model_dump(), metrics=metrics, extra=status)
+    return StageResult(metrics=metrics, summary=dict(status))
+
+
+def build_with_trtexec(
+    cfg: TensorRTConfig,
+    model_file: Path,
+    engine_file: Path,
+    profiles: dict[str, tuple[Shape, Shape, Shape]],
+    timing_cache: Path | None,
+) -> tuple[bytes, dict[str, Any]]:
+    """Build ``engine_file`` with ``trtexec``; return the engine and the facts for the build record."""
+    cache_info = timing_cache_record(timing_cache)
+    text = _run_trtexec(trtexec_command(cfg, model_file, engine_file, profiles, timing_cache=timing_cache))
+    trtexec_facts = parse_trtexec_output(text)
+    facts = {
+        "tensorrt_version": trtexec_facts.get("tensorrt_version", "unknown"),
+        "strongly_typed": cfg.precision != "fp16",
+        "timing_cache": cache_info,
+        "trtexec": trtexec_facts,
+    }
+    return engine_file.read_bytes(), facts
+
+
+def build_with_python_api(
+    cfg: TensorRTConfig,
+    model_file: Path,
+    engine_file: Path,
+    profiles: dict[str, tuple[Shape, Shape, Shape]],
+    timing_cache: Path | None,
+) -> tuple[bytes, dict[str, Any]]:
+    """Build the engine with the TensorRT Python API and write it to ``engine_file``; return it and the facts."""
+    plan, facts = _build_engine(
+        model_file,
+        profiles,
+        precision=cfg.precision,
+        workspace_bytes=int(cfg.workspace_gib * (1 << 30)),
+        timing_cache=timing_cache,
+    )
+    engine_file.write_bytes(plan)
+    return plan, facts
+
+
+def engine_record(
+    cfg: TensorRTConfig,
+    profiles: dict[str, tuple[Shape, Shape, Shape]],
+    facts: Mapping[str, Any],
+    *,
+    graph: str,
+    build_seconds: float,
+    smoke: dict[str, Any],
+) -> dict[str, Any]:
+    """The build record of an engine built here: :func:`build_record` plus the graph, builder and trtexec facts."""
+    record = build_record(
+        cfg,
+        profiles,
+        tensorrt_version=facts["tensorrt_version"],
+        gpu_name=torch.cuda.get_device_name(0),
+        build_seconds=build_seconds,
+        strongly_typed=facts["strongly_typed"],
+        timing_cache=facts["timing_cache"],
+        smoke=smoke,
+    )
+    record["graph"] = graph
+    record["builder"] = cfg.builder
+    if "trtexec" in facts:
+        record["trtexec"] = facts["trtexec"]
+    return record
+
+
+def engine_metrics(plan: bytes, build_seconds: float, smoke: Mapping[str, Any]) -> dict[str, float]:
+    """The stage's metrics for a built engine: build time, size and the smoke test's agreement with ORT."""
+    return {
+        "built": 1.0,
+        "build_seconds": build_seconds,
+        "engine_size_mb": len(plan) / 1e6,
+        "smoke_max_abs_diff": smoke["max_abs_diff_vs_ort"],
+        "smoke_top1_agreement": smoke["top1_agreement_vs_ort"],
+    }
+
+
 def run(
     cfg: TensorRTConfig,
     *,
@@ -367,73 +464,24 @@ def run(
     int8_qdq = Path(int8_qdq)
     resolve_model_file(int8_qdq)
     model_file = select_graph(cfg, int8_qdq) if int8_qdq.is_dir() else int8_qdq
-    source = input_record(int8_qdq)
+    inputs = {"onnx_model": input_record(int8_qdq)}
     profiles = optimization_profiles(cfg, graph_inputs(model_file))
     if cfg.precision == "int8" and count_qdq_nodes(model_file) == 0:
         raise InputDataError(f"{model_file}: precision int8 needs a Q/DQ model, but the graph has no Q/DQ nodes")
-    inputs = {"onnx_model": source}
     cache = timing_cache if timing_cache is not None else cfg.timing_cache
-    cache_path = Path(cache) if cache is not None else None
-
-    reason = unavailable_reason(cfg)
-    if reason is None and cfg.precision == "int8":
-        gate = gate_result(int8_qdq)
-        if not gate["accepted"]:
-            reason = f"the Q/DQ INT8 model failed the accuracy gate ({gate['reason']}); serve the FP32 model"
+    reason = skip_reason(cfg, int8_qdq)
     if reason is not None:
-        log.warning("build_tensorrt skipped: %s", reason)
-        metrics = {"built": 0.0}
-        with staged_output(engine) as out:
-            status = write_status(out, "skipped", reason)
-            write_manifest(out, KIND, inputs=inputs, config=cfg.model_dump(), metrics=metrics, extra=status)
-        return StageResult(metrics=metrics, summary=dict(status))
+        return _write_skipped(cfg, engine, inputs, reason)
 
     vocab_size = int(json.loads((int8_qdq / "config.json").read_text(encoding="utf-8"))["vocab_size"])
+    build = build_with_trtexec if cfg.builder == "trtexec" else build_with_python_api
     with staged_output(engine) as out:
         start = time.perf_counter()
-        trtexec_facts: dict[str, Any] | None = None
-        if cfg.builder == "trtexec":
-            cache_info = timing_cache_record(cache_path)
-            text = _run_trtexec(trtexec_command(cfg, model_file, out / ENGINE_FILE, profiles, timing_cache=cache_path))
-            trtexec_facts = parse_trtexec_output(text)
-            plan = (out / ENGINE_FILE).read_bytes()
-            facts = {
-                "tensorrt_version": trtexec_facts.get("tensorrt_version", "unknown"),
-                "strongly_typed": cfg.precision != "fp16",
-                "timing_cache": cache_info,
-            }
-        else:
-            plan, facts = _build_engine(
-                model_file,
-                profiles,
-                precision=cfg.precision,
-                workspace_bytes=int(cfg.workspace_gib * (1 << 30)),
-                timing_cache=cache_path,
-            )
-            (out / ENGINE_FILE).write_bytes(plan)
+        plan, facts = build(cfg, model_file, out / ENGINE_FILE, profiles, Path(cache) if cache is not None else None)
         build_seconds = time.perf_counter() - start
         smoke = _smoke_test(plan, model_file, profiles, vocab_size)
-        record = build_record(
-            cfg,
-            profiles,
-            tensorrt_version=facts["tensorrt_version"],
-            gpu_name=torch.cuda.get_device_name(0),
-            build_seconds=build_seconds,
-            strongly_typed=facts["strongly_typed"],
-            timing_cache=facts["timing_cache"],
-            smoke=smoke,
-        )
-        record["graph"] = model_file.name
-        record["builder"] = cfg.builder
-        if trtexec_facts is not None:
-            record["trtexec"] = trtexec_facts
-        metrics = {
-            "built": 1.0,
-            "build_seconds": build_seconds,
-            "engine_size_mb": len(plan) / 1e6,
-            "smoke_max_abs_diff": smoke["max_abs_diff_vs_ort"],
-            "smoke_top1_agreement": smoke["top1_agreement_vs_ort"],
-        }
+        record = engine_record(cfg, profiles, facts, graph=model_file.name, build_seconds=build_seconds, smoke=smoke)
+        metrics = engine_metrics(plan, build_seconds, smoke)
         (out / BUILD_RECORD).write_text(json.dumps(record, indent=2), encoding="utf-8")
         status = write_status(out, "built", f"TensorRT {record['tensorrt_version']} on {record['gpu']}")
         write_manifest(out, KIND, inputs=inputs, config=cfg.model_dump(), metrics=metrics, extra=status)

@@ -301,58 +301,84 @@ class _Launch:
         version = job["metadata"].get("resourceVersion")
         broken = 0  # consecutive watch requests that failed on the connection
         while job_state(job, self.kind)[0] == "running":
-            window = self.window
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise _Timeout
-                window = max(1, min(window, int(left) + 1))
+            window = self._window(deadline)
             with contextlib.suppress(ApiException, TransportError):  # pods/logs: best effort; job state: not
                 self.follow_logs()
             watcher = k8s_watch.Watch()
             started, events = time.monotonic(), 0
             try:
-                for event in watcher.stream(
-                    self.custom.list_namespaced_custom_object,
-                    *self._path(),
-                    field_selector=f"metadata.name={self.name}",
-                    resource_version=version,
-                    allow_watch_bookmarks=True,
-                    timeout_seconds=window,
-                    _request_timeout=(10, window + 30),
-                ):
+                for event in self._watch(watcher, version, window):
                     events += 1
-                    obj = event["raw_object"]
-                    version = obj.get("metadata", {}).get("resourceVersion", version)
-                    if event["type"] == "BOOKMARK":
+                    version = event["raw_object"].get("metadata", {}).get("resourceVersion", version)
+                    update = self._job_of(event)
+                    if update is None:
                         continue
-                    if event["type"] == "DELETED":
-                        raise LaunchError(f"{self.ref} was deleted while running (by someone else?)")
-                    job = obj
+                    job = update
                     if job_state(job, self.kind)[0] != "running":
                         watcher.stop()
                         break
             except ApiException as exc:
-                if exc.status != 410:
-                    raise LaunchError(f"{self.ref}: watch failed: HTTP {exc.status} {exc.reason}") from exc
-                # 410 Gone: our resourceVersion was compacted away; read the job afresh and watch from there.
-                log.debug("%s: watch version %s expired; re-reading", self.ref, version)
-                fresh = self.get()
-                if fresh is None:
-                    raise LaunchError(f"{self.ref} disappeared while running (deleted by someone else?)") from exc
-                job, version = fresh, fresh["metadata"].get("resourceVersion")
+                job, version = self._reread_after_expiry(exc, version)
                 continue
             except TransportError as exc:  # a dropped or stalled connection: watch again from the same version
                 broken += 1
-                if broken >= MAX_BROKEN_WATCHES:
-                    raise LaunchError(f"{self.ref}: lost the API server {broken} times in a row: {exc}") from exc
-                log.warning("%s: watch connection failed (%s); watching again", self.ref, exc)
-                time.sleep(min(2.0**broken, 30.0))
+                self._back_off(broken, exc)
                 continue
             broken = 0
             if not events and time.monotonic() - started < 1.0:
                 time.sleep(1.0)  # a watch that ends at once with nothing (a proxy, an API hiccup): do not spin
         return job
+
+    def _window(self, deadline: float | None) -> int:
+        """Seconds of the next watch: ``watch_window_s``, cut to what is left before ``deadline``.
+
+        Raises:
+            _Timeout: the deadline has passed.
+        """
+        if deadline is None:
+            return self.window
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _Timeout
+        return max(1, min(self.window, int(left) + 1))
+
+    def _watch(self, watcher: k8s_watch.Watch, version: str | None, window: int) -> Iterator[dict[str, Any]]:
+        """The events of one watch window on this job, from ``version``."""
+        return watcher.stream(
+            self.custom.list_namespaced_custom_object,
+            *self._path(),
+            field_selector=f"metadata.name={self.name}",
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=window,
+            _request_timeout=(10, window + 30),
+        )
+
+    def _job_of(self, event: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The job a watch event carries; ``None`` for a bookmark. Raises when the job was deleted."""
+        if event["type"] == "BOOKMARK":
+            return None
+        if event["type"] == "DELETED":
+            raise LaunchError(f"{self.ref} was deleted while running (by someone else?)")
+        return event["raw_object"]
+
+    def _reread_after_expiry(self, exc: ApiException, version: str | None) -> tuple[dict[str, Any], str | None]:
+        """After a watch failed with ``exc``: on 410 Gone, the job read afresh and its version; else raise."""
+        if exc.status != 410:
+            raise LaunchError(f"{self.ref}: watch failed: HTTP {exc.status} {exc.reason}") from exc
+        # 410 Gone: our resourceVersion was compacted away; read the job afresh and watch from there.
+        log.debug("%s: watch version %s expired; re-reading", self.ref, version)
+        fresh = self.get()
+        if fresh is None:
+            raise LaunchError(f"{self.ref} disappeared while running (deleted by someone else?)") from exc
+        return fresh, fresh["metadata"].get("resourceVersion")
+
+    def _back_off(self, broken: int, exc: TransportError) -> None:
+        """Wait before watching again after ``broken`` connection failures in a row; raise after too many."""
+        if broken >= MAX_BROKEN_WATCHES:
+            raise LaunchError(f"{self.ref}: lost the API server {broken} times in a row: {exc}") from exc
+        log.warning("%s: watch connection failed (%s); watching again", self.ref, exc)
+        time.sleep(min(2.0**broken, 30.0))
 
 
 class _Timeout(BaseException):

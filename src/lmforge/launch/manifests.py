@@ -247,6 +247,83 @@ def _mpirun(args: Sequence[str], env: Sequence[Mapping[str, Any]], module: str) 
     return ["mpirun", "--bind-to", "none", *forward, "python", "-m", module, *args]
 
 
+def _placement(cfg: LaunchConfig) -> dict[str, Any]:
+    """The pod spec fields that place a training pod: node selector, tolerations, service account."""
+    placement: dict[str, Any] = {}
+    if cfg.node_selector:
+        placement["nodeSelector"] = dict(cfg.node_selector)
+    if cfg.tolerations:
+        placement["tolerations"] = _tolerations(cfg)
+    if cfg.service_account:
+        placement["serviceAccountName"] = cfg.service_account
+    return placement
+
+
+def _trainer_command(
+    cfg: LaunchConfig, args: Sequence[str], env: Sequence[Mapping[str, Any]], module: str
+) -> list[str]:
+    """The trainer's command: ``torchrun -m <module> ...``, or ``mpirun ...`` for the DeepSpeed runtime."""
+    if cfg.runtime == "deepspeed-distributed":
+        return _mpirun(args, env, module)
+    return ["torchrun", "-m", module, *args]
+
+
+def _patched_jobs(cfg: LaunchConfig) -> list[str]:
+    """The runtime's replicated jobs whose pods lmforge places."""
+    if cfg.runtime == "deepspeed-distributed":
+        return ["node", "launcher"]  # the launcher also trains (runLauncherAsNode) and needs the GPU pool
+    return ["node"]
+
+
+def _trainer(cfg: LaunchConfig, args: Sequence[str], *, image: str, module: str) -> dict[str, Any]:
+    """``spec.trainer`` of a TrainJob: image, command, nodes, processes per node, env and resources."""
+    env = _env(cfg)
+    trainer: dict[str, Any] = {
+        "image": image,
+        "command": _trainer_command(cfg, args, env, module),
+        "numNodes": cfg.num_nodes,
+        "numProcPerNode": _procs_per_node(cfg),
+        "env": env,
+    }
+    resources = _resources(cfg)
+    if resources:
+        trainer["resourcesPerNode"] = resources
+    return trainer
+
+
+def _trainjob_pod_spec(cfg: LaunchConfig, pod_overrides: PodOverrides) -> dict[str, Any]:
+    """What a TrainJob adds to the runtime's pod spec: placement, /dev/shm and, where it can, the security context."""
+    volumes, mounts = _shm(cfg)
+    pod_spec = _placement(cfg)
+    container: dict[str, Any] = {"name": TRAINJOB.container}
+    if volumes:
+        pod_spec["volumes"] = volumes
+        container["volumeMounts"] = mounts
+    if pod_overrides == "runtimePatches":  # Trainer v2.1's podTemplateOverrides has no securityContext
+        pod_spec["securityContext"] = pod_security_context()
+        container["securityContext"] = container_security_context()
+    if len(container) > 1:
+        pod_spec["containers"] = [container]
+    return pod_spec
+
+
+def _pod_overrides(pod_spec: Mapping[str, Any], jobs: Sequence[str], pod_overrides: PodOverrides) -> dict[str, Any]:
+    """The TrainJob spec field (named ``pod_overrides``) that applies ``pod_spec`` to the pods of ``jobs``."""
+    if not pod_spec:
+        return {}
+    if pod_overrides == "podTemplateOverrides":
+        return {"podTemplateOverrides": [{"targetJobs": [{"name": job} for job in jobs], "spec": pod_spec}]}
+    replicated_jobs = [{"name": job, "template": {"spec": {"template": {"spec": pod_spec}}}} for job in jobs]
+    return {
+        "runtimePatches": [
+            {
+                "manager": PATCH_MANAGER,
+                "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": replicated_jobs}}},
+            }
+        ]
+    }
+
+
 def build_trainjob(
     name: str,
     cfg: LaunchConfig,
@@ -271,62 +348,12 @@ def build_trainjob(
             "active_deadline_s: Kubeflow Trainer v2.1 TrainJobs have no activeDeadlineSeconds; "
             "use wait_timeout_s, or Trainer >= v2.2"
         )
-    env = _env(cfg)
-    if cfg.runtime == "deepspeed-distributed":
-        command = _mpirun(args, env, module)
-        patched_jobs = ["node", "launcher"]  # the launcher also trains (runLauncherAsNode) and needs the GPU pool
-    else:
-        command = ["torchrun", "-m", module, *args]
-        patched_jobs = ["node"]
-    trainer: dict[str, Any] = {
-        "image": image,
-        "command": command,
-        "numNodes": cfg.num_nodes,
-        "numProcPerNode": _procs_per_node(cfg),
-        "env": env,
-    }
-    resources = _resources(cfg)
-    if resources:
-        trainer["resourcesPerNode"] = resources
-    volumes, mounts = _shm(cfg)
-    pod_spec: dict[str, Any] = {}
-    if cfg.node_selector:
-        pod_spec["nodeSelector"] = dict(cfg.node_selector)
-    if cfg.tolerations:
-        pod_spec["tolerations"] = _tolerations(cfg)
-    if cfg.service_account:
-        pod_spec["serviceAccountName"] = cfg.service_account
-    container: dict[str, Any] = {"name": TRAINJOB.container}
-    if volumes:
-        pod_spec["volumes"] = volumes
-        container["volumeMounts"] = mounts
-    if pod_overrides == "runtimePatches":  # Trainer v2.1's podTemplateOverrides has no securityContext
-        pod_spec["securityContext"] = pod_security_context()
-        container["securityContext"] = container_security_context()
-    if len(container) > 1:
-        pod_spec["containers"] = [container]
+    pod_spec = _trainjob_pod_spec(cfg, pod_overrides)
     spec: dict[str, Any] = {
         "runtimeRef": {"apiGroup": TRAINJOB.group, "kind": cfg.runtime_kind, "name": cfg.trainjob_runtime},
-        "trainer": trainer,
+        "trainer": _trainer(cfg, args, image=image, module=module),
+        **_pod_overrides(pod_spec, _patched_jobs(cfg), pod_overrides),
     }
-    if pod_spec and pod_overrides == "podTemplateOverrides":
-        spec["podTemplateOverrides"] = [{"targetJobs": [{"name": job} for job in patched_jobs], "spec": pod_spec}]
-    elif pod_spec:
-        spec["runtimePatches"] = [
-            {
-                "manager": PATCH_MANAGER,
-                "trainingRuntimeSpec": {
-                    "template": {
-                        "spec": {
-                            "replicatedJobs": [
-                                {"name": job, "template": {"spec": {"template": {"spec": pod_spec}}}}
-                                for job in patched_jobs
-                            ]
-                        }
-                    }
-                },
-            }
-        ]
     if cfg.active_deadline_s:
         spec["activeDeadlineSeconds"] = cfg.active_deadline_s
     return {
@@ -363,13 +390,8 @@ def build_pytorchjob(
         "containers": [container],
         "securityContext": pod_security_context(),
         "automountServiceAccountToken": False,  # training needs S3, nothing of the Kubernetes API
+        **_placement(cfg),
     }
-    if cfg.node_selector:
-        pod_spec["nodeSelector"] = dict(cfg.node_selector)
-    if cfg.tolerations:
-        pod_spec["tolerations"] = _tolerations(cfg)
-    if cfg.service_account:
-        pod_spec["serviceAccountName"] = cfg.service_account
     if cfg.priority_class:
         pod_spec["priorityClassName"] = cfg.priority_class
     if volumes:

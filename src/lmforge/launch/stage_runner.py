@@ -238,43 +238,19 @@ def _as_job(
 ) -> StageResult:
     """Stage inputs to S3, run the job there, copy the outputs back and read its result."""
     spec = get_stage(stage)
-    if not storage.is_s3(staging_uri) or not staging_uri[len(storage.S3_SCHEME) :].strip("/"):
-        raise ConfigError(
-            f"staging_uri: launch.num_nodes={cfg.num_nodes} needs an s3://bucket/prefix the job's pods can reach "
-            f"to stage inputs and outputs, got {staging_uri!r}"
-        )
-    run_id = run_id or os.environ.get(RUN_ID_ENV, "")
-    if not run_id or "{{" in run_id:
-        raise ConfigError(
-            f"run id: launch.num_nodes > 1 names the job after the pipeline run, but the run id is "
-            f"{run_id or 'empty'!r}; set ${RUN_ID_ENV} (the lmforge pipeline maps it from the pod label "
-            "pipeline/runid) or pass run_id"
-        )
+    check_staging_uri(staging_uri, cfg.num_nodes)
+    run_id = job_run_id(run_id)
     if not image:
         raise ConfigError("job image: launch.num_nodes > 1 needs the container image of the job's pods")
-    # The pods do not inherit this step's environment: the run id and root fill a templated checkpoint.dir there.
-    run_env = {RUN_ID_ENV: run_id} | ({RUN_ROOT_ENV: root} if (root := os.environ.get(RUN_ROOT_ENV)) else {})
-    cfg = cfg.model_copy(update={"env": run_env | cfg.env})
+    cfg = with_run_env(cfg, run_id)
     outputs = _artifact_names(spec.outputs)
-    for name in outputs:
-        local = Path(io[name]) if io.get(name) else None
-        if local is not None and local.exists() and (local.is_file() or any(local.iterdir())):
-            raise InputDataError(f"output {local} already exists and is not empty; refusing to overwrite it")
+    refuse_filled_outputs(io, outputs)
     verdict = check_training_api(cfg, api_client)
     if verdict != "ok":
         raise PreflightError(f"launch: {verdict}")
 
     prefix = storage.join(staging_uri, run_id, task)
-    remote: dict[str, str] = {}
-    for name, value in io.items():
-        if name in outputs:
-            remote[name] = storage.join(prefix, name)
-        elif name in _artifact_names(spec.inputs) and not storage.is_s3(value):
-            remote[name] = storage.join(prefix, name)
-            copied = publish_artifact(value, remote[name])
-            log.info("%s: staged input %s %s %s", stage, name, "->" if copied else "already at", remote[name])
-        else:
-            remote[name] = value
+    remote = stage_io(stage, io, prefix, outputs=outputs, inputs=_artifact_names(spec.inputs))
     result_uri = storage.join(prefix, RESULT_FILE)
     args = [*stage_args(stage, remote, preset=preset, overrides=overrides), "--result", result_uri]
 
@@ -283,11 +259,8 @@ def _as_job(
     if not storage.is_file(result_uri):
         raise LaunchError(f"{launched.kind} {launched.name} succeeded but wrote no result at {result_uri}")
     result = read_result(result_uri)
-    for name in outputs:
-        if io.get(name):
-            fetch_artifact(remote[name], io[name])
-            log.info("%s: output %s <- %s (verified)", stage, io[name], remote[name])
-    result.summary = _swap_paths(result.summary, {remote[n]: io[n] for n in outputs if io.get(n)})
+    fetched = fetch_outputs(stage, io, remote, outputs)
+    result.summary = _swap_paths(result.summary, fetched)
     result.summary["launch"] = {
         "mode": "job",
         "kind": launched.kind,
@@ -298,6 +271,75 @@ def _as_job(
         "staging": prefix,
     }
     return result
+
+
+def check_staging_uri(staging_uri: str, num_nodes: int) -> None:
+    """Refuse a staging URI that is not ``s3://bucket[/prefix]``: a job's pods reach its artifacts only there."""
+    if not storage.is_s3(staging_uri) or not staging_uri[len(storage.S3_SCHEME) :].strip("/"):
+        raise ConfigError(
+            f"staging_uri: launch.num_nodes={num_nodes} needs an s3://bucket/prefix the job's pods can reach "
+            f"to stage inputs and outputs, got {staging_uri!r}"
+        )
+
+
+def job_run_id(run_id: str) -> str:
+    """The pipeline run id that names the job: ``run_id``, else ``$LMFORGE_RUN_ID``; refused when unresolved."""
+    run_id = run_id or os.environ.get(RUN_ID_ENV, "")
+    if not run_id or "{{" in run_id:
+        raise ConfigError(
+            f"run id: launch.num_nodes > 1 names the job after the pipeline run, but the run id is "
+            f"{run_id or 'empty'!r}; set ${RUN_ID_ENV} (the lmforge pipeline maps it from the pod label "
+            "pipeline/runid) or pass run_id"
+        )
+    return run_id
+
+
+def with_run_env(cfg: LaunchConfig, run_id: str) -> LaunchConfig:
+    """``cfg`` whose pods also get the run id and, when set here, the run root (``cfg.env`` wins on a clash)."""
+    # The pods do not inherit this step's environment: the run id and root fill a templated checkpoint.dir there.
+    run_env = {RUN_ID_ENV: run_id} | ({RUN_ROOT_ENV: root} if (root := os.environ.get(RUN_ROOT_ENV)) else {})
+    return cfg.model_copy(update={"env": run_env | cfg.env})
+
+
+def refuse_filled_outputs(io: Mapping[str, str], outputs: set[str]) -> None:
+    """Raise :class:`InputDataError` when a local output path already holds a file or a non-empty directory."""
+    for name in outputs:
+        local = Path(io[name]) if io.get(name) else None
+        if local is not None and local.exists() and (local.is_file() or any(local.iterdir())):
+            raise InputDataError(f"output {local} already exists and is not empty; refusing to overwrite it")
+
+
+def stage_io(stage: str, io: Mapping[str, str], prefix: str, *, outputs: set[str], inputs: set[str]) -> dict[str, str]:
+    """The job's view of ``io``: outputs and local artifact inputs under ``prefix`` (inputs copied there now).
+
+    Parameters and inputs already on S3 pass through unchanged.
+    """
+    remote: dict[str, str] = {}
+    for name, value in io.items():
+        if name in outputs:
+            remote[name] = storage.join(prefix, name)
+        elif name in inputs and not storage.is_s3(value):
+            remote[name] = storage.join(prefix, name)
+            copied = publish_artifact(value, remote[name])
+            log.info("%s: staged input %s %s %s", stage, name, "->" if copied else "already at", remote[name])
+        else:
+            remote[name] = value
+    return remote
+
+
+def fetch_outputs(stage: str, io: Mapping[str, str], remote: Mapping[str, str], outputs: set[str]) -> dict[str, str]:
+    """Copy each requested output from the job's staging back to its local path, verified.
+
+    Returns:
+        ``{staged URI: local path}`` of the outputs copied.
+    """
+    fetched: dict[str, str] = {}
+    for name in outputs:
+        if io.get(name):
+            fetch_artifact(remote[name], io[name])
+            log.info("%s: output %s <- %s (verified)", stage, io[name], remote[name])
+            fetched[remote[name]] = io[name]
+    return fetched
 
 
 def _artifact_names(ports: Sequence[Any]) -> set[str]:

@@ -358,3 +358,25 @@ def test_unsafe_tensors_are_non_finite_or_beyond_the_limit_and_their_nodes_found
 
 def test_even_batch_size_divides_the_calibration_count():
     assert [even_batch_size(n) for n in (128, 12, 7, 1, 30)] == [8, 6, 7, 1, 6]
+
+
+def test_the_cache_graph_is_quantized_only_when_the_directory_has_one(tmp_path):
+    (tmp_path / NO_PAST_FILE).write_bytes(b"")
+    assert quantize.model_graphs(tmp_path) == [NO_PAST_FILE]
+    (tmp_path / WITH_PAST_FILE).write_bytes(b"")
+    assert quantize.model_graphs(tmp_path) == [NO_PAST_FILE, WITH_PAST_FILE]
+
+
+def test_gate_metrics_name_each_models_perplexity_delta_and_verdict():
+    gates = {
+        "dynamic": {"perplexity": 101.0, "perplexity_delta": 0.01, "accepted": True, "reason": "accepted"},
+        "qdq": {"perplexity": 140.0, "perplexity_delta": 0.4, "accepted": False, "reason": "rejected"},
+    }
+    assert quantize.gate_metrics(gates) == {
+        "dynamic_perplexity": 101.0,
+        "dynamic_perplexity_delta": 0.01,
+        "dynamic_accepted": 1.0,
+        "qdq_perplexity": 140.0,
+        "qdq_perplexity_delta": 0.4,
+        "qdq_accepted": 0.0,
+    }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -324,3 +325,82 @@ def test_builds_an_int8_engine_from_the_qdq_model_and_reuses_the_timing_cache(
     assert cache.stat().st_size > 0 and record["timing_cache"]["reused"] is False
     again = tensorrt.run(GPU_PROFILE, int8_qdq=qdq_dir, engine=tmp_path / "engine2", timing_cache=cache)
     assert again.summary["build_record"]["timing_cache"]["reused"] is True
+
+
+@pytest.fixture
+def gated_qdq_on_a_gpu_node(tmp_path, monkeypatch):
+    """An accepted Q/DQ model on a GPU node faked without TensorRT: the engine answers ONNX Runtime's logits + 0.5."""
+    qdq_dir = _toy_model_dir(tmp_path / "qdq", with_qdq=True)
+    gate = {"accepted": True, "reason": "accepted: +0.1%"}
+    write_manifest(qdq_dir, "onnx-model", extra={"quantization": "qdq-int8", "accuracy_gate": gate})
+    monkeypatch.setattr(tensorrt, "unavailable_reason", lambda cfg: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "Fake GPU")
+
+    def run_engine(plan, feeds):
+        assert plan.startswith(b"PLAN")
+        return tensorrt.cpu_session(qdq_dir / NO_PAST_FILE).run(["logits"], feeds)[0] + 0.5
+
+    monkeypatch.setattr(tensorrt, "_run_engine", run_engine)
+    return qdq_dir
+
+
+def test_a_built_engine_is_written_with_its_build_record_smoke_test_and_status(
+    tmp_path, monkeypatch, gated_qdq_on_a_gpu_node
+):
+    qdq_dir = gated_qdq_on_a_gpu_node
+    built = []
+
+    def build_engine(model_file, profiles, *, precision, workspace_bytes, timing_cache):
+        built.append((model_file, precision, workspace_bytes, timing_cache))
+        facts = {"tensorrt_version": "10.9", "strongly_typed": True, "timing_cache": timing_cache_record(timing_cache)}
+        return b"PLAN" * 250_000, facts
+
+    monkeypatch.setattr(tensorrt, "_build_engine", build_engine)
+    out, cache = tmp_path / "engine", tmp_path / "timing.cache"
+    result = tensorrt.run(PROFILE, int8_qdq=qdq_dir, engine=out, timing_cache=cache)
+
+    assert built == [(qdq_dir / NO_PAST_FILE, "int8", int(PROFILE.workspace_gib * (1 << 30)), cache)]
+    assert (out / "engine.plan").read_bytes() == b"PLAN" * 250_000
+    record = json.loads((out / "build_record.json").read_text())
+    assert record == result.summary["build_record"]
+    assert (record["tensorrt_version"], record["gpu"], record["graph"], record["builder"]) == (
+        "10.9",
+        "Fake GPU",
+        NO_PAST_FILE,
+        "python",
+    )
+    assert record["timing_cache"] == {"path": str(cache), "reused": False} and "trtexec" not in record
+    assert record["smoke_test"]["shapes"] == {"input_ids": [2, 16], "attention_mask": [2, 16]}
+    assert record["smoke_test"]["max_abs_diff_vs_ort"] == pytest.approx(0.5)
+    assert record["smoke_test"]["top1_agreement_vs_ort"] == 1.0
+    status = {"status": "built", "reason": "TensorRT 10.9 on Fake GPU"}
+    assert json.loads((out / "status.json").read_text()) == status
+    assert {k: v for k, v in result.summary.items() if k != "build_record"} == status
+    assert result.metrics["built"] == 1.0 and result.metrics["engine_size_mb"] == 1.0
+    assert result.metrics["smoke_max_abs_diff"] == pytest.approx(0.5) and result.metrics["smoke_top1_agreement"] == 1
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "built" and set(manifest["files"]) == {
+        "engine.plan",
+        "build_record.json",
+        "status.json",
+    }
+
+
+def test_a_trtexec_build_records_what_trtexec_printed(tmp_path, monkeypatch, gated_qdq_on_a_gpu_node):
+    qdq_dir = gated_qdq_on_a_gpu_node
+    monkeypatch.setattr(tensorrt.shutil, "which", lambda program: f"/usr/bin/{program}")
+
+    def trtexec(command):
+        engine_file = next(arg.split("=", 1)[1] for arg in command if arg.startswith("--saveEngine="))
+        Path(engine_file).write_bytes(b"PLAN" * 10)
+        return "[I] TensorRT version: 10.3.0\n[I] Selected Device: Fake GPU\n&&&& PASSED TensorRT.trtexec\n"
+
+    monkeypatch.setattr(tensorrt, "_run_trtexec", trtexec)
+    cfg = PROFILE.model_copy(update={"builder": "trtexec"})
+    result = tensorrt.run(cfg, int8_qdq=qdq_dir, engine=tmp_path / "engine")
+
+    record = json.loads((tmp_path / "engine" / "build_record.json").read_text())
+    assert record["builder"] == "trtexec" and record["tensorrt_version"] == "10.3.0" and record["strongly_typed"]
+    assert record["trtexec"] == {"passed": True, "tensorrt_version": "10.3.0", "gpu": "Fake GPU"}
+    assert record["timing_cache"] is None
+    assert result.summary["reason"] == "TensorRT 10.3.0 on Fake GPU" and result.metrics["engine_size_mb"] == 40 / 1e6

@@ -286,3 +286,41 @@ def test_a_field_the_clusters_crd_lacks_fails_the_create_instead_of_being_pruned
             )
             is None
         )
+
+
+def _launch(window_s: int = 30) -> client_module._Launch:
+    return client_module._Launch(
+        manifest(), kubernetes.client.ApiClient(), watch_window_s=window_s, log_tail_lines=5, on_log=None
+    )
+
+
+def test_a_watch_window_is_cut_to_the_time_left_and_the_deadline_raises(monkeypatch):
+    monkeypatch.setattr(client_module.time, "monotonic", lambda: 100.0)
+    launch = _launch(window_s=30)
+    assert launch._window(None) == 30
+    assert launch._window(200.0) == 30
+    assert launch._window(102.5) == 3  # the whole seconds left, plus one
+    assert launch._window(100.2) == 1
+    with pytest.raises(client_module._Timeout):
+        launch._window(100.0)
+
+
+def test_a_watch_event_carries_the_job_except_a_bookmark_and_a_deletion_raises():
+    launch = _launch()
+    job = {"metadata": {"name": "j", "resourceVersion": "7"}}
+    assert launch._job_of({"type": "MODIFIED", "raw_object": job}) is job
+    assert launch._job_of({"type": "BOOKMARK", "raw_object": {"metadata": {"resourceVersion": "8"}}}) is None
+    with pytest.raises(LaunchError, match="was deleted while running"):
+        launch._job_of({"type": "DELETED", "raw_object": job})
+
+
+def test_a_broken_watch_connection_backs_off_exponentially_then_gives_up(monkeypatch):
+    slept: list[float] = []
+    monkeypatch.setattr(client_module.time, "sleep", slept.append)
+    launch = _launch()
+    error = client_module.TransportError("connection reset")
+    for broken in range(1, client_module.MAX_BROKEN_WATCHES):
+        launch._back_off(broken, error)
+    assert slept == [2.0, 4.0, 8.0, 16.0, 30.0]
+    with pytest.raises(LaunchError, match="lost the API server 6 times in a row: connection reset"):
+        launch._back_off(client_module.MAX_BROKEN_WATCHES, error)

@@ -379,3 +379,16 @@ def test_a_failed_job_raises_with_its_log_lines_and_writes_no_local_output(
     assert not out.exists()
     assert not storage.exists(f"s3://{bucket}/staging/{RUN}/pretrain/model")
     assert server.calls("DELETE") == []  # a failed job stays for inspection
+
+
+def test_a_job_refuses_local_outputs_that_already_hold_something(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x.bin").write_bytes(b"x")
+    (tmp_path / "file").write_bytes(b"x")
+    outputs = {"model", "checkpoint"}
+    runner.refuse_filled_outputs({"model": str(tmp_path / "empty"), "checkpoint": ""}, outputs)
+    runner.refuse_filled_outputs({"model": str(tmp_path / "absent"), "shards": str(tmp_path / "full")}, outputs)
+    for filled in ("full", "file"):
+        with pytest.raises(InputDataError, match=f"output {tmp_path / filled} already exists and is not empty"):
+            runner.refuse_filled_outputs({"model": str(tmp_path / filled)}, outputs)

@@ -16,7 +16,7 @@ from lmforge.errors import InputDataError
 from lmforge.export.onnx_export import run as export_onnx
 from lmforge.onnx_runtime import WITH_PAST_FILE, OrtDecoderWithPast
 from lmforge.serve.batcher import DoneEvent, DynamicBatcher, ErrorEvent, QueueFullError, TokenEvent
-from lmforge.serve.generate import GenerationRequest, generate_batch
+from lmforge.serve.generate import GenerationRequest, drop_rows, generate_batch, left_padded
 from lmforge.serve.model_dir import resolve_served_model
 from tests.support.serve_helpers import redraw_weights
 
@@ -198,3 +198,21 @@ def test_a_directory_without_the_kv_cache_graph_is_refused(onnx_dir, tmp_path) -
     student_only = _release(tmp_path / "c", plain, ["student"], {})
     with pytest.raises(InputDataError, match="no servable ONNX model"):
         resolve_served_model(student_only)
+
+
+def test_left_padding_puts_each_prompt_at_the_end_of_its_row_with_mask_1_on_it_only() -> None:
+    ids, mask = left_padded([GenerationRequest((5, 6, 7), 1), GenerationRequest((9,), 1)], pad_token_id=0)
+    np.testing.assert_array_equal(ids, [[5, 6, 7], [0, 0, 9]])
+    np.testing.assert_array_equal(mask, [[1, 1, 1], [0, 0, 1]])
+    assert ids.dtype == mask.dtype == np.int64
+
+
+def test_dropping_rows_trims_the_columns_that_are_padding_in_every_row_left() -> None:
+    mask = np.array([[1, 1, 1, 1], [0, 0, 1, 1], [0, 0, 0, 1]])
+    past = [np.arange(3 * 2 * 4).reshape(3, 1, 4, 2)]  # [batch, heads, positions, head_dim]
+    tokens, kept_mask, kept_past = drop_rows([1, 2], np.array([10, 11, 12]), mask, past)
+    np.testing.assert_array_equal(tokens, [11, 12])
+    np.testing.assert_array_equal(kept_mask, [[1, 1], [0, 1]])
+    np.testing.assert_array_equal(kept_past[0], past[0][1:, :, 2:])
+    _, untrimmed, _ = drop_rows([0, 2], np.array([10, 11, 12]), mask, past)
+    np.testing.assert_array_equal(untrimmed, mask[[0, 2]])
