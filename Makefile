@@ -67,6 +67,7 @@ PODMAN_ARGS = --network=host --layers --build-arg VERSION=$(VERSION) --build-arg
   $(if $(TORCH_WHEELS),-v $(TORCH_WHEELS):$(TORCH_WHEELS):ro --build-arg TORCH_FIND_LINKS=$(TORCH_WHEELS) --build-arg TORCH_INDEX_URL=)
 LOCK_ARG_train = $(if $(TRAIN_LOCK),--build-arg LOCK=$(TRAIN_LOCK))
 LOCK_ARG_tensorrt = $(if $(TENSORRT_LOCK),--build-arg LOCK=$(TENSORRT_LOCK))
+BAKE_LOCK_ARGS = $(if $(TRAIN_LOCK),--set train.args.LOCK=$(TRAIN_LOCK)) $(if $(TENSORRT_LOCK),--set tensorrt.args.LOCK=$(TENSORRT_LOCK))
 comma := ,
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 # The images' tags (components/images.py): the release tag VERSION, which the committed pipeline pulls, and the
@@ -79,7 +80,7 @@ images:
 	# with it the release tag. Then: lmforge compile --registry $(REGISTRY) --image-tag content --root DIR
 ifeq ($(ENGINE),docker)
 	REGISTRY=$(REGISTRY) TAG=$(CONTENT_TAG) VERSION=$(VERSION) $(if $(BASE_IMAGE),BASE_IMAGE=$(BASE_IMAGE)) \
-	  docker buildx bake $(IMAGES) --load
+	  docker buildx bake $(IMAGES) --load $(BAKE_LOCK_ARGS)
 else
 	set -e; $(foreach image,$(IMAGES), \
 	  podman build $(PODMAN_ARGS) $(LOCK_ARG_$(image)) -f images/$(image)/Dockerfile \
@@ -101,7 +102,7 @@ base-image:
 # `lmforge run --runner podman` runs the whole DAG in, and the release tag, which the committed pipeline names.
 LOCAL_IMAGES ?= cpu serve train tensorrt
 local-images:
-	$(ENGINE) image exists $(LOCAL_BASE) || $(MAKE) base-image
+	$(ENGINE) image inspect $(LOCAL_BASE) >/dev/null 2>&1 || $(MAKE) base-image
 	$(MAKE) images ENGINE=$(ENGINE) IMAGES="$(LOCAL_IMAGES)" BASE_IMAGE=$(LOCAL_BASE) \
 	  TRAIN_LOCK=images/cpu/requirements.lock TENSORRT_LOCK=images/cpu/requirements.lock \
 	  TORCH_WHEELS=$${TORCH_WHEELS:-$$($(PYTHON) -m pip config get global.find-links 2>/dev/null)}
