@@ -165,19 +165,35 @@ def run_pipeline_locally(
     router = RunConsole(logs, out or sys.stdout, console)
     start = time.perf_counter()
     with contextlib.ExitStack() as stack:
-        if runner == "subprocess":
-            task_runner = local.SubprocessRunner(use_venv=False)
-        else:
-            settings = containers or ContainerSettings()
-            settings = replace(settings, environment={**settings.environment, RUN_ID_ENV: run_id})
-            task_runner = stack.enter_context(container_runner(runner, local_yaml, settings))
-        local.init(runner=task_runner, pipeline_root=str(run_root), raise_on_error=True)
+        _start_local(stack, runner, containers, run_id, local_yaml, router)
         _run(load_component_from_file(str(local_yaml)), params, run_id, run_root, router)
     seconds = time.perf_counter() - start
     new = sorted(p for p in run_root.iterdir() if p.is_dir() and p.name != LOGS)
     if len(new) != 1:
         raise RuntimeError(f"expected one new run directory under {run_root}, found {[p.name for p in new]}")
     return LocalRun(new[0], seconds, logs)
+
+
+def _start_local(
+    stack: contextlib.ExitStack,
+    runner: str,
+    containers: ContainerSettings | None,
+    run_id: str,
+    local_yaml: Path,
+    router: RunConsole,
+) -> None:
+    """Start kfp.local with ``runner`` for the run in ``local_yaml``'s folder, until ``stack`` closes.
+
+    What starting logs (a podman service, the Docker runner's install settings) goes to the run's log only.
+    """
+    stack.enter_context(_logs_to(router))
+    if runner == "subprocess":
+        task_runner = local.SubprocessRunner(use_venv=False)
+    else:
+        settings = containers or ContainerSettings()
+        settings = replace(settings, environment={**settings.environment, RUN_ID_ENV: run_id})
+        task_runner = stack.enter_context(container_runner(runner, local_yaml, settings))
+    local.init(runner=task_runner, pipeline_root=str(local_yaml.parent), raise_on_error=True)
 
 
 def _run(pipeline: Any, params: dict[str, Any], run_id: str, run_root: Path, router: RunConsole) -> None:
