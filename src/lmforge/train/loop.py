@@ -515,24 +515,16 @@ class TrainingRun:
         self.global_batch = cfg.batch_size * cfg.grad_accum * self.ctx.world_size
         self.checkpointer = self._checkpointer()
         self.tensorboard_dir, self.tb = tensorboard_dir, None
-        self.acc = _Accumulators(self.ctx.device, 0)
-        self.start = self.clock = time.perf_counter()  # run start (for elapsed_s); start of timed training
+        self.acc = _Accumulators(self.ctx.device, self.state.bad_in_row)
+        self.start = self.clock = time.perf_counter()  # reset by fit: run start (for elapsed_s), timed stretch start
         self.warmup_pending = cfg.compile  # the first step of a compiled model traces and compiles it
 
     # -- the loop -------------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
         """Train from :attr:`state`'s start step to ``cfg.max_steps``; return the history (see :func:`train`)."""
         cfg = self.cfg
-        self.tb = _tensorboard(self.tensorboard_dir, self.ctx)
-        if self.state.start_step == 0:
-            self.evaluate(0)
-        self.model.train()
-        self.start = time.perf_counter() - self.state.history["train_seconds"]
         stop_on_sigterm = self.checkpointer is not None and cfg.checkpoint.on_sigterm
-        steps = range(self.state.start_step, cfg.max_steps)
-        progress = tqdm(steps, desc=self.desc, disable=None if self.ctx.is_main else True, dynamic_ncols=True)
-        self.acc = _Accumulators(self.ctx.device, self.state.bad_in_row)
-        self.clock = time.perf_counter()
+        progress = self._begin()
         with (
             sigterm_flag(stop_on_sigterm) as sigterm,
             _prefetcher(self.train_batch, cfg, self.state.start_step, self.ctx.device) as batches,
@@ -551,6 +543,18 @@ class TrainingRun:
         self._close_tensorboard()
         self.model.eval()
         return self.state.history
+
+    def _begin(self) -> tqdm:
+        """Open TensorBoard, evaluate a fresh run at step 0 and start the clocks; a progress bar over the steps."""
+        self.tb = _tensorboard(self.tensorboard_dir, self.ctx)
+        if self.state.start_step == 0:
+            self.evaluate(0)
+        self.model.train()
+        self.start = time.perf_counter() - self.state.history["train_seconds"]
+        steps = range(self.state.start_step, self.cfg.max_steps)
+        progress = tqdm(steps, desc=self.desc, disable=None if self.ctx.is_main else True, dynamic_ncols=True)
+        self.clock = time.perf_counter()
+        return progress
 
     # -- one step -------------------------------------------------------------------------------------
     def set_lr(self, step: int) -> float:
@@ -597,6 +601,7 @@ class TrainingRun:
         eval_due = _is_due(done, self.cfg.eval_interval, self.cfg.max_steps)
         callback = self.on_step is not None
         record: dict[str, Any] = {"lr": lr}
+        # with the device guard, steps between these need no host sync (see setup_backend)
         if log_due or eval_due or checkpoint or stop or not self.backend.device_guard or callback:
             record |= self.read_back(done)
         if log_due:
@@ -814,6 +819,7 @@ class TrainingRun:
         history.setdefault("warmup_tokens", 0)
         history["resumed_from"] = saved["step"]
         self.state = TrainState(history, saved["window"], saved["bad_in_row"], saved["step"])
+        self.acc = _Accumulators(self.ctx.device, self.state.bad_in_row)
         if self.ctx.is_main:
             logger.info("%s: resumed from checkpoint %s", self.desc, self.checkpointer.uri(step))
 
