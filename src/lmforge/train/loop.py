@@ -462,7 +462,7 @@ class TrainState:
     start_step: int = 0
 
 
-def window_throughput(
+def _window_throughput(
     window: Mapping[str, Any], flops_per_token: float | None, peak_flops: float | None, world_size: int
 ) -> tuple[float, float | None]:
     """Tokens/s of a logging window and its MFU (None without a FLOPs figure or a known peak)."""
@@ -673,7 +673,7 @@ class TrainingRun:
         """Close the logging window after step ``done``: its figures go into ``record``, the history, the log and
         TensorBoard, and a new window opens. ``record`` holds the step's ``loss`` and ``grad_norm``."""
         window, history = self.state.window, self.state.history
-        tokens_per_sec, utilization = window_throughput(
+        tokens_per_sec, utilization = _window_throughput(
             window, self.flops_per_token, self.peak_flops, self.ctx.world_size
         )
         record |= {
