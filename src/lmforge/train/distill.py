@@ -8,6 +8,7 @@ pretrained model given as ``student_base`` that shares the teacher's tokenizer (
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import re
@@ -36,7 +37,15 @@ from lmforge.report_html import page, table
 from lmforge.results import StageResult
 from lmforge.train.batches import IGNORE_INDEX, open_matching_shards
 from lmforge.train.distributed import describe_backend, distributed_context, main_rank_outputs, refuse_occupied
-from lmforge.train.loop import curves_section, evaluate, quarantine_facts, tokens_per_sec, train, whole_model
+from lmforge.train.loop import (
+    LossFn,
+    curves_section,
+    evaluate,
+    quarantine_facts,
+    tokens_per_sec,
+    train,
+    whole_model,
+)
 from lmforge.train.losses import ChunkedKDLoss, KDTerms, causal_lm_loss, masked_ce
 from lmforge.train.mixture import (
     Mixture,
@@ -213,6 +222,163 @@ def _mixture_record(mixture: Mixture, requested: float, qa: QARows | None, train
     return record
 
 
+def _teacher(teacher_dir: Path, seq_len: int) -> PreTrainedModel:
+    """The teacher's weights, refused when ``seq_len`` exceeds its positions."""
+    teacher = load_causal_lm(teacher_dir)
+    positions = teacher.config.max_position_embeddings
+    if seq_len > positions:
+        raise ConfigError(f"distill.train.seq_len ({seq_len}) exceeds the teacher's {positions} positions")
+    return teacher
+
+
+def _frozen(teacher: PreTrainedModel, setting: str, device: torch.device) -> PreTrainedModel:
+    """The teacher only runs forward: frozen, eval mode (no dropout), half the memory in bf16 where supported."""
+    teacher.requires_grad_(False)
+    return teacher.to(device=device, dtype=teacher_dtype(setting, device)).eval()
+
+
+def _log_plan(
+    cfg: DistillConfig,
+    models: tuple[PreTrainedModel, PreTrainedModel],
+    parameters: tuple[int, int],
+    pretrained: bool,
+    mixture: Mixture,
+    world_size: int,
+) -> None:
+    """Log what is distilled into what: ``models`` and their ``parameters`` are (teacher, student)."""
+    teacher, student = models
+    logger.info(
+        "distilling %d-layer teacher (%.2fM, %s) into %d-layer student (%.2fM, %s), T=%g, alpha=%g, "
+        "%s KL; each batch %d corpus windows + %d examples (qa_fraction %g); %d rank(s), %s",
+        teacher.config.num_hidden_layers,
+        parameters[0] / 1e6,
+        teacher.dtype,
+        student.config.num_hidden_layers,
+        parameters[1] / 1e6,
+        "pretrained student_base" if pretrained else f"init {cfg.init}",
+        cfg.temperature,
+        cfg.alpha,
+        cfg.divergence,
+        mixture.corpus_rows,
+        mixture.qa_rows,
+        mixture.qa_fraction,
+        world_size,
+        describe_backend(cfg.train.distributed),
+    )
+
+
+def _kd_loss(cfg: DistillConfig, teacher: PreTrainedModel, kd: ChunkedKDLoss, mixture: Mixture) -> LossFn:
+    """The training loss: KD on the teacher's logits (plain CE with ``alpha = 0``), combined over the mixture."""
+
+    def loss_fn(model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
+        ids, targets = batch["input_ids"], batch["targets"]
+        teacher_logits = None
+        if cfg.alpha > 0:  # alpha = 0 is plain next-token training: the teacher's logits would be multiplied by 0
+            with torch.no_grad():
+                teacher_logits = teacher(input_ids=ids, use_cache=False).logits
+        student_logits = model(input_ids=ids, use_cache=False).logits
+
+        def part(rows: slice) -> tuple[torch.Tensor, Any]:
+            if teacher_logits is None:
+                return masked_ce(student_logits[rows], targets[rows]), targets[rows].ne(IGNORE_INDEX).sum()
+            terms = kd(student_logits[rows], teacher_logits[rows], targets[rows])
+            return terms.total, terms.n_tokens
+
+        return mixture.combine(part, batch["corpus_rows"])
+
+    return loss_fn
+
+
+def _kl_loss(teacher: PreTrainedModel, kd: ChunkedKDLoss) -> LossFn:
+    """``(KL of the student from the teacher, scored tokens)`` of a batch, for :func:`evaluate`."""
+
+    def kl_fn(model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, int]:
+        with torch.no_grad():
+            teacher_logits = teacher(input_ids=batch["input_ids"], use_cache=False).logits
+        student_logits = model(input_ids=batch["input_ids"], use_cache=False).logits
+        terms: KDTerms = kd(student_logits, teacher_logits, batch["targets"])
+        return terms.kl, int(batch["targets"].ne(IGNORE_INDEX).sum())
+
+    return kl_fn
+
+
+@dataclasses.dataclass
+class _Scores:
+    """The trained student measured against the teacher (on every rank: a ZeRO-3 student's forward needs all)."""
+
+    teacher_val: float
+    kl: float
+    answer_losses: dict[str, float]
+
+
+def _score(
+    student: torch.nn.Module,
+    teacher: PreTrainedModel,
+    kd: ChunkedKDLoss,
+    val_batches: Any,
+    heldout: list,
+    precision: str,
+) -> _Scores:
+    teacher_val = evaluate(teacher, causal_lm_loss, val_batches, precision=precision)
+    kl = evaluate(student, _kl_loss(teacher, kd), val_batches, precision=precision)
+    answer_losses = {}
+    if heldout:
+        for name, model in (("student", student), ("teacher", teacher)):
+            answer_losses[name] = evaluate(model, causal_lm_loss, heldout, precision=precision)
+    return _Scores(teacher_val, kl, answer_losses)
+
+
+def _metrics(
+    history: dict[str, Any], scores: _Scores, parameters: int, teacher_parameters: int, mixture: Mixture
+) -> dict[str, float]:
+    student_val = history["eval_loss"][-1]
+    metrics = {
+        "student_val_loss": student_val,
+        "teacher_val_loss": scores.teacher_val,
+        "student_val_perplexity": math.exp(student_val),
+        "teacher_val_perplexity": math.exp(scores.teacher_val),
+        "kl": scores.kl,
+        "train_loss": history["train_loss"][-1],
+        "parameters": float(parameters),
+        "parameter_fraction": parameters / teacher_parameters,
+        "tokens_per_sec": tokens_per_sec(history),
+        "qa_fraction": mixture.qa_fraction,
+    }
+    for name, loss in scores.answer_losses.items():
+        metrics[f"{name}_heldout_answer_loss"] = loss
+    return metrics | quarantine_facts(history)[0]
+
+
+def _log_result(metrics: dict[str, float], scores: _Scores) -> None:
+    logger.info(
+        "distill: student val loss %.4f, teacher %.4f, KL %.4f; held-out answer loss student %s, teacher %s",
+        metrics["student_val_loss"],
+        scores.teacher_val,
+        scores.kl,
+        *(f"{scores.answer_losses[n]:.4f}" if n in scores.answer_losses else "n/a" for n in ("student", "teacher")),
+    )
+
+
+def _report(
+    cfg: DistillConfig,
+    history: dict[str, Any],
+    record: dict[str, Any],
+    metrics: dict[str, float],
+    layers: tuple[int, int],
+    mixture: Mixture,
+) -> str:
+    return page(
+        "Distillation",
+        [
+            *curves_section(history, title="Student loss (train: KD objective, eval: next-token CE)"),
+            ("Training mixture", table(["figure", "value"], [[k, v] for k, v in record.items() if v is not None])),
+            ("Metrics", table(["metric", "value"], list(metrics.items()))),
+        ],
+        subtitle=f"{layers[0]}-layer student of a {layers[1]}-layer teacher, T={cfg.temperature}, "
+        f"alpha={cfg.alpha}, {cfg.divergence} KL, qa_fraction {mixture.qa_fraction:g}",
+    )
+
+
 def _run(
     cfg: DistillConfig,
     teacher_dir: Path,
@@ -226,10 +392,7 @@ def _run(
     shards = open_matching_shards(shards_dir, teacher_dir)
     tokenizer = base_tokenizer(teacher_dir)
     pad_id = tokenizer.pad_token_id
-    teacher = load_causal_lm(teacher_dir)
-    positions = teacher.config.max_position_embeddings
-    if tcfg.seq_len > positions:
-        raise ConfigError(f"distill.train.seq_len ({tcfg.seq_len}) exceeds the teacher's {positions} positions")
+    teacher = _teacher(teacher_dir, tcfg.seq_len)
     mixture = plan_mixture(cfg.qa_fraction, tcfg.batch_size, qa)
     heldout = heldout_batches(qa, pad_id, tcfg.batch_size) if qa is not None and qa.heldout else []
 
@@ -237,117 +400,35 @@ def _run(
         train_batch, val_batches = mixture_batches(
             shards, tcfg, mixture, qa, pad_id, rank=ctx.rank, world_size=ctx.world_size
         )
-        device = ctx.device
-        student = _student(cfg, teacher, student_dir, tokenizer).to(device=device, dtype=torch.float32)
-        # The teacher only runs forward: frozen, eval mode (no dropout), half the memory in bf16 where supported.
-        teacher.requires_grad_(False)
-        teacher = teacher.to(device=device, dtype=teacher_dtype(cfg.teacher_dtype, device)).eval()
+        student = _student(cfg, teacher, student_dir, tokenizer).to(device=ctx.device, dtype=torch.float32)
+        teacher = _frozen(teacher, cfg.teacher_dtype, ctx.device)
         parameters, teacher_parameters = count_parameters(student), count_parameters(teacher)
         if ctx.is_main:
-            logger.info(
-                "distilling %d-layer teacher (%.2fM, %s) into %d-layer student (%.2fM, %s), T=%g, alpha=%g, "
-                "%s KL; each batch %d corpus windows + %d examples (qa_fraction %g); %d rank(s), %s",
-                teacher.config.num_hidden_layers,
-                teacher_parameters / 1e6,
-                teacher.dtype,
-                student.config.num_hidden_layers,
-                parameters / 1e6,
-                "pretrained student_base" if student_dir is not None else f"init {cfg.init}",
-                cfg.temperature,
-                cfg.alpha,
-                cfg.divergence,
-                mixture.corpus_rows,
-                mixture.qa_rows,
-                mixture.qa_fraction,
-                ctx.world_size,
-                describe_backend(tcfg.distributed),
-            )
+            models = (teacher, student)
+            _log_plan(cfg, models, (teacher_parameters, parameters), student_dir is not None, mixture, ctx.world_size)
         kd = ChunkedKDLoss(
             temperature=cfg.temperature, alpha=cfg.alpha, divergence=cfg.divergence, chunk_tokens=cfg.chunk_tokens
         )
-
-        def kd_terms(model: torch.nn.Module, batch: dict[str, Any]) -> KDTerms:
-            with torch.no_grad():
-                teacher_logits = teacher(input_ids=batch["input_ids"], use_cache=False).logits
-            student_logits = model(input_ids=batch["input_ids"], use_cache=False).logits
-            return kd(student_logits, teacher_logits, batch["targets"])
-
-        def loss_fn(model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
-            ids, targets = batch["input_ids"], batch["targets"]
-            teacher_logits = None
-            if cfg.alpha > 0:  # alpha = 0 is plain next-token training: the teacher's logits would be multiplied by 0
-                with torch.no_grad():
-                    teacher_logits = teacher(input_ids=ids, use_cache=False).logits
-            student_logits = model(input_ids=ids, use_cache=False).logits
-
-            def part(rows: slice) -> tuple[torch.Tensor, Any]:
-                if teacher_logits is None:
-                    return masked_ce(student_logits[rows], targets[rows]), targets[rows].ne(IGNORE_INDEX).sum()
-                terms = kd(student_logits[rows], teacher_logits[rows], targets[rows])
-                return terms.total, terms.n_tokens
-
-            return mixture.combine(part, batch["corpus_rows"])
-
         # Validation reports the student's plain next-token loss on corpus windows, comparable with the teacher's.
         # DDP / DeepSpeed wrap the student only; the teacher stays a plain frozen module on each rank.
         history = train(
-            student, tcfg, loss_fn, train_batch, lambda: val_batches, eval_loss_fn=causal_lm_loss,
-            desc="distill", dist=ctx,
+            student, tcfg, _kd_loss(cfg, teacher, kd, mixture), train_batch, lambda: val_batches,
+            eval_loss_fn=causal_lm_loss, desc="distill", dist=ctx,
         )  # fmt: skip
-        # on every rank: a ZeRO-3 student's forward needs all ranks
-        teacher_val = evaluate(teacher, causal_lm_loss, val_batches, precision=tcfg.precision)
-        kl = evaluate(
-            student, lambda m, b: (kd_terms(m, b).kl, int(b["targets"].ne(IGNORE_INDEX).sum())), val_batches,
-            precision=tcfg.precision,
-        )  # fmt: skip
-        answer_losses = {}
-        if heldout:
-            for name, model in (("student", student), ("teacher", teacher)):
-                answer_losses[name] = evaluate(model, causal_lm_loss, heldout, precision=tcfg.precision)
+        scores = _score(student, teacher, kd, val_batches, heldout, tcfg.precision)
         student_config = student.config
         student = whole_model(student, ctx, lambda: AutoModelForCausalLM.from_config(student_config).float())
         if out is None:
             return StageResult(summary={"model_dir": str(output_dir), "rank": ctx.rank})
 
-        student_val = history["eval_loss"][-1]
-        metrics = {
-            "student_val_loss": student_val,
-            "teacher_val_loss": teacher_val,
-            "student_val_perplexity": math.exp(student_val),
-            "teacher_val_perplexity": math.exp(teacher_val),
-            "kl": kl,
-            "train_loss": history["train_loss"][-1],
-            "parameters": float(parameters),
-            "parameter_fraction": parameters / teacher_parameters,
-            "tokens_per_sec": tokens_per_sec(history),
-            "qa_fraction": mixture.qa_fraction,
-        }
-        for name, loss in answer_losses.items():
-            metrics[f"{name}_heldout_answer_loss"] = loss
-        moved_metrics, moved_summary = quarantine_facts(history)
-        metrics |= moved_metrics
+        metrics = _metrics(history, scores, parameters, teacher_parameters, mixture)
         record = _mixture_record(mixture, cfg.qa_fraction, qa, trained_on(mixture, qa, tcfg, ctx.world_size))
         save_model_dir(student, tokenizer, out, history=history)
         write_manifest(
             out, "model", inputs=inputs, config=cfg.model_dump(mode="json"), metrics=metrics, extra={"mixture": record}
         )
-    logger.info(
-        "distill: student val loss %.4f, teacher %.4f, KL %.4f; held-out answer loss student %s, teacher %s",
-        student_val,
-        teacher_val,
-        kl,
-        *(f"{answer_losses[n]:.4f}" if n in answer_losses else "n/a" for n in ("student", "teacher")),
-    )
-    html = page(
-        "Distillation",
-        [
-            *curves_section(history, title="Student loss (train: KD objective, eval: next-token CE)"),
-            ("Training mixture", table(["figure", "value"], [[k, v] for k, v in record.items() if v is not None])),
-            ("Metrics", table(["metric", "value"], list(metrics.items()))),
-        ],
-        subtitle=f"{student.config.num_hidden_layers}-layer student of a "
-        f"{teacher.config.num_hidden_layers}-layer teacher, T={cfg.temperature}, alpha={cfg.alpha}, "
-        f"{cfg.divergence} KL, qa_fraction {mixture.qa_fraction:g}",
-    )
-    summary = {"model_dir": str(output_dir), "mixture": record, **moved_summary}
+    _log_result(metrics, scores)
+    layers = (student.config.num_hidden_layers, teacher.config.num_hidden_layers)
+    html = _report(cfg, history, record, metrics, layers, mixture)
+    summary = {"model_dir": str(output_dir), "mixture": record, **quarantine_facts(history)[1]}
     return StageResult(metrics=metrics, html=html, summary=summary)

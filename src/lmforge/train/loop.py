@@ -12,8 +12,9 @@ The loop is AdamW with decoupled weight decay on matrices only, linear warmup th
 gradient accumulation, global-norm clipping, autocast (``GradScaler`` only for fp16) and a guard that
 skips steps with a non-finite loss or gradient. It runs as one process, as DistributedDataParallel
 under ``torchrun``, or on a DeepSpeed ZeRO engine; it writes and resumes checkpoints (model,
-optimizer, step, scaler, RNG, data position, history) and stops cleanly on SIGTERM. Everything
-happens in :func:`train`, top to bottom; the backends differ in a handful of marked lines.
+optimizer, step, scaler, RNG, data position, history) and stops cleanly on SIGTERM. :func:`train` runs a
+:class:`TrainingRun`, whose :meth:`~TrainingRun.fit` holds the loop top to bottom and calls one method per
+phase (one step, read back, log, evaluate, checkpoint, resume); the backends differ only in :class:`Backend`.
 
 Speed without changing the math: AdamW's fused kernel (which also skips a non-finite step on the
 device), no host sync between logging steps, the next micro-batches built in a background thread
@@ -24,6 +25,7 @@ kept out of the throughput figures.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -35,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -56,6 +58,9 @@ from lmforge.train.resume_state import (
     read_rng_states,
     read_trainer_state,
 )
+
+if TYPE_CHECKING:
+    from lmforge.train.checkpoint import Checkpointer
 
 logger = logging.getLogger("lmforge.train")
 
@@ -288,6 +293,550 @@ def _tensorboard(log_dir: str | Path | None, ctx: DistContext) -> Any:
     return SummaryWriter(log_dir=str(log_dir))
 
 
+# -- backend setup -------------------------------------------------------------------------------------
+
+
+def _set_numerics(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> None:
+    """TF32, deterministic kernels and activation checkpointing, as configured."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
+        torch.backends.cudnn.allow_tf32 = cfg.tf32
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
+    if cfg.grad_checkpointing:
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        elif hasattr(model, "gradient_checkpointing_enable"):
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        else:
+            raise ConfigError(f"grad_checkpointing: {type(model).__name__} does not support activation checkpointing")
+
+
+@dataclasses.dataclass
+class Backend:
+    """How one optimizer step runs: one process, DistributedDataParallel or a DeepSpeed ZeRO engine.
+
+    ``forward_model`` is what the loss is computed with (the wrapped, possibly compiled model);
+    ``device_guard``: a non-finite step is skipped on the device by the fused kernel, with no host sync.
+    """
+
+    forward_model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    engine: Any  # a DeepSpeed engine, or None
+    trainable: list[torch.Tensor]
+    max_norm: float
+    device_guard: bool
+    ctx: DistContext
+    precision: str
+
+    def accumulation(self, last: bool) -> contextlib.AbstractContextManager:
+        """Where a micro-batch's backward runs: DDP all-reduces only on the step's last one."""
+        if last or self.engine is not None or not self.ctx.distributed:
+            return contextlib.nullcontext()
+        return self.forward_model.no_sync()
+
+    def backward(self, loss: torch.Tensor, grad_accum: int) -> None:
+        """Accumulate the gradient of one micro-batch's loss."""
+        if self.engine is not None:
+            self.engine.backward(loss)  # scales by 1/grad_accum itself
+            self.engine.step()  # steps the optimizer only at the accumulation boundary
+        else:
+            self.scaler.scale(loss / grad_accum).backward()
+
+    def clip(self) -> tuple[torch.Tensor, bool]:
+        """The global gradient norm, clipped to ``max_norm``, and whether DeepSpeed skipped the step."""
+        if self.engine is not None:
+            return torch.tensor(float(self.engine.get_global_grad_norm() or 0.0)), not self.engine.was_step_applied()
+        self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+        return torch.nn.utils.clip_grad_norm_(self.trainable, self.max_norm), False
+
+    def step(self, step_loss: torch.Tensor, grad_norm: torch.Tensor, skipped: bool) -> torch.Tensor:
+        """Apply the step unless the loss or gradient is non-finite on any rank; 1.0 (on the device) when skipped."""
+        if self.device_guard:
+            return self._step_guarded_on_device(step_loss, grad_norm)
+        return self._step_guarded_on_host(step_loss, grad_norm, skipped)
+
+    def _step_guarded_on_device(self, step_loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
+        bad = (~torch.isfinite(step_loss) | ~torch.isfinite(grad_norm)).to(torch.float32)
+        self.optimizer.found_inf = self.ctx.all_max_(bad)  # the fused kernel leaves params and state alone
+        self.optimizer.step()
+        del self.optimizer.found_inf
+        self.optimizer.zero_grad(set_to_none=True)
+        return bad
+
+    def _step_guarded_on_host(self, step_loss: torch.Tensor, grad_norm: torch.Tensor, skipped: bool) -> torch.Tensor:
+        loss_value, norm_value = float(step_loss), float(grad_norm)
+        # fp16: an inf gradient is the GradScaler's business (it skips and lowers the scale)
+        grad_bad = not math.isfinite(norm_value) and self.precision != "fp16"
+        (any_bad,) = self.ctx.any(not math.isfinite(loss_value) or grad_bad)
+        if self.engine is None:
+            if not any_bad:
+                self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
+        return torch.tensor(float(any_bad or (skipped and self.precision != "fp16")), device=self.ctx.device)
+
+
+def _deepspeed_engine(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainConfig, ctx: DistContext
+) -> tuple[Any, torch.optim.Optimizer]:
+    """The DeepSpeed engine, which owns accumulation, clipping, loss scaling and ZeRO sharding, and its optimizer."""
+    import deepspeed
+
+    from lmforge.train.deepspeed_config import deepspeed_json
+
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_json(cfg, ctx.world_size))
+    return engine, engine.optimizer
+
+
+def setup_backend(model: torch.nn.Module, cfg: TrainConfig, ctx: DistContext) -> Backend:
+    """Numerics switches, AdamW (fused where it can be) and the backend wrapping ``model``, as ``cfg`` says."""
+    _set_numerics(model, cfg, ctx.device)
+    use_deepspeed = cfg.distributed.backend == "deepspeed"
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    fused = cfg.fused_optimizer and not use_deepspeed and fused_adamw_supported(trainable, ctx.device)
+    optimizer = torch.optim.AdamW(
+        param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused or None
+    )
+    # Loss scaling only where fp16's narrow range needs it; bf16 and fp32 never underflow like that.
+    scaler = torch.amp.GradScaler(ctx.device.type, enabled=cfg.precision == "fp16" and not use_deepspeed)
+    engine = None
+    forward_model = model
+    if use_deepspeed:
+        engine, optimizer = _deepspeed_engine(model, optimizer, cfg, ctx)
+        forward_model = engine
+    elif ctx.distributed:
+        forward_model = torch.nn.parallel.DistributedDataParallel(
+            model,
+            device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+            find_unused_parameters=cfg.distributed.find_unused_parameters,
+        )
+    if cfg.compile:
+        forward_model = torch.compile(forward_model)
+    return Backend(
+        forward_model=forward_model,
+        optimizer=optimizer,
+        scaler=scaler,
+        engine=engine,
+        trainable=trainable,
+        max_norm=cfg.grad_clip if cfg.grad_clip > 0 else math.inf,
+        # With the fused optimizer a non-finite step is skipped on the device (its ``found_inf`` input), so the
+        # loop reads losses, token counts and the skip counters back only at logging, evaluation and checkpoint
+        # steps. Otherwise (fp16's GradScaler, DeepSpeed, the foreach kernels) the skip is decided on the host
+        # and every step syncs, as it must.
+        device_guard=fused and engine is None and cfg.precision != "fp16",
+        ctx=ctx,
+        precision=cfg.precision,
+    )
+
+
+# -- training state -----------------------------------------------------------------------------------
+
+
+def _new_history() -> dict[str, Any]:
+    """An empty history (the keys :func:`train` returns)."""
+    history: dict[str, Any] = {
+        key: [] for key in ("step", "train_loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "memory_gb", "elapsed_s")
+    }
+    history |= {"eval_step": [], "eval_loss": [], "total_tokens": 0, "train_seconds": 0.0, "bad_steps": 0}
+    history |= {"warmup_seconds": 0.0, "warmup_tokens": 0}
+    history["resumed_from"] = None
+    history["quarantined_checkpoints"] = []
+    return history
+
+
+def _new_window() -> dict[str, Any]:
+    """An empty logging window: loss sum, steps, tokens and training seconds since the last log line."""
+    return {"loss": 0.0, "steps": 0, "tokens": 0, "seconds": 0.0}
+
+
+@dataclasses.dataclass
+class TrainState:
+    """What a checkpoint carries besides weights and optimizer state, and the step training starts from."""
+
+    history: dict[str, Any] = dataclasses.field(default_factory=_new_history)
+    window: dict[str, Any] = dataclasses.field(default_factory=_new_window)
+    bad_in_row: int = 0
+    start_step: int = 0
+
+
+def _window_throughput(
+    window: Mapping[str, Any], flops_per_token: float | None, peak_flops: float | None, world_size: int
+) -> tuple[float, float | None]:
+    """Tokens/s of a logging window and its MFU (None without a FLOPs figure or a known peak)."""
+    tokens_per_sec = window["tokens"] / max(window["seconds"], 1e-9)
+    if not (flops_per_token and peak_flops):
+        return tokens_per_sec, None
+    return tokens_per_sec, mfu(tokens_per_sec, flops_per_token, peak_flops, world_size)
+
+
+def _is_due(done: int, interval: int, max_steps: int) -> bool:
+    return done % interval == 0 or done == max_steps
+
+
+# -- the run --------------------------------------------------------------------------------------------
+
+
+class TrainingRun:
+    """One call of :func:`train`: the backend, the state, and a method per phase of the loop in :meth:`fit`.
+
+    Construction sets the backend up; :meth:`resume` loads the newest usable checkpoint; :meth:`fit` runs the
+    loop. Each phase (:meth:`forward_backward`, :meth:`read_back`, :meth:`log`, :meth:`evaluate`,
+    :meth:`save_checkpoint`) works on :attr:`state` and can be called on its own.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cfg: TrainConfig,
+        loss_fn: LossFn,
+        train_batch: Callable[[int, int], Any],
+        eval_batches: Callable[[], Iterable[Any]],
+        *,
+        eval_loss_fn: LossFn | None = None,
+        desc: str = "train",
+        dist: DistContext | None = None,
+        flops_per_token: float | None = None,
+        tensorboard_dir: str | Path | None = None,
+        on_step: OnStep | None = None,
+    ) -> None:
+        if cfg.distributed.backend == "deepspeed" and dist is None:
+            raise ConfigError("distributed.backend is deepspeed but no process group was given (pass dist=...)")
+        self.model, self.cfg, self.desc, self.on_step = model, cfg, desc, on_step
+        self.loss_fn, self.eval_loss_fn = loss_fn, eval_loss_fn or loss_fn
+        self.train_batch, self.eval_batches = train_batch, eval_batches
+        self.ctx = dist or DistContext(device=_model_device(model))
+        self.backend = setup_backend(model, cfg, self.ctx)
+        self.state = TrainState()
+        self.flops_per_token = flops_per_token
+        self.peak_flops = device_peak_flops(self.ctx.device, cfg.peak_flops)
+        self.global_batch = cfg.batch_size * cfg.grad_accum * self.ctx.world_size
+        self.checkpointer = self._checkpointer()
+        self.tensorboard_dir, self.tb = tensorboard_dir, None
+        self.acc = _Accumulators(self.ctx.device, self.state.bad_in_row)
+        self.start = self.clock = time.perf_counter()  # reset by fit: run start (for elapsed_s), timed stretch start
+        self.warmup_pending = cfg.compile  # the first step of a compiled model traces and compiles it
+
+    # -- the loop -------------------------------------------------------------------------------------
+    def fit(self) -> dict[str, Any]:
+        """Train from :attr:`state`'s start step to ``cfg.max_steps``; return the history (see :func:`train`)."""
+        cfg = self.cfg
+        stop_on_sigterm = self.checkpointer is not None and cfg.checkpoint.on_sigterm
+        progress = self._begin()
+        with (
+            sigterm_flag(stop_on_sigterm) as sigterm,
+            _prefetcher(self.train_batch, cfg, self.state.start_step, self.ctx.device) as batches,
+        ):
+            for step in progress:
+                done = step + 1
+                lr = self.set_lr(step)
+                step_loss, step_tokens = self.forward_backward(step, batches)
+                grad_norm, skipped = self.backend.clip()
+                checkpoint, stop = self.checkpoint_or_stop(done, sigterm)
+                bad = self.backend.step(step_loss, grad_norm, skipped)
+                self.acc.add(step_loss, step_tokens, bad, grad_norm, done, cfg.max_bad_steps)
+                self.state.window["steps"] += 1
+                self.time_compilation(done)
+                self.end_step(done, lr, checkpoint, stop)
+        self._close_tensorboard()
+        self.model.eval()
+        return self.state.history
+
+    def _begin(self) -> tqdm:
+        """Open TensorBoard, evaluate a fresh run at step 0 and start the clocks; a progress bar over the steps."""
+        self.tb = _tensorboard(self.tensorboard_dir, self.ctx)
+        if self.state.start_step == 0:
+            self.evaluate(0)
+        self.model.train()
+        self.start = time.perf_counter() - self.state.history["train_seconds"]
+        steps = range(self.state.start_step, self.cfg.max_steps)
+        progress = tqdm(steps, desc=self.desc, disable=None if self.ctx.is_main else True, dynamic_ncols=True)
+        self.clock = time.perf_counter()
+        return progress
+
+    # -- one step -------------------------------------------------------------------------------------
+    def set_lr(self, step: int) -> float:
+        """Set and return the learning rate of optimizer step ``step``."""
+        lr = lr_at(step, self.cfg)
+        for group in self.backend.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def forward_backward(self, step: int, batches: Prefetcher) -> tuple[torch.Tensor, int | torch.Tensor]:
+        """Forward and backward over the micro-batches of ``step``; its mean loss and scored tokens."""
+        cfg, device = self.cfg, self.ctx.device
+        step_loss = torch.zeros((), dtype=torch.float64, device=device)
+        step_tokens: int | torch.Tensor = 0
+        for micro in range(cfg.grad_accum):
+            batch = to_device(batches.next(step, micro), device)
+            with self.backend.accumulation(last=micro == cfg.grad_accum - 1):
+                with autocast(cfg.precision, device):
+                    loss, n_tokens = self.loss_fn(self.backend.forward_model, batch)
+                self.backend.backward(loss, cfg.grad_accum)
+                step_loss += loss.detach() / cfg.grad_accum
+                step_tokens = step_tokens + n_tokens
+        return step_loss, step_tokens
+
+    def checkpoint_or_stop(self, done: int, sigterm: threading.Event) -> tuple[bool, ...]:
+        """Whether a checkpoint is due after step ``done`` and whether SIGTERM arrived; every rank agrees."""
+        if self.checkpointer is None:
+            return False, sigterm.is_set()
+        return self.ctx.any(self.checkpointer.due(done), sigterm.is_set())
+
+    def time_compilation(self, done: int) -> None:
+        """After a compiled model's first step: time it apart, so that it stays out of tokens/s."""
+        if not self.warmup_pending:
+            return
+        self.warmup_pending = False
+        self.read_back(done, warmup=True)
+        if self.ctx.is_main:
+            logger.info("%s: first step (compilation) took %.1f s; not counted in tokens/s", self.desc,
+                        self.state.history["warmup_seconds"])  # fmt: skip
+
+    def end_step(self, done: int, lr: float, checkpoint: bool, stop: bool) -> None:
+        """Read back, log, evaluate, checkpoint and call ``on_step`` as due after step ``done``; stop on SIGTERM."""
+        log_due = _is_due(done, self.cfg.log_interval, self.cfg.max_steps)
+        eval_due = _is_due(done, self.cfg.eval_interval, self.cfg.max_steps)
+        callback = self.on_step is not None
+        record: dict[str, Any] = {"lr": lr}
+        # with the device guard, steps between these need no host sync (see setup_backend)
+        if log_due or eval_due or checkpoint or stop or not self.backend.device_guard or callback:
+            record |= self.read_back(done)
+        if log_due:
+            self.log(done, lr, record)
+        if eval_due:
+            self.evaluate(done)
+        if checkpoint or stop:
+            self.save_checkpoint(done)
+        if self.on_step is not None:
+            self.on_step(done, record)
+        if eval_due or checkpoint or stop or callback:
+            self.clock = time.perf_counter()  # evaluation, checkpoints and callbacks are not training time
+        if stop:
+            self._stop(done)
+
+    def _stop(self, done: int) -> None:
+        assert self.checkpointer is not None  # SIGTERM is caught only when checkpoints are configured
+        self._close_tensorboard()
+        raise TrainingPreempted(
+            f"{self.desc}: SIGTERM received; stopped after step {done} with a checkpoint in {self.checkpointer.root}"
+        )
+
+    # -- read back and log ----------------------------------------------------------------------------
+    def read_back(self, done: int, *, warmup: bool = False) -> dict[str, float]:
+        """Move the device accumulators into the window and history; the latest step's loss and grad norm.
+
+        ``warmup``: the time and tokens since the last read were a compiled model's first step; they count
+        in the totals and in ``warmup_seconds`` / ``warmup_tokens``, not in the window's tokens/s.
+
+        Raises:
+            NonFiniteLossError: ``cfg.max_bad_steps`` steps in a row were skipped.
+        """
+        loss_sum, tokens, bad, self.state.bad_in_row, abort_at = self.acc.read()  # waits for the device
+        seconds = time.perf_counter() - self.clock
+        tokens *= self.ctx.world_size
+        history, window = self.state.history, self.state.window
+        window["loss"] += self.ctx.mean(loss_sum)
+        if warmup:
+            history["warmup_seconds"] += seconds
+            history["warmup_tokens"] += tokens
+        else:
+            window["seconds"] += seconds
+            window["tokens"] += tokens
+        history["total_tokens"] += tokens
+        history["train_seconds"] += seconds
+        history["bad_steps"] += bad
+        self._report_bad_steps(done, bad, abort_at)
+        self.clock = time.perf_counter()
+        return {"loss": self.acc.last_loss, "grad_norm": self.acc.last_grad_norm}
+
+    def _report_bad_steps(self, done: int, bad: int, abort_at: int) -> None:
+        cfg = self.cfg
+        if bad and self.ctx.is_main:
+            logger.warning(
+                "%s: %d step(s) up to step %d had a non-finite loss or gradient norm and were skipped (%d in a row)",
+                self.desc,
+                bad,
+                done,
+                self.state.bad_in_row,
+            )
+        if abort_at:
+            raise NonFiniteLossError(
+                f"{self.desc}: {cfg.max_bad_steps} consecutive steps (up to step {abort_at}) had a non-finite loss "
+                f"or gradient norm (last loss {self.acc.last_loss:.4g}, grad norm {self.acc.last_grad_norm:.4g}); "
+                f"lower train.lr, check the data, or use bf16 instead of fp16 (train.max_bad_steps={cfg.max_bad_steps})"
+            )
+
+    def log(self, done: int, lr: float, record: dict[str, Any]) -> None:
+        """Close the logging window after step ``done``: its figures go into ``record``, the history, the log and
+        TensorBoard, and a new window opens. ``record`` holds the step's ``loss`` and ``grad_norm``."""
+        window, history = self.state.window, self.state.history
+        tokens_per_sec, utilization = _window_throughput(
+            window, self.flops_per_token, self.peak_flops, self.ctx.world_size
+        )
+        record |= {
+            "train_loss": window["loss"] / window["steps"],
+            "tokens_per_sec": tokens_per_sec,
+            "mfu": utilization,
+            "memory_gb": _memory_gb(self.ctx.device),
+        }
+        history["step"].append(done)
+        history["lr"].append(lr)
+        for key in ("train_loss", "grad_norm", "tokens_per_sec", "mfu", "memory_gb"):
+            history[key].append(record[key])
+        history["elapsed_s"].append(time.perf_counter() - self.start)
+        if self.ctx.is_main:
+            logger.info(
+                "%s step %d/%d: loss %.4f, lr %.3g, grad norm %.3g, %.0f tokens/s%s, %.2f GB",
+                self.desc,
+                done,
+                self.cfg.max_steps,
+                record["train_loss"],
+                lr,
+                record["grad_norm"],
+                tokens_per_sec,
+                f", MFU {100 * utilization:.1f}%" if utilization is not None else "",
+                record["memory_gb"],
+            )
+        self._write_tensorboard(done, lr, record)
+        self.state.window = _new_window()
+
+    def _write_tensorboard(self, done: int, lr: float, record: Mapping[str, Any]) -> None:
+        if self.tb is None:
+            return
+        for key in ("train_loss", "tokens_per_sec", "mfu", "memory_gb"):
+            if record[key] is not None:
+                self.tb.add_scalar(key.replace("train_loss", "loss/train"), record[key], done)
+        self.tb.add_scalar("lr", lr, done)
+        self.tb.add_scalar("grad_norm", record["grad_norm"], done)
+
+    def _close_tensorboard(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+    # -- evaluate -------------------------------------------------------------------------------------
+    def evaluate(self, done: int) -> float:
+        """Validation loss after step ``done``, recorded in the history, logged and written to TensorBoard."""
+        loss = evaluate(
+            self.model, self.eval_loss_fn, self.eval_batches(), precision=self.cfg.precision, device=self.ctx.device
+        )
+        self.state.history["eval_step"].append(done)
+        self.state.history["eval_loss"].append(loss)
+        if self.tb is not None:
+            self.tb.add_scalar("loss/eval", loss, done)
+        if self.ctx.is_main:
+            logger.info("%s step %d: eval loss %.4f", self.desc, done, loss)
+        return loss
+
+    # -- checkpoint -----------------------------------------------------------------------------------
+    def _checkpointer(self) -> Checkpointer | None:
+        if self.cfg.checkpoint.dir is None:
+            return None
+        from lmforge.train.checkpoint import Checkpointer, resolve_checkpoint_config
+
+        return Checkpointer(resolve_checkpoint_config(self.cfg.checkpoint, stage=self.desc), self.ctx)
+
+    def save_checkpoint(self, done: int) -> None:
+        """Checkpoint the state after step ``done`` (called on every rank; needs ``checkpoint.dir``)."""
+        if self.checkpointer is None:
+            raise ConfigError("checkpoint.dir is not set")
+        rng_states = self.ctx.all_gather_object(_rng_state(self.ctx.device))
+        self.checkpointer.save(
+            done,
+            lambda folder: self._write_checkpoint_files(folder, rng_states, done),
+            extra={"backend": self.cfg.distributed.backend, "global_batch": self.global_batch},
+        )
+
+    def _write_checkpoint_files(self, folder: Path, rng_states: list[Any], step: int) -> None:
+        backend = self.backend
+        if backend.engine is not None:  # every rank writes its ZeRO shards
+            backend.engine.save_checkpoint(str(folder), tag=DEEPSPEED_TAG, save_latest=False)
+        elif self.ctx.is_main:
+            from safetensors.torch import save_model
+
+            save_model(self.model, str(folder / MODEL_STATE))  # handles tied embeddings
+            torch.save(backend.optimizer.state_dict(), folder / OPTIMIZER_STATE)
+        if self.ctx.is_main:
+            (folder / TRAINER_STATE).write_text(json.dumps(self._trainer_state(step)), encoding="utf-8")
+            (folder / RNG_STATE).write_text(json.dumps(rng_states), encoding="utf-8")
+
+    def _trainer_state(self, step: int) -> dict[str, Any]:
+        """What ``trainer_state.json`` holds (read back by :func:`~lmforge.train.resume_state.read_trainer_state`)."""
+        scaler = self.backend.scaler
+        return {
+            "step": step,
+            "data_position": {"step": step, "sequences_seen": step * self.global_batch},
+            "global_batch": self.global_batch,
+            "seed": self.cfg.seed,
+            "scaler": scaler.state_dict() if scaler.is_enabled() else None,
+            "bad_in_row": self.state.bad_in_row,
+            "window": self.state.window,
+            "history": self.state.history,
+        }
+
+    # -- resume ---------------------------------------------------------------------------------------
+    def resume(self) -> None:
+        """Continue from the newest checkpoint that holds what resume reads, when ``checkpoint.dir`` has one.
+
+        Newer checkpoints that do not verify are moved to quarantine and listed in the history by URI.
+        """
+        checkpointer = self.checkpointer
+        if checkpointer is None or checkpointer.resume_step() is None:
+            return
+        with tempfile.TemporaryDirectory(prefix="lmforge-resume-") as scratch:
+            found = checkpointer.fetch_newest_valid(scratch, self._check_resumable)
+            if found is not None:
+                self._load_checkpoint(*found)
+        # every checkpoint moved aside, by URI: training_history.json, the stage's summary and report
+        history = self.state.history
+        history["quarantined_checkpoints"] = [*history.get("quarantined_checkpoints", []), *checkpointer.quarantined]
+
+    def _check_resumable(self, step: int, folder: Path) -> None:
+        read_trainer_state(folder, step)
+        read_rng_states(folder)
+        if self.backend.engine is None:  # DeepSpeed checks its own shards when it loads them
+            check_model_weights(folder / MODEL_STATE, self.model)
+            check_optimizer_state(folder / OPTIMIZER_STATE, self.backend.optimizer)
+
+    def _load_checkpoint(self, step: int, folder: Path) -> None:
+        assert self.checkpointer is not None
+        saved = read_trainer_state(folder, step)
+        if saved["global_batch"] != self.global_batch or saved["seed"] != self.cfg.seed:
+            raise ConfigError(
+                f"checkpoint {self.checkpointer.uri(step)} was made with global batch "
+                f"{saved['global_batch']} and seed {saved['seed']}; this run has {self.global_batch} and "
+                f"{self.cfg.seed}, so it would see other data"
+            )
+        self._load_weights(folder)
+        if saved["scaler"] is not None:
+            self.backend.scaler.load_state_dict(saved["scaler"])
+        rng_states = read_rng_states(folder)
+        _set_rng_state(rng_states[self.ctx.rank % len(rng_states)], self.ctx.device)
+        history = saved["history"]
+        history.setdefault("warmup_seconds", 0.0)  # checkpoints written before these were recorded
+        history.setdefault("warmup_tokens", 0)
+        history["resumed_from"] = saved["step"]
+        self.state = TrainState(history, saved["window"], saved["bad_in_row"], saved["step"])
+        self.acc = _Accumulators(self.ctx.device, self.state.bad_in_row)
+        if self.ctx.is_main:
+            logger.info("%s: resumed from checkpoint %s", self.desc, self.checkpointer.uri(step))
+
+    def _load_weights(self, folder: Path) -> None:
+        from lmforge.train.checkpoint import load_tensor_file, tensor_only_deepspeed_loading
+
+        engine = self.backend.engine
+        if engine is not None:
+            with tensor_only_deepspeed_loading(engine):
+                engine.load_checkpoint(str(folder), tag=DEEPSPEED_TAG, load_lr_scheduler_states=False)
+            return
+        from safetensors.torch import load_model
+
+        load_model(self.model, str(folder / MODEL_STATE), device=str(self.ctx.device))
+        self.backend.optimizer.load_state_dict(load_tensor_file(folder / OPTIMIZER_STATE))
+
+
 def train(
     model: torch.nn.Module,
     cfg: TrainConfig,
@@ -331,348 +880,12 @@ def train(
         TrainingPreempted: SIGTERM arrived; a final checkpoint was written first when configured.
         NonFiniteLossError: ``cfg.max_bad_steps`` consecutive steps had a non-finite loss or gradient.
     """
-    ctx = dist or DistContext(device=_model_device(model))
-    device = ctx.device
-    eval_loss_fn = eval_loss_fn or loss_fn
-    use_deepspeed = cfg.distributed.backend == "deepspeed"
-    if use_deepspeed and dist is None:
-        raise ConfigError("distributed.backend is deepspeed but no process group was given (pass dist=...)")
-
-    # -- numerics and memory switches ----------------------------------------------------------------
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
-        torch.backends.cudnn.allow_tf32 = cfg.tf32
-    if cfg.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
-    if cfg.grad_checkpointing:
-        kwargs = {"use_reentrant": False}
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        elif hasattr(model, "gradient_checkpointing_enable"):
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-        else:
-            raise ConfigError(f"grad_checkpointing: {type(model).__name__} does not support activation checkpointing")
-
-    # -- optimizer and backend -----------------------------------------------------------------------
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    fused = cfg.fused_optimizer and not use_deepspeed and fused_adamw_supported(trainable, device)
-    optimizer = torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused or None
-    )
-    # Loss scaling only where fp16's narrow range needs it; bf16 and fp32 never underflow like that.
-    scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16" and not use_deepspeed)
-    max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-    engine = None
-    if use_deepspeed:  # DeepSpeed owns accumulation, clipping, loss scaling and the ZeRO sharding
-        import deepspeed
-
-        from lmforge.train.deepspeed_config import deepspeed_json
-
-        engine, _, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, config=deepspeed_json(cfg, ctx.world_size)
-        )
-        forward_model: torch.nn.Module = engine
-        optimizer = engine.optimizer
-    elif ctx.distributed:
-        forward_model = torch.nn.parallel.DistributedDataParallel(
-            model,
-            device_ids=[device.index] if device.type == "cuda" else None,
-            find_unused_parameters=cfg.distributed.find_unused_parameters,
-        )
-    else:
-        forward_model = model
-    if cfg.compile:
-        forward_model = torch.compile(forward_model)
-
-    history: dict[str, Any] = {
-        key: [] for key in ("step", "train_loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "memory_gb", "elapsed_s")
-    }
-    history |= {"eval_step": [], "eval_loss": [], "total_tokens": 0, "train_seconds": 0.0, "bad_steps": 0}
-    history |= {"warmup_seconds": 0.0, "warmup_tokens": 0}
-    history["resumed_from"] = None
-    history["quarantined_checkpoints"] = []
-    window = {"loss": 0.0, "steps": 0, "tokens": 0, "seconds": 0.0}
-    bad_in_row = 0
-    peak_flops = device_peak_flops(device, cfg.peak_flops)
-
-    # -- checkpoint state ----------------------------------------------------------------------------
-    def write_checkpoint_files(folder: Path, rng_states: list[Any], step: int) -> None:
-        if engine is not None:  # every rank writes its ZeRO shards
-            engine.save_checkpoint(str(folder), tag=DEEPSPEED_TAG, save_latest=False)
-        elif ctx.is_main:
-            from safetensors.torch import save_model
-
-            save_model(model, str(folder / MODEL_STATE))  # handles tied embeddings
-            torch.save(optimizer.state_dict(), folder / OPTIMIZER_STATE)
-        if ctx.is_main:
-            state = {
-                "step": step,
-                "data_position": {"step": step, "sequences_seen": step * global_batch},
-                "global_batch": global_batch,
-                "seed": cfg.seed,
-                "scaler": scaler.state_dict() if scaler.is_enabled() else None,
-                "bad_in_row": bad_in_row,
-                "window": window,
-                "history": history,
-            }
-            (folder / TRAINER_STATE).write_text(json.dumps(state), encoding="utf-8")
-            (folder / RNG_STATE).write_text(json.dumps(rng_states), encoding="utf-8")
-
-    def save_checkpoint(step: int) -> None:
-        rng_states = ctx.all_gather_object(_rng_state(device))
-        checkpointer.save(
-            step,
-            lambda folder: write_checkpoint_files(folder, rng_states, step),
-            extra={"backend": cfg.distributed.backend, "global_batch": global_batch},
-        )
-
-    def check_resumable(step: int, folder: Path) -> None:
-        read_trainer_state(folder, step)
-        read_rng_states(folder)
-        if engine is None:  # DeepSpeed checks its own shards when it loads them
-            check_model_weights(folder / MODEL_STATE, model)
-            check_optimizer_state(folder / OPTIMIZER_STATE, optimizer)
-
-    global_batch = cfg.batch_size * cfg.grad_accum * ctx.world_size
-    checkpointer = None
-    start_step = 0
-    if cfg.checkpoint.dir is not None:
-        from lmforge.train.checkpoint import (
-            Checkpointer,
-            load_tensor_file,
-            resolve_checkpoint_config,
-            tensor_only_deepspeed_loading,
-        )
-
-        checkpointer = Checkpointer(resolve_checkpoint_config(cfg.checkpoint, stage=desc), ctx)
-        if checkpointer.resume_step() is not None:
-            with tempfile.TemporaryDirectory(prefix="lmforge-resume-") as scratch:
-                # quarantines newer ones that do not verify or hold what resume reads
-                found = checkpointer.fetch_newest_valid(scratch, check_resumable)
-                if found is not None:
-                    resume, folder = found
-                    state = read_trainer_state(folder, resume)
-                    if state["global_batch"] != global_batch or state["seed"] != cfg.seed:
-                        raise ConfigError(
-                            f"checkpoint {checkpointer.uri(resume)} was made with global batch "
-                            f"{state['global_batch']} and seed {state['seed']}; this run has {global_batch} and "
-                            f"{cfg.seed}, so it would see other data"
-                        )
-                    if engine is not None:
-                        with tensor_only_deepspeed_loading(engine):
-                            engine.load_checkpoint(str(folder), tag=DEEPSPEED_TAG, load_lr_scheduler_states=False)
-                    else:
-                        from safetensors.torch import load_model
-
-                        load_model(model, str(folder / MODEL_STATE), device=str(device))
-                        optimizer.load_state_dict(load_tensor_file(folder / OPTIMIZER_STATE))
-                    if state["scaler"] is not None:
-                        scaler.load_state_dict(state["scaler"])
-                    rng_states = read_rng_states(folder)
-                    _set_rng_state(rng_states[ctx.rank % len(rng_states)], device)
-                    history, window, bad_in_row = state["history"], state["window"], state["bad_in_row"]
-                    history.setdefault("warmup_seconds", 0.0)  # checkpoints written before these were recorded
-                    history.setdefault("warmup_tokens", 0)
-                    history["resumed_from"] = start_step = state["step"]
-                    if ctx.is_main:
-                        logger.info("%s: resumed from checkpoint %s", desc, checkpointer.uri(resume))
-            # every checkpoint moved aside, by URI: training_history.json, the stage's summary and report
-            history["quarantined_checkpoints"] = [
-                *history.get("quarantined_checkpoints", []),
-                *checkpointer.quarantined,
-            ]
-
-    def run_eval(step: int) -> None:
-        loss = evaluate(model, eval_loss_fn, eval_batches(), precision=cfg.precision, device=device)
-        history["eval_step"].append(step)
-        history["eval_loss"].append(loss)
-        if tb is not None:
-            tb.add_scalar("loss/eval", loss, step)
-        if ctx.is_main:
-            logger.info("%s step %d: eval loss %.4f", desc, step, loss)
-
-    tb = _tensorboard(tensorboard_dir, ctx)
-    if start_step == 0:
-        run_eval(0)
-    model.train()
-    start = time.perf_counter() - history["train_seconds"]
-    stop_on_sigterm = checkpointer is not None and cfg.checkpoint.on_sigterm
-    steps = range(start_step, cfg.max_steps)
-    progress = tqdm(steps, desc=desc, disable=None if ctx.is_main else True, dynamic_ncols=True)
-    # With the fused optimizer a non-finite step is skipped on the device (its ``found_inf`` input), so the
-    # loop reads losses, token counts and the skip counters back only at logging, evaluation and checkpoint
-    # steps. Otherwise (fp16's GradScaler, DeepSpeed, the foreach kernels) the skip is decided on the host
-    # and every step syncs, as it must.
-    device_guard = fused and engine is None and cfg.precision != "fp16"
-    acc = _Accumulators(device, bad_in_row)
-    clock = time.perf_counter()  # start of the current stretch of timed training in this window
-    warmup_pending = cfg.compile  # the first step of a compiled model traces and compiles it
-
-    def flush(warmup: bool = False) -> None:
-        """Read the device accumulators into the host window and history; raise after too many bad steps.
-
-        ``warmup``: the time and tokens since the last read were a compiled model's first step; they count
-        in the totals and in ``warmup_seconds`` / ``warmup_tokens``, not in the window's tokens/s.
-        """
-        nonlocal bad_in_row, clock
-        loss_sum, tokens, bad, bad_in_row, abort_at = acc.read()  # waits for the device
-        seconds = time.perf_counter() - clock
-        tokens *= ctx.world_size
-        window["loss"] += ctx.mean(loss_sum)
-        if warmup:
-            history["warmup_seconds"] += seconds
-            history["warmup_tokens"] += tokens
-        else:
-            window["seconds"] += seconds
-            window["tokens"] += tokens
-        history["total_tokens"] += tokens
-        history["train_seconds"] += seconds
-        history["bad_steps"] += bad
-        if bad and ctx.is_main:
-            logger.warning(
-                "%s: %d step(s) up to step %d had a non-finite loss or gradient norm and were skipped (%d in a row)",
-                desc,
-                bad,
-                done,
-                bad_in_row,
-            )
-        if abort_at:
-            raise NonFiniteLossError(
-                f"{desc}: {cfg.max_bad_steps} consecutive steps (up to step {abort_at}) had a non-finite loss "
-                f"or gradient norm (last loss {acc.last_loss:.4g}, grad norm {acc.last_grad_norm:.4g}); lower "
-                f"train.lr, check the data, or use bf16 instead of fp16 (train.max_bad_steps={cfg.max_bad_steps})"
-            )
-        clock = time.perf_counter()
-
-    with sigterm_flag(stop_on_sigterm) as sigterm, _prefetcher(train_batch, cfg, start_step, device) as batches:
-        for step in progress:
-            done = step + 1
-            lr = lr_at(step, cfg)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            # forward/backward over the micro-batches; DDP all-reduces only on the last one
-            step_loss = torch.zeros((), dtype=torch.float64, device=device)
-            step_tokens: int | torch.Tensor = 0
-            for micro in range(cfg.grad_accum):
-                batch = to_device(batches.next(step, micro), device)
-                last = micro == cfg.grad_accum - 1
-                sync = contextlib.nullcontext() if last or engine is not None or not ctx.distributed else None
-                with sync or forward_model.no_sync():
-                    with autocast(cfg.precision, device):
-                        loss, n_tokens = loss_fn(forward_model, batch)
-                    if engine is not None:
-                        engine.backward(loss)  # scales by 1/grad_accum itself
-                        engine.step()  # steps the optimizer only at the accumulation boundary
-                    else:
-                        scaler.scale(loss / cfg.grad_accum).backward()
-                step_loss += loss.detach() / cfg.grad_accum
-                step_tokens = step_tokens + n_tokens
-
-            # clip, guard against non-finite values, step
-            if engine is not None:
-                grad_norm: torch.Tensor = torch.tensor(float(engine.get_global_grad_norm() or 0.0))
-                skipped = not engine.was_step_applied()
-            else:
-                scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-                grad_norm = torch.nn.utils.clip_grad_norm_(trainable, max_norm)
-                skipped = False
-            due = checkpointer is not None and checkpointer.due(step + 1)
-            stop = sigterm.is_set()
-            if checkpointer is not None:  # every rank must agree on when to checkpoint and stop
-                due, stop = ctx.any(due, stop)
-            if device_guard:
-                bad = (~torch.isfinite(step_loss) | ~torch.isfinite(grad_norm)).to(torch.float32)
-                optimizer.found_inf = ctx.all_max_(bad)  # the fused kernel leaves params and state alone
-                optimizer.step()
-                del optimizer.found_inf
-                optimizer.zero_grad(set_to_none=True)
-            else:
-                loss_value, norm_value = float(step_loss), float(grad_norm)
-                # fp16: an inf gradient is the GradScaler's business (it skips and lowers the scale)
-                grad_bad = not math.isfinite(norm_value) and cfg.precision != "fp16"
-                (any_bad,) = ctx.any(not math.isfinite(loss_value) or grad_bad)
-                if engine is None:
-                    if not any_bad:
-                        scaler.step(optimizer)
-                    scaler.update()
-                    optimizer.zero_grad(set_to_none=True)
-                bad = torch.tensor(float(any_bad or (skipped and cfg.precision != "fp16")), device=device)
-            acc.add(step_loss, step_tokens, bad, grad_norm, done, cfg.max_bad_steps)
-            window["steps"] += 1
-
-            if warmup_pending:  # a compiled model's first step: timed apart, left out of tokens/s
-                warmup_pending = False
-                flush(warmup=True)
-                if ctx.is_main:
-                    logger.info("%s: first step (compilation) took %.1f s; not counted in tokens/s", desc,
-                                history["warmup_seconds"])  # fmt: skip
-
-            record: dict[str, Any] = {"lr": lr}
-            log_due = done % cfg.log_interval == 0 or done == cfg.max_steps
-            eval_due = done % cfg.eval_interval == 0 or done == cfg.max_steps
-            if log_due or eval_due or due or stop or not device_guard or on_step is not None:
-                flush()
-                record |= {"loss": acc.last_loss, "grad_norm": acc.last_grad_norm}
-            if log_due:
-                tokens_per_sec = window["tokens"] / max(window["seconds"], 1e-9)
-                utilization = (
-                    mfu(tokens_per_sec, flops_per_token, peak_flops, ctx.world_size)
-                    if flops_per_token and peak_flops
-                    else None
-                )
-                record |= {
-                    "train_loss": window["loss"] / window["steps"],
-                    "tokens_per_sec": tokens_per_sec,
-                    "mfu": utilization,
-                    "memory_gb": _memory_gb(device),
-                }
-                history["step"].append(done)
-                history["train_loss"].append(record["train_loss"])
-                history["lr"].append(lr)
-                history["grad_norm"].append(record["grad_norm"])
-                history["tokens_per_sec"].append(tokens_per_sec)
-                history["mfu"].append(utilization)
-                history["memory_gb"].append(record["memory_gb"])
-                history["elapsed_s"].append(time.perf_counter() - start)
-                if ctx.is_main:
-                    logger.info(
-                        "%s step %d/%d: loss %.4f, lr %.3g, grad norm %.3g, %.0f tokens/s%s, %.2f GB",
-                        desc,
-                        done,
-                        cfg.max_steps,
-                        record["train_loss"],
-                        lr,
-                        record["grad_norm"],
-                        tokens_per_sec,
-                        f", MFU {100 * utilization:.1f}%" if utilization is not None else "",
-                        record["memory_gb"],
-                    )
-                if tb is not None:
-                    for key in ("train_loss", "tokens_per_sec", "mfu", "memory_gb"):
-                        if record[key] is not None:
-                            tb.add_scalar(key.replace("train_loss", "loss/train"), record[key], done)
-                    tb.add_scalar("lr", lr, done)
-                    tb.add_scalar("grad_norm", record["grad_norm"], done)
-                window = {"loss": 0.0, "steps": 0, "tokens": 0, "seconds": 0.0}
-            if eval_due:
-                run_eval(done)
-            if checkpointer is not None and (due or stop):
-                save_checkpoint(done)
-            if on_step is not None:
-                on_step(done, record)
-            if eval_due or due or stop or on_step is not None:
-                clock = time.perf_counter()  # evaluation, checkpoints and callbacks are not training time
-            if stop:
-                if tb is not None:
-                    tb.close()
-                raise TrainingPreempted(
-                    f"{desc}: SIGTERM received; stopped after step {done} with a checkpoint in {checkpointer.root}"
-                )
-
-    if tb is not None:
-        tb.close()
-    model.eval()
-    return history
+    run = TrainingRun(
+        model, cfg, loss_fn, train_batch, eval_batches, eval_loss_fn=eval_loss_fn, desc=desc, dist=dist,
+        flops_per_token=flops_per_token, tensorboard_dir=tensorboard_dir, on_step=on_step,
+    )  # fmt: skip
+    run.resume()
+    return run.fit()
 
 
 def full_state_dict(model: torch.nn.Module, ctx: DistContext) -> dict[str, torch.Tensor] | None:

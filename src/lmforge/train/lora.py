@@ -11,7 +11,9 @@ import hashlib
 import json
 import logging
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import peft
 import torch
@@ -29,7 +31,13 @@ from lmforge.model.build import count_parameters, load_causal_lm, save_model_dir
 from lmforge.report_html import page, table
 from lmforge.results import StageResult
 from lmforge.train.batches import IGNORE_INDEX, batch_generator, collate
-from lmforge.train.distributed import describe_backend, distributed_context, main_rank_outputs, refuse_occupied
+from lmforge.train.distributed import (
+    DistContext,
+    describe_backend,
+    distributed_context,
+    main_rank_outputs,
+    refuse_occupied,
+)
 from lmforge.train.loop import curves_section, quarantine_facts, tokens_per_sec, train
 from lmforge.train.losses import causal_lm_loss
 
@@ -238,6 +246,125 @@ def run(
         return _run(cfg, model, tokenizer, base_record, str(base_model), qa_uri, adapter, merged_model)
 
 
+def _train_rows(
+    cfg: LoraConfig, tokenizer: PreTrainedTokenizerBase, examples: list[Example]
+) -> tuple[list[Encoded], int]:
+    """The encoded training rows (packed when configured) and how many long examples were split."""
+    split_lang = cfg.split_lang if cfg.split_long_examples else None
+    rows, split_count = encode_examples(
+        tokenizer, examples, cfg.train.seq_len + 1, chat_template=cfg.chat_template, split_lang=split_lang
+    )
+    if cfg.packing:
+        rows = pack(rows, cfg.train.seq_len + 1, seed=cfg.train.seed)
+    return rows, split_count
+
+
+def _heldout_batches(
+    cfg: LoraConfig, tokenizer: PreTrainedTokenizerBase, examples: list[Example], pad_id: int
+) -> list[dict[str, torch.Tensor]]:
+    """The first ``eval_batches × batch_size`` held-out examples in batches; refused when no answer token fits."""
+    tcfg = cfg.train
+    width = tcfg.seq_len + 1  # inputs and shifted targets are seq_len long
+    rows = [
+        encode_example(tokenizer, e, width, chat_template=cfg.chat_template)
+        for e in examples[: tcfg.eval_batches * tcfg.batch_size]
+    ]
+    if all(label == IGNORE_INDEX for _, labels in rows for label in labels[1:]):
+        raise ConfigError(f"finetune_lora.train.seq_len ({tcfg.seq_len}) cuts off every held-out answer; raise seq_len")
+    return [collate(rows[i : i + tcfg.batch_size], pad_id) for i in range(0, len(rows), tcfg.batch_size)]
+
+
+def _batch_sampler(
+    rows: list[Encoded], tcfg: TrainConfig, pad_id: int, ctx: DistContext
+) -> Callable[[int, int], dict[str, torch.Tensor]]:
+    """``(step, micro) -> batch`` of this rank, drawn with replacement from ``rows``."""
+
+    def train_batch(step: int, micro: int) -> dict[str, torch.Tensor]:
+        # The step's micro-batches are slots 0 .. grad_accum·world_size - 1, each drawn from (seed, step,
+        # slot); this rank's micro-batch `micro` is slot micro·world_size + rank. One rank: slot = micro, and
+        # 2 ranks see the micro-batches one process with twice the grad_accum sees.
+        generator = batch_generator(tcfg.seed, step, micro * ctx.world_size + ctx.rank)
+        picks = torch.randint(0, len(rows), (tcfg.batch_size,), generator=generator)
+        return collate([rows[i] for i in picks.tolist()], pad_id)
+
+    return train_batch
+
+
+def _adapted(
+    model: PreTrainedModel, lora_config: peft.LoraConfig, base_uri: str, seed: int, device: torch.device
+) -> peft.PeftModel:
+    """``model`` wrapped with a fresh LoRA adapter on ``device``."""
+    torch.manual_seed(seed)  # LoRA A matrices are initialized randomly (the same on every rank)
+    adapted = peft.get_peft_model(model, lora_config).to(device)
+    # Lineage: the adapter names the URI the base came from, not this run's scratch copy.
+    adapted.peft_config["default"].base_model_name_or_path = base_uri
+    return adapted
+
+
+def _log_plan(
+    cfg: LoraConfig, targets: list[str], parameters: tuple[int, int], rows: int, heldout: int, world_size: int
+) -> None:
+    """Log the adapter's shape and the data; ``parameters`` is (trainable, total)."""
+    logger.info(
+        "LoRA r=%d alpha=%d (scaling %.3g%s) on %s: %d of %d parameters trainable; %d train rows%s, "
+        "%d held-out examples; %d rank(s), %s",
+        cfg.r,
+        cfg.alpha,
+        cfg.scaling,
+        ", rsLoRA" if cfg.use_rslora else "",
+        ",".join(targets),
+        *parameters,
+        rows,
+        " (packed)" if cfg.packing else "",
+        heldout,
+        world_size,
+        describe_backend(cfg.train.distributed),
+    )
+
+
+def _metrics(history: dict[str, Any], parameters: tuple[int, int], split_count: int) -> dict[str, float]:
+    """The stage's metrics; ``parameters`` is (trainable, total)."""
+    base_loss, tuned_loss = history["eval_loss"][0], history["eval_loss"][-1]
+    metrics = {
+        "base_heldout_loss": base_loss,
+        "tuned_heldout_loss": tuned_loss,
+        "heldout_loss_reduction": 1.0 - tuned_loss / base_loss,
+        "train_loss": history["train_loss"][-1],
+        "trainable_fraction": parameters[0] / parameters[1],
+        "tokens_per_sec": tokens_per_sec(history),
+        "split_examples": split_count,
+    }
+    return metrics | quarantine_facts(history)[0]
+
+
+def _save(
+    model: peft.PeftModel,
+    tokenizer: PreTrainedTokenizerBase,
+    outputs: tuple[Path, Path],
+    history: dict[str, Any],
+    manifest: dict[str, Any],
+) -> None:
+    """Write the adapter and the merged model to ``outputs`` (adapter, merged), each with ``manifest``'s fields."""
+    adapter_out, merged_out = outputs
+    model.save_pretrained(adapter_out)
+    save_tokenizer(tokenizer, adapter_out)
+    write_manifest(adapter_out, "adapter", **manifest)
+    merged = model.merge_and_unload()
+    save_model_dir(merged, tokenizer, merged_out, history=history)
+    write_manifest(merged_out, "model", **manifest)
+
+
+def _report(cfg: LoraConfig, history: dict[str, Any], metrics: dict[str, float], targets: list[str]) -> str:
+    return page(
+        "LoRA fine-tuning",
+        [
+            *curves_section(history, title="Answer loss"),
+            ("Metrics", table(["metric", "value"], list(metrics.items()))),
+        ],
+        subtitle=f"r={cfg.r}, alpha={cfg.alpha} (scaling {cfg.scaling:.3g}), targets {', '.join(targets)}",
+    )
+
+
 def _run(
     cfg: LoraConfig,
     model: PreTrainedModel,
@@ -259,98 +386,34 @@ def _run(
     examples = load_examples(str(qa_uri))
     train_examples, heldout_examples = split_examples(examples, cfg.heldout_fraction)
     inputs = {"base_model": base_record, "qa": _examples_record(str(qa_uri), examples, heldout_examples)}
-
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    width = tcfg.seq_len + 1  # inputs and shifted targets are seq_len long
-
-    def encode(example: Example) -> Encoded:
-        return encode_example(tokenizer, example, width, chat_template=cfg.chat_template)
-
-    split_lang = cfg.split_lang if cfg.split_long_examples else None
-    train_rows, split_count = encode_examples(
-        tokenizer, train_examples, width, chat_template=cfg.chat_template, split_lang=split_lang
-    )
-    if cfg.packing:
-        train_rows = pack(train_rows, width, seed=tcfg.seed)
-    heldout_rows = [encode(e) for e in heldout_examples[: tcfg.eval_batches * tcfg.batch_size]]
-    if all(label == IGNORE_INDEX for _, labels in heldout_rows for label in labels[1:]):
-        raise ConfigError(f"finetune_lora.train.seq_len ({tcfg.seq_len}) cuts off every held-out answer; raise seq_len")
-    heldout_batches = [
-        collate(heldout_rows[i : i + tcfg.batch_size], pad_id) for i in range(0, len(heldout_rows), tcfg.batch_size)
-    ]
+    train_rows, split_count = _train_rows(cfg, tokenizer, train_examples)
+    heldout_batches = _heldout_batches(cfg, tokenizer, heldout_examples, pad_id)
 
     with distributed_context(tcfg.distributed) as ctx, main_rank_outputs(ctx, adapter_dir, merged_dir) as outputs:
-        adapter_out, merged_out = outputs
-
-        def train_batch(step: int, micro: int) -> dict[str, torch.Tensor]:
-            # The step's micro-batches are slots 0 .. grad_accum·world_size - 1, each drawn from (seed, step,
-            # slot); this rank's micro-batch `micro` is slot micro·world_size + rank. One rank: slot = micro, and
-            # 2 ranks see the micro-batches one process with twice the grad_accum sees.
-            generator = batch_generator(tcfg.seed, step, micro * ctx.world_size + ctx.rank)
-            rows = torch.randint(0, len(train_rows), (tcfg.batch_size,), generator=generator)
-            return collate([train_rows[i] for i in rows.tolist()], pad_id)
-
-        torch.manual_seed(tcfg.seed)  # LoRA A matrices are initialized randomly (the same on every rank)
-        model = peft.get_peft_model(model, lora_config).to(ctx.device)
-        # Lineage: the adapter names the URI the base came from, not this run's scratch copy.
-        model.peft_config["default"].base_model_name_or_path = base_uri
-        trainable, total = count_parameters(model, trainable_only=True), count_parameters(model)
+        train_batch = _batch_sampler(train_rows, tcfg, pad_id, ctx)
+        model = _adapted(model, lora_config, base_uri, tcfg.seed, ctx.device)
+        parameters = count_parameters(model, trainable_only=True), count_parameters(model)
         if ctx.is_main:
-            logger.info(
-                "LoRA r=%d alpha=%d (scaling %.3g%s) on %s: %d of %d parameters trainable; %d train rows%s, "
-                "%d held-out examples; %d rank(s), %s",
-                cfg.r,
-                cfg.alpha,
-                cfg.scaling,
-                ", rsLoRA" if cfg.use_rslora else "",
-                ",".join(targets),
-                trainable,
-                total,
-                len(train_rows),
-                " (packed)" if cfg.packing else "",
-                len(heldout_examples),
-                ctx.world_size,
-                describe_backend(tcfg.distributed),
-            )
+            _log_plan(cfg, targets, parameters, len(train_rows), len(heldout_examples), ctx.world_size)
         history = train(
             model, tcfg, causal_lm_loss, train_batch, lambda: heldout_batches, desc="finetune_lora", dist=ctx
         )
+        adapter_out, merged_out = outputs
         if adapter_out is None or merged_out is None:
             return StageResult(
                 summary={"adapter_dir": str(adapter_dir), "merged_dir": str(merged_dir), "rank": ctx.rank}
             )
 
-        base_loss, tuned_loss = history["eval_loss"][0], history["eval_loss"][-1]
-        metrics = {
-            "base_heldout_loss": base_loss,
-            "tuned_heldout_loss": tuned_loss,
-            "heldout_loss_reduction": 1.0 - tuned_loss / base_loss,
-            "train_loss": history["train_loss"][-1],
-            "trainable_fraction": trainable / total,
-            "tokens_per_sec": tokens_per_sec(history),
-            "split_examples": split_count,
-        }
-        moved_metrics, moved_summary = quarantine_facts(history)
-        metrics |= moved_metrics
+        metrics = _metrics(history, parameters, split_count)
         config = cfg.model_dump(mode="json") | {"resolved_target_modules": targets, "scaling": cfg.scaling}
-        model.save_pretrained(adapter_out)
-        save_tokenizer(tokenizer, adapter_out)
-        write_manifest(adapter_out, "adapter", inputs=inputs, config=config, metrics=metrics)
-        merged = model.merge_and_unload()
-        save_model_dir(merged, tokenizer, merged_out, history=history)
-        write_manifest(merged_out, "model", inputs=inputs, config=config, metrics=metrics)
-    logger.info("finetune_lora: held-out answer loss %.4f -> %.4f", base_loss, tuned_loss)
-
-    html = page(
-        "LoRA fine-tuning",
-        [
-            *curves_section(history, title="Answer loss"),
-            ("Metrics", table(["metric", "value"], list(metrics.items()))),
-        ],
-        subtitle=f"r={cfg.r}, alpha={cfg.alpha} (scaling {cfg.scaling:.3g}), targets {', '.join(targets)}",
+        manifest = {"inputs": inputs, "config": config, "metrics": metrics}
+        _save(model, tokenizer, (adapter_out, merged_out), history, manifest)
+    logger.info(
+        "finetune_lora: held-out answer loss %.4f -> %.4f", metrics["base_heldout_loss"], metrics["tuned_heldout_loss"]
     )
     return StageResult(
         metrics=metrics,
-        html=html,
-        summary={"adapter_dir": str(adapter_dir), "merged_dir": str(merged_dir), **moved_summary},
+        html=_report(cfg, history, metrics, targets),
+        summary={"adapter_dir": str(adapter_dir), "merged_dir": str(merged_dir), **quarantine_facts(history)[1]},
     )

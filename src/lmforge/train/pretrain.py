@@ -19,10 +19,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from lmforge.artifacts import input_record, write_manifest
-from lmforge.config import PretrainConfig
+from lmforge.config import PretrainConfig, TrainConfig
 from lmforge.data.shards import TokenShards
 from lmforge.errors import ConfigError, InputDataError
 from lmforge.model.base import (
@@ -110,6 +110,69 @@ def _starting_model(cfg: PretrainConfig, tok: PreTrainedTokenizerBase, base_dir:
     return lm
 
 
+def _log_plan(
+    config: PretrainedConfig,
+    parameters: int,
+    tcfg: TrainConfig,
+    token_shards: TokenShards,
+    world_size: int,
+    continuing: bool,
+) -> None:
+    logger.info(
+        "%s %s (%d layers, %.2fM parameters) for %d steps on %d train tokens, %d rank(s), %s",
+        "continuing the base model" if continuing else "pretraining",
+        config.model_type,
+        config.num_hidden_layers,
+        parameters / 1e6,
+        tcfg.max_steps,
+        token_shards.index["splits"]["train"]["tokens"],
+        world_size,
+        describe_backend(tcfg.distributed),
+    )
+
+
+def _metrics(
+    val_loss: float, parameters: int, tcfg: TrainConfig, world_size: int, history: dict[str, Any] | None
+) -> dict[str, float]:
+    metrics = {
+        "val_loss": val_loss,
+        "val_perplexity": math.exp(val_loss),
+        "parameters": float(parameters),
+        "steps": float(tcfg.max_steps),
+        "world_size": float(world_size),
+    }
+    if history is None:
+        return metrics
+    metrics |= {
+        "train_loss": history["train_loss"][-1],
+        "tokens_per_sec": tokens_per_sec(history),
+        "bad_steps": float(history["bad_steps"]),
+    }
+    metrics |= quarantine_facts(history)[0]
+    if history["mfu"] and history["mfu"][-1] is not None:
+        metrics["mfu"] = history["mfu"][-1]
+    return metrics
+
+
+def _report(
+    config: PretrainedConfig,
+    parameters: int,
+    history: dict[str, Any] | None,
+    metrics: dict[str, float],
+    base: str | None,
+) -> str:
+    """The stage's HTML report; ``base`` is the base model's URI when training continued one."""
+    shape = f"{config.model_type}, {config.num_hidden_layers} layers, {parameters / 1e6:.2f}M parameters"
+    return page(
+        "Pretraining",
+        [
+            *(curves_section(history) if history is not None else []),
+            ("Metrics", table(["metric", "value"], list(metrics.items()))),
+        ],
+        subtitle=shape if base is None else f"{shape}, from base model {base}",
+    )
+
+
 def _run(
     cfg: PretrainConfig,
     token_shards: TokenShards,
@@ -124,62 +187,30 @@ def _run(
         with hf_zero3_init(tcfg, ctx.world_size):
             lm = _starting_model(cfg, tok, base_dir)
             config = lm.config
-            partitioned = any(hasattr(p, "ds_id") for p in lm.parameters())
-            if not partitioned:
+            if not any(hasattr(p, "ds_id") for p in lm.parameters()):  # not partitioned
                 lm = lm.to(ctx.device)
             parameters = sum(getattr(p, "ds_numel", p.numel()) for p in lm.parameters())
             if ctx.is_main:
-                logger.info(
-                    "%s %s (%d layers, %.2fM parameters) for %d steps on %d train tokens, %d rank(s), %s",
-                    "pretraining" if base_dir is None else "continuing the base model",
-                    config.model_type,
-                    config.num_hidden_layers,
-                    parameters / 1e6,
-                    tcfg.max_steps,
-                    token_shards.index["splits"]["train"]["tokens"],
-                    ctx.world_size,
-                    describe_backend(tcfg.distributed),
-                )
+                _log_plan(config, parameters, tcfg, token_shards, ctx.world_size, continuing=base_dir is not None)
+            history = None
             if tcfg.max_steps == 0:
-                history = None
                 val_loss = evaluate(lm, causal_lm_loss, val_batches, precision=tcfg.precision)
             else:
                 history = train(
-                    lm,
-                    tcfg,
-                    causal_lm_loss,
-                    train_batch,
-                    lambda: val_batches,
-                    desc="pretrain",
-                    dist=ctx,
+                    lm, tcfg, causal_lm_loss, train_batch, lambda: val_batches, desc="pretrain", dist=ctx,
                     flops_per_token=model_flops_per_token(lm, tcfg.seq_len),
                     tensorboard_dir=out / TENSORBOARD_DIR if out is not None else None,
-                )
+                )  # fmt: skip
                 val_loss = history["eval_loss"][-1]
         # outside hf_zero3_init: the plain copy of ZeRO-3 weights must not be partitioned again
         lm = whole_model(lm, ctx, lambda: AutoModelForCausalLM.from_config(config))
         if out is None:
             return StageResult(summary={"model_dir": str(model), "rank": ctx.rank})
 
-        metrics = {
-            "val_loss": val_loss,
-            "val_perplexity": math.exp(val_loss),
-            "parameters": float(parameters),
-            "steps": float(tcfg.max_steps),
-            "world_size": float(ctx.world_size),
-        }
+        metrics = _metrics(val_loss, parameters, tcfg, ctx.world_size, history)
         summary: dict[str, Any] = {"model_dir": str(model), "base_model": inputs.get("base_model", {}).get("uri")}
         if history is not None:
-            metrics |= {
-                "train_loss": history["train_loss"][-1],
-                "tokens_per_sec": tokens_per_sec(history),
-                "bad_steps": float(history["bad_steps"]),
-            }
-            moved_metrics, moved_summary = quarantine_facts(history)
-            metrics |= moved_metrics
-            summary |= moved_summary
-            if history["mfu"] and history["mfu"][-1] is not None:
-                metrics["mfu"] = history["mfu"][-1]
+            summary |= quarantine_facts(history)[1]
         save_model_dir(lm.cpu(), tok, out, history=history)
         write_manifest(
             out,
@@ -196,13 +227,5 @@ def _run(
         metrics["val_perplexity"],
         model,
     )
-    shape = f"{config.model_type}, {config.num_hidden_layers} layers, {parameters / 1e6:.2f}M parameters"
-    html = page(
-        "Pretraining",
-        [
-            *(curves_section(history) if history is not None else []),
-            ("Metrics", table(["metric", "value"], list(metrics.items()))),
-        ],
-        subtitle=shape if base_dir is None else f"{shape}, from base model {summary['base_model']}",
-    )
+    html = _report(config, parameters, history, metrics, summary["base_model"] if base_dir is not None else None)
     return StageResult(metrics=metrics, html=html, summary=summary)
