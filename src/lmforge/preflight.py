@@ -316,10 +316,34 @@ def run_checks(
     ``fingerprints["student_base"]``).
     """
     report = PreflightReport()
+    clean, production_source, retention_warning = _stage_settings(preset, stage_overrides or {}, clean, report)
+    checks = _Checks(report)
+    report.checks["s3_secret"] = check_secret(s3_secret_name) if s3_secret_name else "ok"
+    if launch is not None and launch.num_nodes > 1:
+        report.checks["training_job_api"] = check_training_api(launch)
+    bases = {name: uri for name, uri in (("base_model", base_model_uri), ("student_base", student_base_uri)) if uri}
+    if any(storage.is_s3(uri) for uri in (corpus_uri, qa_uri, release_root, *bases.values())):
+        checks.s3_reachable = checks.attempt("s3_endpoint", "s3://", check_s3_endpoint)
+    _check_data(checks, corpus_uri, qa_uri, clean, sample_records, retention_warning)
+    _check_bases(checks, bases, launch)
+    if checks.reachable(release_root):
+        _check_release_root(checks, release_root, model_name, production_source)
+    for name, result in report.checks.items():
+        log.info("preflight %s: %s", name, result)
+    if report.failed:
+        raise _failure(report, checks.s3_checks)
+    return report
+
+
+def _stage_settings(
+    preset: str, stage_overrides: Mapping[str, str | dict[str, Any]], clean: CleanConfig | None, report: PreflightReport
+) -> tuple[CleanConfig, str, float | None]:
+    """``(clean config, production source, retention warning)``: the given clean config, else the preset's; with a
+    ``preset``, every stage's config resolved (check ``stage_configs``) and its evaluate settings."""
     production_source = "registry"
     retention_warning = GateConfig().retention_warning
     if preset:
-        configs, problems = resolve_stage_configs(preset, stage_overrides or {})
+        configs, problems = resolve_stage_configs(preset, stage_overrides)
         report.checks["stage_configs"] = "; ".join(problems) or "ok"
         resolved = configs.get("clean")
         if clean is None and isinstance(resolved, CleanConfig):
@@ -328,79 +352,105 @@ def run_checks(
         evaluate_cfg = configs.get("evaluate")
         if isinstance(evaluate_cfg, EvaluateConfig):
             retention_warning = evaluate_cfg.gate.retention_warning
-    clean = clean or CleanConfig()
-    s3_checks: set[str] = set()
+    return clean or CleanConfig(), production_source, retention_warning
 
-    def attempt(name: str, where: str, check: Callable[[], str]) -> bool:
+
+@dataclass
+class _Checks:
+    """Runs checks into ``report``: each one's result, or the error it raised, under its name."""
+
+    report: PreflightReport
+    s3_reachable: bool = True
+    s3_checks: set[str] = field(default_factory=set)
+    """The checks of S3 locations (their failures may come from a missing endpoint setting)."""
+
+    def attempt(self, name: str, where: str, check: Callable[[], str]) -> bool:
+        """Run ``check`` of ``where`` as ``name``; whether it said ``ok``."""
         if storage.is_s3(where):
-            s3_checks.add(name)
+            self.s3_checks.add(name)
         try:
             result = check()
         except (LmforgeError, OSError) as exc:
             detail = str(exc)
             result = detail if where in detail else f"{where}: {detail}"
-        report.checks[name] = _one_line(result)
+        self.report.checks[name] = _one_line(result)
         return result == "ok"
 
-    report.checks["s3_secret"] = check_secret(s3_secret_name) if s3_secret_name else "ok"
-    if launch is not None and launch.num_nodes > 1:
-        report.checks["training_job_api"] = check_training_api(launch)
-    s3_reachable = True
-    bases = {name: uri for name, uri in (("base_model", base_model_uri), ("student_base", student_base_uri)) if uri}
-    if any(storage.is_s3(uri) for uri in (corpus_uri, qa_uri, release_root, *bases.values())):
-        s3_reachable = attempt("s3_endpoint", "s3://", check_s3_endpoint)
+    def reachable(self, uri: str) -> bool:
+        """Whether ``uri`` can be checked: it is not on S3, or the S3 endpoint answered."""
+        return self.s3_reachable or not storage.is_s3(uri)
 
-    def reachable(uri: str) -> bool:
-        return s3_reachable or not storage.is_s3(uri)
 
+def _check_data(
+    checks: _Checks,
+    corpus_uri: str,
+    qa_uri: str,
+    clean: CleanConfig,
+    sample_records: int,
+    retention_warning: float | None,
+) -> None:
+    """Fingerprint the corpus and the Q&A data and read a sample of each with its stage's reader; predict what
+    cleaning keeps of the corpus sample."""
     corpus_texts: list[str] = []
     samples = {
         "corpus": lambda: check_corpus_sample(corpus_uri, clean, sample_records, corpus_texts),
         "qa": lambda: check_qa_sample(qa_uri, sample_records),
     }
     for name, uri in (("corpus", corpus_uri), ("qa", qa_uri)):
-        if not reachable(uri):
+        if not checks.reachable(uri):
             continue
 
         def fingerprint(uri: str = uri, name: str = name) -> str:
-            report.fingerprints[name] = fingerprint_uri(uri)
+            checks.report.fingerprints[name] = fingerprint_uri(uri)
             return "ok"
 
-        sampled = attempt(f"{name}_readable", uri, fingerprint) and attempt(f"{name}_sample", uri, samples[name])
+        readable = checks.attempt(f"{name}_readable", uri, fingerprint)
+        sampled = readable and checks.attempt(f"{name}_sample", uri, samples[name])
         if sampled and name == "corpus" and corpus_texts:
-            _predict_retention(report, corpus_texts, clean, retention_warning)
+            _predict_retention(checks.report, corpus_texts, clean, retention_warning)
+
+
+def _check_bases(checks: _Checks, bases: Mapping[str, str], launch: LaunchConfig | None) -> None:
+    """Check (and fingerprint) the base model and the student base given; given both, that they share a tokenizer."""
     for name, uri in bases.items():
-        if reachable(uri):
+        if checks.reachable(uri):
 
             def check_base(uri: str = uri, name: str = name) -> str:
-                return _check_base(name, uri, launch, report)
+                return _check_base(name, uri, launch, checks.report)
 
-            attempt(name, uri, check_base)
+            checks.attempt(name, uri, check_base)
+    report = checks.report
     if len(bases) == 2 and report.checks.get("base_model") == report.checks.get("student_base") == "ok":
         from lmforge.model.base import same_tokenizer
 
-        attempt("student_base_tokenizer", student_base_uri, lambda: same_tokenizer(base_model_uri, student_base_uri))
-    if reachable(release_root):
-        if attempt("release_root_writable", release_root, lambda: check_writable(release_root) or "ok"):
-            attempt("release_root_conditional_writes", release_root, lambda: check_conditional_writes(release_root))
-        if model_name:
+        base, student = bases["base_model"], bases["student_base"]
+        checks.attempt("student_base_tokenizer", student, lambda: same_tokenizer(base, student))
 
-            def production() -> str:
-                report.fingerprints["production"] = catalog.production_fingerprint(
-                    release_root, model_name, production_source
-                )
-                return "ok"
 
-            where = f"MLflow alias production of {model_name}" if production_source == "mlflow" else None
-            attempt("production_release_readable", where or f"{release_root} ({model_name})", production)
-    for name, result in report.checks.items():
-        log.info("preflight %s: %s", name, result)
-    if report.failed:
-        message = "preflight failed: " + "; ".join(f"{k}: {v}" for k, v in report.failed.items())
-        if s3_checks & set(report.failed) and (hint := s3_endpoint_hint()):
-            message += f"; hint: {hint}"
-        raise PreflightError(message)
-    return report
+def _check_release_root(checks: _Checks, release_root: str, model_name: str, production_source: str) -> None:
+    """Check that the release root is writable and honours conditional writes; with ``model_name``, fingerprint its
+    production release."""
+    if checks.attempt("release_root_writable", release_root, lambda: check_writable(release_root) or "ok"):
+        checks.attempt("release_root_conditional_writes", release_root, lambda: check_conditional_writes(release_root))
+    if not model_name:
+        return
+
+    def production() -> str:
+        checks.report.fingerprints["production"] = catalog.production_fingerprint(
+            release_root, model_name, production_source
+        )
+        return "ok"
+
+    where = f"MLflow alias production of {model_name}" if production_source == "mlflow" else None
+    checks.attempt("production_release_readable", where or f"{release_root} ({model_name})", production)
+
+
+def _failure(report: PreflightReport, s3_checks: set[str]) -> PreflightError:
+    """The error listing every failed check, with the S3 endpoint hint when an S3 check failed."""
+    message = "preflight failed: " + "; ".join(f"{k}: {v}" for k, v in report.failed.items())
+    if s3_checks & set(report.failed) and (hint := s3_endpoint_hint()):
+        message += f"; hint: {hint}"
+    return PreflightError(message)
 
 
 def _predict_retention(report: PreflightReport, texts: list[str], clean: CleanConfig, warning: float | None) -> None:

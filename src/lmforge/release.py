@@ -191,107 +191,29 @@ def promote(
         ArtifactIncompleteError / InputDataError: an input without manifest, or a failed gate.
         ReleaseExistsError: something already exists at the target.
     """
-    _check_name("version", version)
-    _check_name("model name", model_name)
-    for name in artifacts:
-        _check_name("artifact name", name)
-        if name in (MANIFEST, EVALUATION):
-            raise ConfigError(f"artifact name {name!r} is reserved in a release")
-    if not artifacts:
-        raise InputDataError("promote: no artifacts given")
-
+    _check_release_names(model_name, version, artifacts)
     evaluation_dir = Path(evaluation_dir)
-    eval_manifest = read_manifest(evaluation_dir, verify=True)
-    if eval_manifest.get("kind") != "evaluation":
-        raise InputDataError(f"{evaluation_dir}: manifest kind {eval_manifest.get('kind')!r}, expected 'evaluation'")
-    results = read_results(evaluation_dir)
-    if require_passed and not results.get("passed"):
-        gate = results.get("gate") or {}
-        failed = gate.get("failed") or [c["name"] for c in gate.get("checks", []) if not c.get("passed")]
-        raise InputDataError(
-            f"evaluation {evaluation_dir} did not pass the gate (failed: {', '.join(failed) or 'unknown'}); "
-            "refusing to promote"
-        )
-    sources = {name: Path(path) for name, path in artifacts.items()}
-    manifests = {name: read_manifest(path, verify=True) for name, path in sources.items()}
-    withheld = {name: gate["reason"] for name, path in sources.items() if not (gate := gate_result(path))["accepted"]}
-    for name, reason in withheld.items():
-        log.warning("withholding %s from the release: its accuracy gate %s", name, reason)
-    sources = {name: path for name, path in sources.items() if name not in withheld}
-    if not sources:
-        raise InputDataError(f"promote: every artifact failed its accuracy gate ({', '.join(withheld)})")
-
+    eval_manifest, results = _read_evaluation(evaluation_dir, require_passed)
+    sources, manifests, withheld = _gated_artifacts(artifacts)
     model_root = storage.join(release_root, "models", model_name)
     production = latest_release(release_root, model_name)
     if production is not None and _serves(production, {name: manifests[name] for name in sources}):
-        log.info(
-            "%s %s already serves these artifacts (same files and inputs); nothing published",
-            model_name,
-            production["version"],
-        )
-        return StageResult(
-            metrics={},
-            summary={
-                "status": "unchanged",
-                "release_uri": storage.join(model_root, production["version"]),
-                "version": production["version"],
-                "manifest_uri": production["manifest_uri"],
-                "latest_version": production["version"],
-            },
-        )
+        return _unchanged(model_name, model_root, production)
     target = storage.join(model_root, version)
     release_manifest_uri = storage.join(target, MANIFEST)
-    baseline = results.get("production")
-    if from_alias(baseline):  # the MLflow alias is production: promote's caller checks it, latest.json only follows
-        baseline = None
-    elif isinstance(baseline, Mapping):
-        now = release_identity(production)
-        if now != baseline_identity(baseline):
-            raise GateBaselineMovedError(
-                f"evaluation {evaluation_dir} is stale: {describe_move(baseline, now)}. Evaluate again against the "
-                "current production release before promoting"
-            )
-    else:
-        baseline = None
-        log.warning(
-            "%s records no gate baseline (production); latest.json is moved without re-checking it", evaluation_dir
-        )
-    refused = "releases are never overwritten, choose a new version"
-    if storage.is_file(release_manifest_uri):
-        raise ReleaseExistsError(f"release {target} already exists as a complete release; {refused}")
-    claim = {"run_id": run_id, "claim_id": uuid.uuid4().hex, "claimed_at": _now()}
-    claim_uri = storage.join(target, CLAIM)
-    if not storage.create_if_absent(claim_uri, json.dumps(claim).encode()):
-        raise ReleaseExistsError(f"release {target} {_held_by_another(target)}; {refused}")
-    if leftovers := _leftovers(target):
-        storage.delete(claim_uri)  # ours, taken a moment ago: nothing else was written
-        raise ReleaseExistsError(
-            f"release {target} already exists as an incomplete release ({leftovers[0]} and no {MANIFEST} or claim: "
-            f"an earlier promotion was interrupted); {refused}"
-        )
-
-    try:
+    baseline = _gate_baseline(results.get("production"), production, evaluation_dir)
+    claim_id = _claim(target, run_id)
+    with _claim_given_back_on_failure(target, claim_id, version):
         release = _write_release(
             model_name, version, target, run_id, sources, manifests, evaluation_dir, eval_manifest, results, withheld
         )
         # The release manifest goes last: a reader that sees it sees a complete release.
         created = storage.create_if_absent(release_manifest_uri, json.dumps(release, indent=2, sort_keys=True).encode())
-    except BaseException as exc:  # disk full, a lost connection, SIGTERM: give the version back
-        released = _release_claim(target, claim["claim_id"])
-        if isinstance(exc, OSError):
-            raise StorageError(
-                f"promote {version}: {exc.filename or target}: {exc.strerror or exc}; {released}"
-            ) from exc
-        if isinstance(exc, StorageError):  # storage already named the path
-            raise StorageError(f"promote {version}: {exc}; {released}") from exc
-        log.error("promote %s failed: %s", version, released)
-        raise
     if not created:
         raise ReleaseExistsError(f"{release_manifest_uri} appeared during the promotion; the claim was bypassed")
-    created_at = release["created_at"]
     latest = update_latest(
         model_root,
-        {"version": version, "manifest_uri": release_manifest_uri, "created_at": created_at},
+        {"version": version, "manifest_uri": release_manifest_uri, "created_at": release["created_at"]},
         baseline=baseline,
     )
     log.info("released %s %s at %s; latest is %s", model_name, version, target, latest.get("version"))
@@ -305,6 +227,139 @@ def promote(
             "latest_version": latest.get("version"),
         },
     )
+
+
+def _check_release_names(model_name: str, version: str, artifacts: Mapping[str, str | Path]) -> None:
+    """Refuse an invalid version, model name or artifact name, a reserved artifact name, or no artifacts."""
+    _check_name("version", version)
+    _check_name("model name", model_name)
+    for name in artifacts:
+        _check_name("artifact name", name)
+        if name in (MANIFEST, EVALUATION):
+            raise ConfigError(f"artifact name {name!r} is reserved in a release")
+    if not artifacts:
+        raise InputDataError("promote: no artifacts given")
+
+
+def _read_evaluation(evaluation_dir: Path, require_passed: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The evaluation's manifest and ``results.json``; with ``require_passed``, refuse one whose gate failed."""
+    eval_manifest = read_manifest(evaluation_dir, verify=True)
+    if eval_manifest.get("kind") != "evaluation":
+        raise InputDataError(f"{evaluation_dir}: manifest kind {eval_manifest.get('kind')!r}, expected 'evaluation'")
+    results = read_results(evaluation_dir)
+    if require_passed and not results.get("passed"):
+        gate = results.get("gate") or {}
+        failed = gate.get("failed") or [c["name"] for c in gate.get("checks", []) if not c.get("passed")]
+        raise InputDataError(
+            f"evaluation {evaluation_dir} did not pass the gate (failed: {', '.join(failed) or 'unknown'}); "
+            "refusing to promote"
+        )
+    return eval_manifest, results
+
+
+def _gated_artifacts(
+    artifacts: Mapping[str, str | Path],
+) -> tuple[dict[str, Path], dict[str, dict[str, Any]], dict[str, str]]:
+    """``(sources, manifests, withheld)``: the artifacts that passed their accuracy gate, every artifact's manifest,
+    and why each of the others is withheld (warned of).
+
+    Raises:
+        InputDataError: every artifact failed its accuracy gate.
+    """
+    sources = {name: Path(path) for name, path in artifacts.items()}
+    manifests = {name: read_manifest(path, verify=True) for name, path in sources.items()}
+    withheld = {name: gate["reason"] for name, path in sources.items() if not (gate := gate_result(path))["accepted"]}
+    for name, reason in withheld.items():
+        log.warning("withholding %s from the release: its accuracy gate %s", name, reason)
+    sources = {name: path for name, path in sources.items() if name not in withheld}
+    if not sources:
+        raise InputDataError(f"promote: every artifact failed its accuracy gate ({', '.join(withheld)})")
+    return sources, manifests, withheld
+
+
+def _unchanged(model_name: str, model_root: str, production: Mapping[str, Any]) -> StageResult:
+    """The result of a promotion whose artifacts ``production`` already serves: nothing published."""
+    log.info(
+        "%s %s already serves these artifacts (same files and inputs); nothing published",
+        model_name,
+        production["version"],
+    )
+    return StageResult(
+        metrics={},
+        summary={
+            "status": "unchanged",
+            "release_uri": storage.join(model_root, production["version"]),
+            "version": production["version"],
+            "manifest_uri": production["manifest_uri"],
+            "latest_version": production["version"],
+        },
+    )
+
+
+def _gate_baseline(
+    baseline: Any, production: Mapping[str, Any] | None, evaluation_dir: Path
+) -> Mapping[str, Any] | None:
+    """The production record the evaluation was gated against (``results["production"]``), which ``latest.json``
+    must still name when it moves; ``None`` when the MLflow alias is production (promote's caller checks it,
+    ``latest.json`` only follows) or when the evaluation records none (warned of).
+
+    Raises:
+        GateBaselineMovedError: production is another release now.
+    """
+    if from_alias(baseline):
+        return None
+    if not isinstance(baseline, Mapping):
+        log.warning(
+            "%s records no gate baseline (production); latest.json is moved without re-checking it", evaluation_dir
+        )
+        return None
+    now = release_identity(production)
+    if now != baseline_identity(baseline):
+        raise GateBaselineMovedError(
+            f"evaluation {evaluation_dir} is stale: {describe_move(baseline, now)}. Evaluate again against the "
+            "current production release before promoting"
+        )
+    return baseline
+
+
+def _claim(target: str, run_id: str | None) -> str:
+    """Claim the version at ``target`` (conditional create of its claim); the claim's id.
+
+    Raises:
+        ReleaseExistsError: a complete release, another promotion's claim or an interrupted one's remains is there.
+    """
+    refused = "releases are never overwritten, choose a new version"
+    if storage.is_file(storage.join(target, MANIFEST)):
+        raise ReleaseExistsError(f"release {target} already exists as a complete release; {refused}")
+    claim = {"run_id": run_id, "claim_id": uuid.uuid4().hex, "claimed_at": _now()}
+    claim_uri = storage.join(target, CLAIM)
+    if not storage.create_if_absent(claim_uri, json.dumps(claim).encode()):
+        raise ReleaseExistsError(f"release {target} {_held_by_another(target)}; {refused}")
+    if leftovers := _leftovers(target):
+        storage.delete(claim_uri)  # ours, taken a moment ago: nothing else was written
+        raise ReleaseExistsError(
+            f"release {target} already exists as an incomplete release ({leftovers[0]} and no {MANIFEST} or claim: "
+            f"an earlier promotion was interrupted); {refused}"
+        )
+    return claim["claim_id"]
+
+
+@contextlib.contextmanager
+def _claim_given_back_on_failure(target: str, claim_id: str, version: str) -> Iterator[None]:
+    """When the block fails (disk full, a lost connection, SIGTERM), give the version back (:func:`_release_claim`)
+    and say so: in the :class:`StorageError` raised for a storage failure, else in the log."""
+    try:
+        yield
+    except BaseException as exc:
+        released = _release_claim(target, claim_id)
+        if isinstance(exc, OSError):
+            raise StorageError(
+                f"promote {version}: {exc.filename or target}: {exc.strerror or exc}; {released}"
+            ) from exc
+        if isinstance(exc, StorageError):  # storage already named the path
+            raise StorageError(f"promote {version}: {exc}; {released}") from exc
+        log.error("promote %s failed: %s", version, released)
+        raise
 
 
 def run(

@@ -29,6 +29,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -375,6 +376,33 @@ def plan_shards(*, shard_count: int) -> StageResult:
     return StageResult(metrics={"shards": float(shard_count)}, summary={"shard_indices": list(range(shard_count))})
 
 
+@dataclass
+class _ShardTally:
+    """What :func:`clean_shard` counts of its documents, and the keys and signatures of those it keeps."""
+
+    docs_in: int = 0
+    docs_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    keys: list[int] = field(default_factory=list)
+    digests: list[bytes] = field(default_factory=list)
+    signatures: list[Any] = field(default_factory=list)
+
+    def read(self, doc: Document) -> None:
+        """Count a document of the input."""
+        self.docs_in += 1
+        self.bytes_in += len(doc.text.encode("utf-8"))
+
+    def keep(self, doc: Document, text: str, lang: str, digest: bytes, signature: Any) -> dict[str, Any]:
+        """Count a kept document (``text``: its cleaned text), note its dedup signature; its shard row."""
+        self.docs_out += 1
+        self.bytes_out += len(text.encode("utf-8"))
+        self.keys.append(doc.key)
+        self.digests.append(digest)
+        self.signatures.append(signature)
+        return {"id": doc.id, "text": text, "source": doc.source, "lang": lang, "key": doc.key}
+
+
 def clean_shard(
     cfg: CleanConfig, *, corpus_uri: str, shard_index: int, shard_count: int, shard: str | Path
 ) -> StageResult:
@@ -387,67 +415,19 @@ def clean_shard(
     byte for byte the same for any number of them.
     """
     workers = cfg.workers or available_cpus()
-    docs_in = docs_out = bytes_in = bytes_out = 0
-    keys: list[int] = []
-    digests: list[bytes] = []
-    signatures: list[Any] = []
-    counters: dict[str, Any] | None = None
+    tally = _ShardTally()
     start = time.perf_counter()
     with staged_output(shard) as stage:
-        shards = _ParquetShards(stage, cfg.shard_docs, SHARD_SCHEMA)
-        with (
-            open(stage / QUARANTINE, "w", encoding="utf-8") as fh,
-            open(stage / BAD_RECORDS, "w", encoding="utf-8") as bad_fh,
-        ):
-            reader = CorpusReader(
-                corpus_uri,
-                text_field=cfg.text_field,
-                max_bad_records=cfg.max_bad_records,
-                max_record_bytes=cfg.max_record_bytes,
-                shard=(shard_index, shard_count),
-                on_bad=lambda bad: bad_fh.write(json.dumps({"source": bad.source, "problem": bad.problem}) + "\n"),
-            )
-            quarantine = _Quarantine(fh, cfg.quarantine_samples)
-            progress = tqdm(reader, desc=f"clean {shard_index}/{shard_count}", unit="doc", disable=None)
-            for chunk, (results, chunk_counters) in _cleaned_chunks(cfg, iter(progress), workers):
-                counters = _add_counters(counters, chunk_counters)
-                for doc, result in zip(chunk, results, strict=True):
-                    docs_in += 1
-                    bytes_in += len(doc.text.encode("utf-8"))
-                    if len(result) == 2:
-                        quarantine.add_document(result[0], result[1], doc)
-                        continue
-                    text, lang, digest, signature = result
-                    docs_out += 1
-                    bytes_out += len(text.encode("utf-8"))
-                    keys.append(doc.key)
-                    digests.append(digest)
-                    signatures.append(signature)
-                    shards.add({"id": doc.id, "text": text, "source": doc.source, "lang": lang, "key": doc.key})
-            for bad in reader.bad_samples:
-                quarantine.add({"rule": "bad_record", "reason": bad.problem, "source": bad.source})
-        shards.close()
-        assert counters is not None  # _cleaned_chunks always ends with the counters of an empty chunk
+        reader, counters = _clean_into(stage, cfg, corpus_uri, (shard_index, shard_count), workers, tally)
         perms = cfg.near_dedup.bands * cfg.near_dedup.rows if cfg.near_dedup.enabled else 0
-        save_signatures(stage, keys, digests, signatures, perms)
-        reasons = {name: dict(sorted(by.items())) for name, by in counters["reasons"].items() if by}
+        save_signatures(stage, tally.keys, tally.digests, tally.signatures, perms)
         stats = {
             "input": corpus_uri,
             "shard": [shard_index, shard_count],
             "files": reader.files,
-            "counts": {
-                "docs_in": docs_in,
-                "docs_out": docs_out,
-                "bytes_in": bytes_in,
-                "bytes_out": bytes_out,
-                "bad_records": reader.bad_records,
-                "docs_normalized": counters["docs_normalized"],
-                "c4_lines_removed": counters["c4_lines_removed"],
-                "pii_docs": counters["pii_docs"],
-                **{f"pii_{kind}": n for kind, n in counters["pii"].items()},
-            },
+            "counts": _shard_counts(tally, reader.bad_records, counters),
             "removed": counters["removed"],
-            "reasons": reasons,
+            "reasons": {name: dict(sorted(by.items())) for name, by in counters["reasons"].items() if by},
             "workers": workers,
             "seconds": time.perf_counter() - start,
         }
@@ -461,9 +441,69 @@ def clean_shard(
             extra={"shard": [shard_index, shard_count]},
         )
     log.debug(
-        "cleaned shard %d/%d of %s: %d of %d documents kept", shard_index, shard_count, corpus_uri, docs_out, docs_in
+        "cleaned shard %d/%d of %s: %d of %d documents kept",
+        shard_index,
+        shard_count,
+        corpus_uri,
+        tally.docs_out,
+        tally.docs_in,
     )
     return StageResult(metrics={k: float(v) for k, v in stats["counts"].items()}, summary={"output": str(shard)})
+
+
+def _clean_into(
+    stage: Path, cfg: CleanConfig, corpus_uri: str, shard: tuple[int, int], workers: int, tally: _ShardTally
+) -> tuple[CorpusReader, dict[str, Any]]:
+    """Clean shard ``(index, count)`` of the corpus into ``stage``: the kept documents to Parquet shards, a sample
+    of the rejected ones and of the malformed records to the quarantine, every malformed record to
+    ``bad_records.jsonl``.
+
+    Returns the reader (its files and bad-record count) and the cleaning counters.
+    """
+    shards = _ParquetShards(stage, cfg.shard_docs, SHARD_SCHEMA)
+    counters: dict[str, Any] | None = None
+    with (
+        open(stage / QUARANTINE, "w", encoding="utf-8") as fh,
+        open(stage / BAD_RECORDS, "w", encoding="utf-8") as bad_fh,
+    ):
+        reader = CorpusReader(
+            corpus_uri,
+            text_field=cfg.text_field,
+            max_bad_records=cfg.max_bad_records,
+            max_record_bytes=cfg.max_record_bytes,
+            shard=shard,
+            on_bad=lambda bad: bad_fh.write(json.dumps({"source": bad.source, "problem": bad.problem}) + "\n"),
+        )
+        quarantine = _Quarantine(fh, cfg.quarantine_samples)
+        progress = tqdm(reader, desc=f"clean {shard[0]}/{shard[1]}", unit="doc", disable=None)
+        for chunk, (results, chunk_counters) in _cleaned_chunks(cfg, iter(progress), workers):
+            counters = _add_counters(counters, chunk_counters)
+            for doc, result in zip(chunk, results, strict=True):
+                tally.read(doc)
+                if len(result) == 2:
+                    quarantine.add_document(result[0], result[1], doc)
+                else:
+                    shards.add(tally.keep(doc, *result))
+        for bad in reader.bad_samples:
+            quarantine.add({"rule": "bad_record", "reason": bad.problem, "source": bad.source})
+    shards.close()
+    assert counters is not None  # _cleaned_chunks always ends with the counters of an empty chunk
+    return reader, counters
+
+
+def _shard_counts(tally: _ShardTally, bad_records: int, counters: dict[str, Any]) -> dict[str, int]:
+    """A cleaned shard's ``stats.json`` counts (and its metrics)."""
+    return {
+        "docs_in": tally.docs_in,
+        "docs_out": tally.docs_out,
+        "bytes_in": tally.bytes_in,
+        "bytes_out": tally.bytes_out,
+        "bad_records": bad_records,
+        "docs_normalized": counters["docs_normalized"],
+        "c4_lines_removed": counters["c4_lines_removed"],
+        "pii_docs": counters["pii_docs"],
+        **{f"pii_{kind}": n for kind, n in counters["pii"].items()},
+    }
 
 
 def _shard_rows(shard_dir: Path) -> Iterator[dict[str, Any]]:
@@ -493,108 +533,161 @@ def finalize(
     shards = [Path(d) for d in shards]
     shard_stats = [json.loads((d / STATS).read_text(encoding="utf-8")) for d in shards]
     removed_keys = read_removed(plan)
-    counts: Counter[str] = Counter()
-    removed: Counter[str] = Counter()
-    reasons: dict[str, Counter[str]] = {}
-    files: list[str] = []
-    for st in shard_stats:
-        counts.update(st["counts"])
-        removed.update(st["removed"])
-        for rule, by_reason in st["reasons"].items():
-            reasons.setdefault(rule, Counter()).update(by_reason)
-        files.extend(st["files"])
-    rule_order = list(shard_stats[0]["removed"]) if shard_stats else []
-    docs_in = counts["docs_in"]
+    totals = _ShardTotals.add_up(shard_stats)
+    docs_in = totals.counts["docs_in"]
     if docs_in == 0:
-        raise InputDataError(f"corpus {corpus_uri}: no documents ({counts['bad_records']} bad records)")
+        raise InputDataError(f"corpus {corpus_uri}: no documents ({totals.counts['bad_records']} bad records)")
 
-    targets = {kept for _, kept in removed_keys.values()}
-    kept_ids: dict[int, str] = {}
-    docs_out = bytes_out = 0
-    dedup_removed: Counter[str] = Counter()
     with staged_output(cleaned) as stage:
         out = _ParquetShards(stage, cfg.shard_docs)
         with open(stage / QUARANTINE, "w", encoding="utf-8") as fh:
             quarantine = _Quarantine(fh, cfg.quarantine_samples)
-            bad_records = []
-            for d in shards:
-                for line in (d / QUARANTINE).read_text(encoding="utf-8").splitlines():
-                    record = json.loads(line)
-                    if record["rule"] == "bad_record":
-                        bad_records.append(record)
-                    else:
-                        quarantine.add(record)
-            merged = heapq.merge(*(_shard_rows(d) for d in shards), key=lambda row: row["key"])
-            for row in merged:
-                key = row["key"]
-                if key in targets:
-                    kept_ids[key] = row["id"]
-                if key in removed_keys:
-                    rule, kept = removed_keys[key]
-                    dedup_removed[rule] += 1
-                    what = "exact duplicate" if rule == EXACT_RULE else "near duplicate"
-                    quarantine.add_document(rule, f"{what} of {kept_ids.get(kept, kept)}", row)
-                    continue
-                docs_out += 1
-                bytes_out += len(row["text"].encode("utf-8"))
-                out.add(row)
+            bad_records = _shard_quarantines(shards, quarantine)
+            merged = _merge_shards(shards, removed_keys, out, quarantine)
             for record in bad_records:
                 quarantine.add(record)
-        with open(stage / BAD_RECORDS, "w", encoding="utf-8") as bad_fh:
-            for d in shards:
-                with open(d / BAD_RECORDS, encoding="utf-8") as part:
-                    shutil.copyfileobj(part, bad_fh)
+        _concatenate(shards, BAD_RECORDS, stage / BAD_RECORDS)
         out.close()
-        removed.update({EXACT_RULE: dedup_removed[EXACT_RULE], NEAR_RULE: dedup_removed[NEAR_RULE]})
-        removed_ordered = {name: removed[name] for name in [*rule_order, EXACT_RULE, NEAR_RULE]}
-        if docs_out == 0:
-            detail = ", ".join(f"{name}: {n}" for name, n in removed_ordered.items() if n)
+        removed = totals.removed_with_dedup(merged.dedup_removed)
+        if merged.docs_out == 0:
+            detail = ", ".join(f"{name}: {n}" for name, n in removed.items() if n)
             raise InputDataError(f"corpus {corpus_uri}: all {docs_in} documents were removed by cleaning ({detail})")
         elapsed = (seconds or 0.0) + (time.perf_counter() - start)
         if seconds is None:
             elapsed += max(st["seconds"] for st in shard_stats)
         clusters = len({kept for _, kept in removed_keys.values()})
-        metrics: dict[str, float] = {
-            "docs_in": docs_in,
-            "docs_out": docs_out,
-            "bytes_in": counts["bytes_in"],
-            "bytes_out": bytes_out,
-            **{f"removed_{name}": n for name, n in removed_ordered.items()},
-            "bad_records": counts["bad_records"],
-            "docs_normalized": counts["docs_normalized"],
-            "c4_lines_removed": counts["c4_lines_removed"],
-            "pii_docs": counts["pii_docs"],
-            **{k: v for k, v in sorted(counts.items()) if k.startswith("pii_") and k != "pii_docs"},
-            "duplicate_clusters": clusters,
-            "duplicate_rate": (removed[EXACT_RULE] + removed[NEAR_RULE]) / docs_in,
-            "docs_per_sec": docs_in / max(elapsed, 1e-9),
-        }
+        metrics = _merged_metrics(totals.counts, merged, removed, clusters, elapsed)
         stats = {
             "input": corpus_uri,
-            "files": files,
+            "files": totals.files,
             "shards_in": len(shards),
             "metrics": metrics,
-            "removed": removed_ordered,
-            "reasons": {rule: dict(sorted(c.items())) for rule, c in reasons.items()},
+            "removed": removed,
+            "reasons": {rule: dict(sorted(c.items())) for rule, c in totals.reasons.items()},
             "shards": out.shards,
             "quarantined": dict(quarantine.kept),
         }
         (stage / STATS).write_text(json.dumps(stats, indent=2), encoding="utf-8")
-        html = _report(corpus_uri, metrics, removed_ordered, stats["reasons"])
+        html = _report(corpus_uri, metrics, removed, stats["reasons"])
         (stage / REPORT).write_text(html, encoding="utf-8")
         write_manifest(stage, KIND, inputs={"corpus": corpus_uri}, config=cfg.model_dump(), metrics=metrics)
 
     log.info(
         "cleaned %s: %d of %d documents kept (%s), %d bad records, %.0f docs/s",
         corpus_uri,
-        docs_out,
+        merged.docs_out,
         docs_in,
-        ", ".join(f"{name} -{n}" for name, n in removed_ordered.items()),
-        counts["bad_records"],
+        ", ".join(f"{name} -{n}" for name, n in removed.items()),
+        totals.counts["bad_records"],
         metrics["docs_per_sec"],
     )
-    summary = {"output": str(cleaned), "shards": out.shards, "files": files}
+    summary = {"output": str(cleaned), "shards": out.shards, "files": totals.files}
     return StageResult(metrics=metrics, html=html, summary=summary)
+
+
+@dataclass
+class _ShardTotals:
+    """The cleaned shards' ``stats.json`` added up; ``rules``: the rules in the order they ran."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    removed: Counter[str] = field(default_factory=Counter)
+    reasons: dict[str, Counter[str]] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+    rules: list[str] = field(default_factory=list)
+
+    @classmethod
+    def add_up(cls, shard_stats: list[dict[str, Any]]) -> _ShardTotals:
+        """The totals of the shards' ``stats.json`` (in shard order)."""
+        totals = cls(rules=list(shard_stats[0]["removed"]) if shard_stats else [])
+        for st in shard_stats:
+            totals.counts.update(st["counts"])
+            totals.removed.update(st["removed"])
+            for rule, by_reason in st["reasons"].items():
+                totals.reasons.setdefault(rule, Counter()).update(by_reason)
+            totals.files.extend(st["files"])
+        return totals
+
+    def removed_with_dedup(self, dedup_removed: Counter[str]) -> dict[str, int]:
+        """Documents removed per rule, in the order the rules ran, then by exact and near dedup."""
+        removed = Counter(self.removed)
+        removed.update({EXACT_RULE: dedup_removed[EXACT_RULE], NEAR_RULE: dedup_removed[NEAR_RULE]})
+        return {name: removed[name] for name in [*self.rules, EXACT_RULE, NEAR_RULE]}
+
+
+@dataclass
+class _Merged:
+    """What :func:`_merge_shards` kept and dropped."""
+
+    docs_out: int = 0
+    bytes_out: int = 0
+    dedup_removed: Counter[str] = field(default_factory=Counter)
+
+
+def _shard_quarantines(shards: list[Path], quarantine: _Quarantine) -> list[dict[str, Any]]:
+    """Add the shards' quarantined documents to ``quarantine``; return their bad-record samples (added last)."""
+    bad_records = []
+    for d in shards:
+        for line in (d / QUARANTINE).read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            if record["rule"] == "bad_record":
+                bad_records.append(record)
+            else:
+                quarantine.add(record)
+    return bad_records
+
+
+def _merge_shards(
+    shards: list[Path], removed_keys: dict[int, tuple[str, int]], out: _ParquetShards, quarantine: _Quarantine
+) -> _Merged:
+    """Write the shards' documents to ``out`` in corpus order; quarantine those ``removed_keys`` names instead,
+    each with the id of the document it duplicates."""
+    targets = {kept for _, kept in removed_keys.values()}
+    kept_ids: dict[int, str] = {}
+    merged = _Merged()
+    for row in heapq.merge(*(_shard_rows(d) for d in shards), key=lambda row: row["key"]):
+        key = row["key"]
+        if key in targets:
+            kept_ids[key] = row["id"]
+        if key in removed_keys:
+            rule, kept = removed_keys[key]
+            merged.dedup_removed[rule] += 1
+            what = "exact duplicate" if rule == EXACT_RULE else "near duplicate"
+            quarantine.add_document(rule, f"{what} of {kept_ids.get(kept, kept)}", row)
+            continue
+        merged.docs_out += 1
+        merged.bytes_out += len(row["text"].encode("utf-8"))
+        out.add(row)
+    return merged
+
+
+def _concatenate(shards: list[Path], name: str, target: Path) -> None:
+    """Write the shards' files ``name`` one after the other to ``target``."""
+    with open(target, "w", encoding="utf-8") as out:
+        for d in shards:
+            with open(d / name, encoding="utf-8") as part:
+                shutil.copyfileobj(part, out)
+
+
+def _merged_metrics(
+    counts: Counter[str], merged: _Merged, removed: dict[str, int], clusters: int, elapsed: float
+) -> dict[str, float]:
+    """The cleaned corpus's metrics: documents and bytes in and out, removals per rule, PII, duplicates, speed."""
+    docs_in = counts["docs_in"]
+    return {
+        "docs_in": docs_in,
+        "docs_out": merged.docs_out,
+        "bytes_in": counts["bytes_in"],
+        "bytes_out": merged.bytes_out,
+        **{f"removed_{name}": n for name, n in removed.items()},
+        "bad_records": counts["bad_records"],
+        "docs_normalized": counts["docs_normalized"],
+        "c4_lines_removed": counts["c4_lines_removed"],
+        "pii_docs": counts["pii_docs"],
+        **{k: v for k, v in sorted(counts.items()) if k.startswith("pii_") and k != "pii_docs"},
+        "duplicate_clusters": clusters,
+        "duplicate_rate": (removed[EXACT_RULE] + removed[NEAR_RULE]) / docs_in,
+        "docs_per_sec": docs_in / max(elapsed, 1e-9),
+    }
 
 
 def run(cfg: CleanConfig, *, corpus_uri: str, cleaned: str | Path) -> StageResult:

@@ -23,7 +23,7 @@ import json
 import logging
 import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lmforge.artifacts import read_manifest, staged_output, write_manifest
-from lmforge.config import CleanConfig
+from lmforge.config import CleanConfig, NearDedupConfig
 from lmforge.data.signatures import (
     EXACT_RULE,
     KIND,
@@ -76,48 +76,74 @@ def plan_removals(
     cfg: CleanConfig, keys: np.ndarray, exact: np.ndarray, minhash: np.ndarray
 ) -> dict[int, tuple[str, int]]:
     """``{removed key: (rule, key of the kept document)}`` over all documents of all shards."""
-    from lmforge.data.minhash import MinHasher
-
     if not (keys[:-1] <= keys[1:]).all():  # shards come in corpus order; copying the arrays is rarely needed
         order = np.argsort(keys, kind="stable")
         keys, exact, minhash = keys[order], exact[order], minhash[order]
     removed: dict[int, tuple[str, int]] = {}
     alive = np.ones(len(keys), dtype=bool)
     if cfg.exact_dedup and len(keys):
-        first: dict[bytes, int] = {}
-        raw = exact.tobytes()
-        for i, digest in enumerate(raw[j : j + 16] for j in range(0, len(raw), 16)):
-            kept = first.setdefault(digest, i)
-            if kept != i:
-                removed[int(keys[i])] = (EXACT_RULE, int(keys[kept]))
-                alive[i] = False
-    near = cfg.near_dedup
-    if near.enabled and alive.sum() > 1:
-        idx = np.flatnonzero(alive)
-        bands = MinHasher(near).band_keys(minhash if len(idx) == len(minhash) else minhash[idx])
-        clusters = _Clusters(keys[idx])
-        for b in range(bands.shape[1]):
-            column = bands[:, b]
-            by_value = np.argsort(column, kind="stable")
-            values = column[by_value]
-            starts = np.flatnonzero(np.concatenate(([True], values[1:] != values[:-1])))
-            ends = np.append(starts[1:], len(values))
-            for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
-                if e - s < 2:
-                    continue
-                members = by_value[s:e].tolist()
-                head = members[0]
-                for other in members[1:]:
-                    if near.min_similarity > 0:
-                        agree = float(np.mean(minhash[idx[head]] == minhash[idx[other]]))
-                        if agree < near.min_similarity:
-                            continue
-                    clusters.union(head, other)
-        for local in range(len(idx)):
-            root = clusters.find(local)
-            if root != local:
-                removed[int(keys[idx[local]])] = (NEAR_RULE, int(keys[idx[root]]))
+        _remove_exact(keys, exact, alive, removed)
+    if cfg.near_dedup.enabled and alive.sum() > 1:
+        _remove_near(cfg.near_dedup, keys, minhash, alive, removed)
     return removed
+
+
+def _remove_exact(keys: np.ndarray, exact: np.ndarray, alive: np.ndarray, removed: dict[int, tuple[str, int]]) -> None:
+    """Mark every document whose digest an earlier one has as removed (and no longer ``alive``)."""
+    first: dict[bytes, int] = {}
+    raw = exact.tobytes()
+    for i, digest in enumerate(raw[j : j + 16] for j in range(0, len(raw), 16)):
+        kept = first.setdefault(digest, i)
+        if kept != i:
+            removed[int(keys[i])] = (EXACT_RULE, int(keys[kept]))
+            alive[i] = False
+
+
+def _remove_near(
+    near: NearDedupConfig,
+    keys: np.ndarray,
+    minhash: np.ndarray,
+    alive: np.ndarray,
+    removed: dict[int, tuple[str, int]],
+) -> None:
+    """Cluster the ``alive`` documents by LSH band collisions; mark all but each cluster's smallest key removed."""
+    from lmforge.data.minhash import MinHasher
+
+    idx = np.flatnonzero(alive)
+    bands = MinHasher(near).band_keys(minhash if len(idx) == len(minhash) else minhash[idx])
+    clusters = _Clusters(keys[idx])
+
+    def similar(i: int, j: int) -> bool:
+        return near.min_similarity <= 0 or _agreement(minhash[idx[i]], minhash[idx[j]]) >= near.min_similarity
+
+    for b in range(bands.shape[1]):
+        column = bands[:, b]
+        by_value = np.argsort(column, kind="stable")
+        for s, e in _buckets(column[by_value]):
+            head, *others = by_value[s:e].tolist()
+            for other in others:
+                if similar(head, other):
+                    clusters.union(head, other)
+    for local in range(len(idx)):
+        root = clusters.find(local)
+        if root != local:
+            removed[int(keys[idx[local]])] = (NEAR_RULE, int(keys[idx[root]]))
+
+
+def _buckets(values: np.ndarray) -> Iterator[tuple[int, int]]:
+    """``[start, end)`` of every run of two or more equal values in the sorted ``values`` (an LSH bucket)."""
+    if not len(values):
+        return
+    starts = np.flatnonzero(np.concatenate(([True], values[1:] != values[:-1])))
+    ends = np.append(starts[1:], len(values))
+    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+        if e - s >= 2:
+            yield s, e
+
+
+def _agreement(signature: np.ndarray, other: np.ndarray) -> float:
+    """The share of MinHash positions on which two signatures agree (an estimate of their Jaccard similarity)."""
+    return float(np.mean(signature == other))
 
 
 def run(cfg: CleanConfig, *, shards: Sequence[str | Path], plan: str | Path) -> StageResult:
@@ -404,43 +430,60 @@ def band_part(
     found_pairs: list[tuple[int, int]] = []
     removed = {int(k) for k in _read_parts(exact, EXACT_PART_KIND, near.bands)[:, 0]}
     if near.enabled:
-        from lmforge.data.minhash import MinHasher
-
-        hasher = MinHasher(near)
         files = [_signature_files(d) for d in shards]
-        # per band: (band key, document key, where: shard << 40 | row) of this part's documents, 24 bytes each
-        found: list[list[np.ndarray]] = [[] for _ in range(hi - lo)]
-        for shard, sig in enumerate(files):
-            for start in range(0, len(sig["keys"]), _BLOCK_ROWS):
-                keys = sig["keys"].rows(start, start + _BLOCK_ROWS)
-                alive = np.fromiter((k not in removed for k in keys.tolist()), bool, len(keys))
-                columns = sig["minhash"].rows(start, start + _BLOCK_ROWS)[:, lo * near.rows : hi * near.rows]
-                band_keys = hasher.band_keys(columns)
-                where = (shard << _ROW_BITS) + np.arange(start, start + len(keys), dtype=np.int64)
-                for b in range(hi - lo):
-                    mine = alive & (_part_of(band_keys[:, b], parts) == part)
-                    found[b].append(np.stack([band_keys[mine, b].view(np.int64), keys[mine], where[mine]], axis=1))
-        for blocks in found:
+        for blocks in _band_entries(files, near, removed, (lo, hi), part, parts):
             table = np.concatenate(blocks) if blocks else np.empty((0, 3), np.int64)
             blocks.clear()
-            table = table[np.lexsort((table[:, 1], table[:, 0]))]  # by band key, then document key
-            starts = np.flatnonzero(np.concatenate(([True], table[1:, 0] != table[:-1, 0]))) if len(table) else []
-            ends = np.append(starts[1:], len(table)) if len(table) else []
-            for s, e in zip(list(starts), list(ends), strict=True):
-                if e - s < 2:
-                    continue
-                head = table[s]
-                head_sig = _row(files, int(head[2])) if near.min_similarity > 0 else None
-                for other in table[s + 1 : e]:
-                    if head_sig is not None:
-                        other_sig = _row(files, int(other[2]))
-                        if float(np.mean(head_sig == other_sig)) < near.min_similarity:
-                            continue
-                    found_pairs.append((int(other[1]), int(head[1])))
+            found_pairs += _confirmed_pairs(table, files, near.min_similarity)
         for shard_files in files:
             _close(shard_files)
     extra = {"bands": [lo, hi], "part": [part, parts]}
     return _write_pairs(BAND_PART_KIND, found_pairs, cfg, extra, pairs)
+
+
+def _band_entries(
+    files: list[dict[str, _NpyRows]],
+    near: NearDedupConfig,
+    removed: set[int],
+    bands: tuple[int, int],
+    part: int,
+    parts: int,
+) -> list[list[np.ndarray]]:
+    """Per band of ``[first, last)`` ``bands``, blocks of ``(band key, document key, where: shard << 40 | row)`` rows
+    (24 bytes each) of the documents whose band key falls in ``part``, those in ``removed`` left out."""
+    from lmforge.data.minhash import MinHasher
+
+    hasher = MinHasher(near)
+    lo, hi = bands
+    found: list[list[np.ndarray]] = [[] for _ in range(hi - lo)]
+    for shard, sig in enumerate(files):
+        for start in range(0, len(sig["keys"]), _BLOCK_ROWS):
+            keys = sig["keys"].rows(start, start + _BLOCK_ROWS)
+            alive = np.fromiter((k not in removed for k in keys.tolist()), bool, len(keys))
+            columns = sig["minhash"].rows(start, start + _BLOCK_ROWS)[:, lo * near.rows : hi * near.rows]
+            band_keys = hasher.band_keys(columns)
+            where = (shard << _ROW_BITS) + np.arange(start, start + len(keys), dtype=np.int64)
+            for b in range(hi - lo):
+                mine = alive & (_part_of(band_keys[:, b], parts) == part)
+                found[b].append(np.stack([band_keys[mine, b].view(np.int64), keys[mine], where[mine]], axis=1))
+    return found
+
+
+def _confirmed_pairs(
+    table: np.ndarray, files: list[dict[str, _NpyRows]], min_similarity: float
+) -> list[tuple[int, int]]:
+    """``(key, head's key)`` of every member of a bucket of one band's ``table`` (rows of :func:`_band_entries`)
+    but its head (the smallest key), when its signature agrees with the head's on ``min_similarity`` of it."""
+    table = table[np.lexsort((table[:, 1], table[:, 0]))]  # by band key, then document key
+    pairs: list[tuple[int, int]] = []
+    for s, e in _buckets(table[:, 0]):
+        head = table[s]
+        head_sig = _row(files, int(head[2])) if min_similarity > 0 else None
+        for other in table[s + 1 : e]:
+            if head_sig is not None and _agreement(head_sig, _row(files, int(other[2]))) < min_similarity:
+                continue
+            pairs.append((int(other[1]), int(head[1])))
+    return pairs
 
 
 def union(

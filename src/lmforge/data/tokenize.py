@@ -150,12 +150,6 @@ def run(
     base_model = base_model or None  # an unset pipeline parameter arrives as ""
     cleaned_record = input_record(cleaned)
     plan = SplitPlan(cfg)
-
-    def training_texts() -> Iterator[str]:
-        for position, row in enumerate(read_cleaned(cleaned, verify=True)):
-            plan.observe(position, row["id"], len(row["text"].encode("utf-8")))
-            yield row["text"]
-
     with (
         tempfile.TemporaryDirectory(prefix="lmforge-tokenize-") as workdir,
         staged_output(tokenizer) as tok_stage,
@@ -163,32 +157,13 @@ def run(
     ):
         start = time.perf_counter()
         inputs: dict[str, object] = {"cleaned": cleaned_record}
-        if base_model is None:
-            bpe = train_bpe_tokenizer(
-                training_texts(),
-                vocab_size=cfg.vocab_size,
-                min_frequency=cfg.min_frequency,
-                eos_token=cfg.eos_token,
-                pad_token=cfg.pad_token,
-            )
-            source = "trained"
-        else:
-            local = fetch_metadata(base_model, workdir)
-            if problem := base_problem(local):
-                raise InputDataError(f"base model {base_model}: {problem}")
-            bpe = base_tokenizer(local)
-            for _ in training_texts():  # the split plan still needs one pass
-                pass
-            inputs["base_model"] = _base_record(str(base_model), local)
-            source = "base_model"
+        bpe, source = _tokenizer_for(cfg, _planned_texts(cleaned, plan), base_model, workdir, inputs)
         if plan.documents == 0:
             raise InputDataError(f"{cleaned}: the cleaned corpus has no documents")
         if plan.needs_counting():
             plan.widen(_token_counts(cleaned, bpe, plan.max_val_fraction))
-        save_tokenizer(bpe, tok_stage)
-        fingerprint = tokenizer_fingerprint(tok_stage)
+        fingerprint = _write_tokenizer(tok_stage, bpe, cfg, inputs, source)
         vocab_size = len(bpe)
-        eos_id = bpe.eos_token_id
         log.info(
             "%s a %d-token tokenizer (EOS %r, padding %r, %s shards) on %d documents in %.1fs",
             "trained" if base_model is None else f"took the base model's ({base_model})",
@@ -199,65 +174,10 @@ def run(
             plan.documents,
             time.perf_counter() - start,
         )
-        write_manifest(
-            tok_stage,
-            TOKENIZER_KIND,
-            inputs=inputs,
-            config=cfg.model_dump(),
-            metrics={"vocab_size": vocab_size},
-            extra={
-                "tokenizer_sha256": fingerprint,
-                "source": source,
-                "special_tokens": {"eos": bpe.eos_token, "pad": bpe.pad_token, "bos": bpe.bos_token},
-            },
-        )
-
         start = time.perf_counter()
-        writer = ShardWriter(
-            shard_stage,
-            vocab_size=vocab_size,
-            eos_id=eos_id,
-            tokenizer_sha256=fingerprint,
-            shard_tokens=cfg.shard_tokens,
-        )
-        rows = enumerate(read_cleaned(cleaned, verify=False))
-        with tqdm(total=plan.documents, desc="tokenize", unit="doc", disable=None) as progress:
-            while batch := list(islice(rows, ENCODE_BATCH_DOCS)):
-                texts = [row["text"] for _, row in batch]
-                doc_splits = [plan.split(position, row["id"]) for position, row in batch]
-                encoded = bpe(texts, add_special_tokens=False)["input_ids"]
-                for split, ids in zip(doc_splits, encoded, strict=True):
-                    ids.append(eos_id)
-                    writer.add_document(split, np.asarray(ids, dtype=np.int64))
-                progress.update(len(batch))
-        index = writer.close()
-        elapsed = time.perf_counter() - start
-
-        splits = index["splits"]
-        if splits["val"]["documents"] == 0:
-            log.warning("only %d document: the val split is empty", plan.documents)
-        elif splits["val"]["tokens"] < cfg.min_val_tokens or splits["val"]["documents"] < cfg.min_val_documents:
-            log.warning(
-                "the val split holds %d tokens in %d documents, below min_val_tokens %d / min_val_documents %d even "
-                "at max_val_fraction %g: evaluation marks its held-out figures low confidence",
-                splits["val"]["tokens"],
-                splits["val"]["documents"],
-                cfg.min_val_tokens,
-                cfg.min_val_documents,
-                plan.max_val_fraction,
-            )
-        total_tokens = splits["train"]["tokens"] + splits["val"]["tokens"]
-        metrics: dict[str, float] = {
-            "vocab_size": vocab_size,
-            "documents": plan.documents,
-            "train_documents": splits["train"]["documents"],
-            "val_documents": splits["val"]["documents"],
-            "train_tokens": splits["train"]["tokens"],
-            "val_tokens": splits["val"]["tokens"],
-            "val_threshold": plan.threshold,
-            "shards": len(index["shards"]),
-            "tokens_per_sec": total_tokens / max(elapsed, 1e-9),
-        }
+        index = _write_shards(shard_stage, bpe, fingerprint, cfg, cleaned, plan)
+        metrics = _shard_metrics(index, plan, vocab_size, time.perf_counter() - start)
+        _warn_of_a_small_val_split(index["splits"]["val"], plan, cfg)
         write_manifest(
             shard_stage,
             SHARDS_KIND,
@@ -287,3 +207,107 @@ def run(
         "shards": [s["name"] for s in index["shards"]],
     }
     return StageResult(metrics=metrics, html=html, summary=summary)
+
+
+def _planned_texts(cleaned: str | Path, plan: SplitPlan) -> Iterator[str]:
+    """The cleaned documents' texts (checksums verified), each observed by ``plan`` as it passes."""
+    for position, row in enumerate(read_cleaned(cleaned, verify=True)):
+        plan.observe(position, row["id"], len(row["text"].encode("utf-8")))
+        yield row["text"]
+
+
+def _tokenizer_for(
+    cfg: TokenizeConfig, texts: Iterator[str], base_model: str | Path | None, workdir: str, inputs: dict[str, object]
+) -> tuple[Any, str]:
+    """``(tokenizer, source)``: a BPE trained on ``texts`` (``trained``), or the base model's (``base_model``, then
+    recorded in ``inputs``); ``texts`` is read to its end either way."""
+    if base_model is None:
+        bpe = train_bpe_tokenizer(
+            texts,
+            vocab_size=cfg.vocab_size,
+            min_frequency=cfg.min_frequency,
+            eos_token=cfg.eos_token,
+            pad_token=cfg.pad_token,
+        )
+        return bpe, "trained"
+    local = fetch_metadata(base_model, workdir)
+    if problem := base_problem(local):
+        raise InputDataError(f"base model {base_model}: {problem}")
+    bpe = base_tokenizer(local)
+    for _ in texts:  # the split plan still needs one pass
+        pass
+    inputs["base_model"] = _base_record(str(base_model), local)
+    return bpe, "base_model"
+
+
+def _write_tokenizer(stage: Path, bpe: Any, cfg: TokenizeConfig, inputs: dict[str, object], source: str) -> str:
+    """Save the tokenizer artifact (files and manifest) in ``stage``; return its fingerprint."""
+    save_tokenizer(bpe, stage)
+    fingerprint = tokenizer_fingerprint(stage)
+    write_manifest(
+        stage,
+        TOKENIZER_KIND,
+        inputs=inputs,
+        config=cfg.model_dump(),
+        metrics={"vocab_size": len(bpe)},
+        extra={
+            "tokenizer_sha256": fingerprint,
+            "source": source,
+            "special_tokens": {"eos": bpe.eos_token, "pad": bpe.pad_token, "bos": bpe.bos_token},
+        },
+    )
+    return fingerprint
+
+
+def _write_shards(
+    stage: Path, bpe: Any, fingerprint: str, cfg: TokenizeConfig, cleaned: str | Path, plan: SplitPlan
+) -> dict[str, Any]:
+    """Encode the cleaned documents in batches, each ended by EOS, into ``plan``'s split's shards; the index."""
+    eos_id = bpe.eos_token_id
+    writer = ShardWriter(
+        stage, vocab_size=len(bpe), eos_id=eos_id, tokenizer_sha256=fingerprint, shard_tokens=cfg.shard_tokens
+    )
+    rows = enumerate(read_cleaned(cleaned, verify=False))
+    with tqdm(total=plan.documents, desc="tokenize", unit="doc", disable=None) as progress:
+        while batch := list(islice(rows, ENCODE_BATCH_DOCS)):
+            texts = [row["text"] for _, row in batch]
+            doc_splits = [plan.split(position, row["id"]) for position, row in batch]
+            encoded = bpe(texts, add_special_tokens=False)["input_ids"]
+            for split, ids in zip(doc_splits, encoded, strict=True):
+                ids.append(eos_id)
+                writer.add_document(split, np.asarray(ids, dtype=np.int64))
+            progress.update(len(batch))
+    return writer.close()
+
+
+def _warn_of_a_small_val_split(val: dict[str, int], plan: SplitPlan, cfg: TokenizeConfig) -> None:
+    """Warn when the val split is empty or holds fewer tokens or documents than the configured minimums."""
+    if val["documents"] == 0:
+        log.warning("only %d document: the val split is empty", plan.documents)
+    elif val["tokens"] < cfg.min_val_tokens or val["documents"] < cfg.min_val_documents:
+        log.warning(
+            "the val split holds %d tokens in %d documents, below min_val_tokens %d / min_val_documents %d even "
+            "at max_val_fraction %g: evaluation marks its held-out figures low confidence",
+            val["tokens"],
+            val["documents"],
+            cfg.min_val_tokens,
+            cfg.min_val_documents,
+            plan.max_val_fraction,
+        )
+
+
+def _shard_metrics(index: dict[str, Any], plan: SplitPlan, vocab_size: int, seconds: float) -> dict[str, float]:
+    """The token shards' metrics: documents and tokens per split, the val threshold, shards, encoding speed."""
+    splits = index["splits"]
+    total_tokens = splits["train"]["tokens"] + splits["val"]["tokens"]
+    return {
+        "vocab_size": vocab_size,
+        "documents": plan.documents,
+        "train_documents": splits["train"]["documents"],
+        "val_documents": splits["val"]["documents"],
+        "train_tokens": splits["train"]["tokens"],
+        "val_tokens": splits["val"]["tokens"],
+        "val_threshold": plan.threshold,
+        "shards": len(index["shards"]),
+        "tokens_per_sec": total_tokens / max(seconds, 1e-9),
+    }

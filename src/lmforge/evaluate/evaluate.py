@@ -47,7 +47,7 @@ from lmforge.data.qa import Example, qa_lineage
 from lmforge.data.shards import INDEX, TokenShards
 from lmforge.errors import ConfigError, InputDataError
 from lmforge.evaluate.answer_loss import answer_loss, encode_heldout
-from lmforge.evaluate.gate import check_gate, check_mark, headline
+from lmforge.evaluate.gate import GateDecision, check_gate, check_mark, headline
 from lmforge.evaluate.generation import evaluate_generation, group_by_prompt, prompt_and_reference, samples
 from lmforge.evaluate.harness import PREFIX as HARNESS_PREFIX
 from lmforge.evaluate.harness import flat_metrics, run_harness
@@ -478,6 +478,121 @@ def evaluate_models(
         base: the pretrained (base) model the teacher was tuned from, evaluated as PyTorch model ``base`` so that the
             report shows base, teacher and student side by side and the gate can bound forgetting.
     """
+    setup = _prepare(cfg, shards_dir, _with_base(models, onnx_models, base), onnx_models, engine_dir, qa_uri)
+    evaluated, answers, harness, served = _score_models(cfg, setup, engine_dir)
+    results: dict[str, Any] = {
+        "context": setup.text.context,
+        "stride": setup.text.stride,
+        "prefix_token": setup.text.prefix,
+        "eval_tokens": int(setup.text.tokens.size),
+        "eval_bytes": setup.text.bytes,
+        "latency_runs": cfg.latency_runs,
+        "models": evaluated,
+        "served_model": served,
+        "tensorrt": setup.trt,
+        "generation": _generation_summary(cfg, setup.qa, evaluated, answers),
+        "harness": harness,
+        "confidence": held_out_confidence(Path(shards_dir), int(setup.text.tokens.size), setup.qa, cfg),
+        "production": production_baseline(release_root, model_name or "", cfg.production_source),
+        "data": data_summary(Path(shards_dir), Path(cleaned_dir) if cleaned_dir is not None else None),
+    }
+    decision = _judge(cfg, results)
+    report, summary_md = _reports(results, setup.paths, cfg, run_id, preset)
+    metrics = _model_metrics(evaluated, decision.passed)
+    inputs = _input_records(Path(shards_dir), setup, engine_dir, results)
+    _write_evaluation(output_dir, cfg, results, {REPORT_HTML: report, REPORT_MD: summary_md}, inputs, metrics)
+    return StageResult(
+        metrics=metrics,
+        html=report,
+        summary={
+            "passed": decision.passed,
+            "checks": results["gate"]["checks"],
+            "warnings": decision.warnings,
+            "headline": results["headline"],
+            "verdict": results["verdict"],
+            "table": comparison_rows(results),
+        },
+        markdown=summary_md,
+    )
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What :func:`evaluate_models` evaluates, and on what."""
+
+    torch_paths: dict[str, Path]
+    paths: dict[str, Path]
+    """Every model's directory: the PyTorch models', then the ONNX models'."""
+    configs: dict[str, dict[str, Any]]
+    trt: dict[str, Any]
+    text: HeldOutText
+    qa: QASet | None
+    rows: AnswerRows
+    pad_id: int
+
+    def is_onnx(self, name: str) -> bool:
+        """Whether ``name`` is one of the ONNX models."""
+        return name in self.paths and name not in self.torch_paths
+
+
+def _prepare(
+    cfg: EvaluateConfig,
+    shards_dir: str | Path,
+    models: Mapping[str, str | Path],
+    onnx_models: Mapping[str, str | Path],
+    engine_dir: str | Path | None,
+    qa_uri: str | None,
+) -> _Setup:
+    """Read the held-out tokens, the engine's status and every model's config (refusing a vocabulary the tokens
+    exceed), and set the window, the held-out Q&A set and its encoded answers."""
+    shards = TokenShards.open(shards_dir)
+    tokens = np.asarray(shards.tokens("val")[: cfg.max_eval_tokens]).astype(np.int64)
+    if tokens.size < 1:
+        raise InputDataError(f"{shards_dir}: the val split has no tokens")
+    trt = read_engine_status(Path(engine_dir) if engine_dir is not None else None)
+    torch_paths = {name: Path(p) for name, p in models.items()}
+    paths = {**torch_paths, **{name: Path(p) for name, p in onnx_models.items()}}
+    configs = {name: _model_config(path) for name, path in paths.items()}
+    for name, config in configs.items():
+        _check_vocab(name, config, tokens)
+    context, stride = _window(cfg, configs)
+    tokenizer = _find_tokenizer(paths)
+    text = _held_out_text(tokens, context, stride, shards.eos_id, tokenizer)
+    qa = load_qa_set(cfg, torch_paths, qa_uri, tokenizer) if cfg.generation.enabled else None
+    rows: AnswerRows = []
+    if qa is not None and tokenizer is not None:
+        rows = encode_heldout(tokenizer, qa.examples, context=context, chat_template=qa.chat_template)
+    pad_id = tokenizer.pad_token_id if tokenizer is not None else 0
+    return _Setup(torch_paths, paths, configs, trt, text, qa, rows, pad_id)
+
+
+def _score_models(
+    cfg: EvaluateConfig, setup: _Setup, engine_dir: str | Path | None
+) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]], dict[str, Any], str | None]:
+    """``(models, answers, harness, served model)``: every model's figures (the built engine's too) with its
+    harness metrics, the answers to the held-out prompts by model (the served ONNX model's through its KV-cache
+    decoder), the harness's results and the served model's name."""
+    evaluated, answers = _evaluate_each(setup, cfg)
+    if (engine := _engine_entry(setup.trt)) is not None:
+        evaluated["tensorrt"] = {"uri": str(engine_dir), **engine}
+    with tempfile.TemporaryDirectory(prefix="lmforge-harness-") as workdir:
+        harness = run_harness(cfg.harness, setup.torch_paths, Path(workdir))
+    for name, figures in flat_metrics(harness).items():
+        evaluated[name].update(figures)
+    served = served_model(evaluated)
+    if setup.qa is not None and cfg.generation.served and setup.is_onnx(served):
+        positions = max_positions(setup.configs[served])
+        generated = _generate_served(served, setup.paths[served], setup.qa, cfg, positions)
+        if generated is not None:
+            evaluated[served].update(generated[0])
+            answers[served] = generated[1]
+    return evaluated, answers, harness, served
+
+
+def _with_base(
+    models: Mapping[str, str | Path], onnx_models: Mapping[str, str | Path], base: str | Path | None
+) -> Mapping[str, str | Path]:
+    """The PyTorch models with ``base`` first (when given); refuse a name given twice, or no model at all."""
     if base:
         if "base" in models:
             raise InputDataError("evaluate: a base model given both as base= and in models")
@@ -487,93 +602,68 @@ def evaluate_models(
         raise InputDataError(f"model names given both as PyTorch and ONNX models: {sorted(overlap)}")
     if not models and not onnx_models:
         raise InputDataError("evaluate: no models given")
-    shards = TokenShards.open(shards_dir)
-    tokens = np.asarray(shards.tokens("val")[: cfg.max_eval_tokens]).astype(np.int64)
-    if tokens.size < 1:
-        raise InputDataError(f"{shards_dir}: the val split has no tokens")
+    return models
 
-    trt = read_engine_status(Path(engine_dir) if engine_dir is not None else None)
-    torch_paths = {name: Path(p) for name, p in models.items()}
-    paths = {**torch_paths, **{name: Path(p) for name, p in onnx_models.items()}}
-    configs = {name: _model_config(path) for name, path in paths.items()}
-    for name, config in configs.items():
-        _check_vocab(name, config, tokens)
+
+def _window(cfg: EvaluateConfig, configs: Mapping[str, Mapping[str, Any]]) -> tuple[int, int]:
+    """``(context, stride)`` every model is scored with: the configured ones, clamped to the smallest model's maximum
+    positions (warned of)."""
     limits = [m for m in (max_positions(c) for c in configs.values()) if m is not None]
     context = min([cfg.context, *limits])
     if context < cfg.context:
         log.warning("context %d exceeds a model's maximum positions; using %d for all models", cfg.context, context)
-    stride = min(cfg.stride or context, context)
-    tokenizer = _find_tokenizer(paths)
-    prefix = shards.eos_id
+    return context, min(cfg.stride or context, context)
+
+
+def _held_out_text(tokens: np.ndarray, context: int, stride: int, prefix: int | None, tokenizer: Any) -> HeldOutText:
+    """The held-out tokens, their window, and the bytes they stand for (given a tokenizer; else warned of)."""
     n_bytes = scored_bytes(tokenizer, scored_ids(tokens, prefix=prefix)) if tokenizer is not None else None
     if tokenizer is None:
         log.warning("no tokenizer.json in any model directory; bits per byte not computed")
-    text = HeldOutText(tokens=tokens, context=context, stride=stride, prefix=prefix, bytes=n_bytes)
-    qa = load_qa_set(cfg, torch_paths, qa_uri, tokenizer) if cfg.generation.enabled else None
-    rows: AnswerRows = []
-    if qa is not None and tokenizer is not None:
-        rows = encode_heldout(tokenizer, qa.examples, context=context, chat_template=qa.chat_template)
-    pad_id = tokenizer.pad_token_id if tokenizer is not None else 0
+    return HeldOutText(tokens=tokens, context=context, stride=stride, prefix=prefix, bytes=n_bytes)
 
+
+def _evaluate_each(setup: _Setup, cfg: EvaluateConfig) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
+    """``(entries, answers)``: every model's figures by name, and the answers of the PyTorch models that answered
+    the held-out prompts."""
     evaluated: dict[str, dict[str, Any]] = {}
     answers: dict[str, list[str]] = {}
-    for name, path in paths.items():
+    for name, path in setup.paths.items():
         log.info("evaluating %s (%s)", name, path)
-        if name in models:
-            entry, generated = _evaluate_torch(name, path, text, cfg, qa, rows, pad_id)
+        if name in setup.torch_paths:
+            entry, generated = _evaluate_torch(name, path, setup.text, cfg, setup.qa, setup.rows, setup.pad_id)
             if generated is not None:
                 answers[name] = generated
         else:
-            entry = _evaluate_onnx(name, path, text, cfg, rows, pad_id)
+            entry = _evaluate_onnx(name, path, setup.text, cfg, setup.rows, setup.pad_id)
         evaluated[name] = {"uri": str(path), **entry}
+    return evaluated, answers
 
-    if (engine := _engine_entry(trt)) is not None:
-        evaluated["tensorrt"] = {"uri": str(engine_dir), **engine}
-    with tempfile.TemporaryDirectory(prefix="lmforge-harness-") as workdir:
-        harness = run_harness(cfg.harness, torch_paths, Path(workdir))
-    for name, figures in flat_metrics(harness).items():
-        evaluated[name].update(figures)
 
-    served = served_model(evaluated)
-    if qa is not None and cfg.generation.served and served in onnx_models:
-        generated = _generate_served(served, paths[served], qa, cfg, max_positions(configs[served]))
-        if generated is not None:
-            evaluated[served].update(generated[0])
-            answers[served] = generated[1]
-
-    generation: dict[str, Any] = {"status": "skipped", "reason": "disabled in config"}
-    if cfg.generation.enabled and qa is None:
-        generation = {"status": "skipped", "reason": "no Q&A data given or recorded in the teacher's manifest"}
-    elif qa is not None:
-        signature = next((e["generation"]["bleu_signature"] for e in evaluated.values() if "generation" in e), None)
-        generation = {
-            "status": "evaluated" if answers else "skipped",
-            "reason": None if answers else f"none of {cfg.generation.models} was given as a PyTorch model",
-            "qa_uri": qa.uri,
-            "heldout_fraction": qa.heldout_fraction,
-            "heldout_fraction_source": qa.fraction_source,
-            "prompts": len(qa.groups),
-            "max_new_tokens": cfg.generation.max_new_tokens,
-            "bleu_signature": signature,
-            "samples": samples(qa.groups, answers, cfg.generation.samples),
-        }
-
-    results: dict[str, Any] = {
-        "context": context,
-        "stride": stride,
-        "prefix_token": prefix,
-        "eval_tokens": int(tokens.size),
-        "eval_bytes": n_bytes,
-        "latency_runs": cfg.latency_runs,
-        "models": evaluated,
-        "served_model": served,
-        "tensorrt": trt,
-        "generation": generation,
-        "harness": harness,
-        "confidence": held_out_confidence(Path(shards_dir), int(tokens.size), qa, cfg),
-        "production": production_baseline(release_root, model_name or "", cfg.production_source),
-        "data": data_summary(Path(shards_dir), Path(cleaned_dir) if cleaned_dir is not None else None),
+def _generation_summary(
+    cfg: EvaluateConfig, qa: QASet | None, evaluated: Mapping[str, Mapping[str, Any]], answers: Mapping[str, list[str]]
+) -> dict[str, Any]:
+    """``results["generation"]``: skipped and why, or the held-out prompts' source, settings and sample answers."""
+    if not cfg.generation.enabled:
+        return {"status": "skipped", "reason": "disabled in config"}
+    if qa is None:
+        return {"status": "skipped", "reason": "no Q&A data given or recorded in the teacher's manifest"}
+    signature = next((e["generation"]["bleu_signature"] for e in evaluated.values() if "generation" in e), None)
+    return {
+        "status": "evaluated" if answers else "skipped",
+        "reason": None if answers else f"none of {cfg.generation.models} was given as a PyTorch model",
+        "qa_uri": qa.uri,
+        "heldout_fraction": qa.heldout_fraction,
+        "heldout_fraction_source": qa.fraction_source,
+        "prompts": len(qa.groups),
+        "max_new_tokens": cfg.generation.max_new_tokens,
+        "bleu_signature": signature,
+        "samples": samples(qa.groups, answers, cfg.generation.samples),
     }
+
+
+def _judge(cfg: EvaluateConfig, results: dict[str, Any]) -> GateDecision:
+    """Gate ``results`` and add the decision, the headline and the verdict to them; log each; the decision."""
     decision = check_gate(cfg.gate, results)
     results["gate"] = decision.to_dict()
     results["passed"] = decision.passed
@@ -586,30 +676,59 @@ def evaluate_models(
         log.warning("gate warning: %s", warning)
     for line in results["verdict"]:
         log.info("verdict: %s", line)
+    return decision
 
+
+def _reports(
+    results: Mapping[str, Any], paths: Mapping[str, Path], cfg: EvaluateConfig, run_id: str, preset: str
+) -> tuple[str, str]:
+    """``(report.html, report.md)``: the HTML report shows each model's training history and the config each was
+    made with (as its manifest records it) and this stage's own."""
     histories = {name: h for name, path in paths.items() if (h := read_history(path)) is not None}
-    # The config each model was made with, as its manifest records it, and this stage's own.
     configs = {name: read_manifest(path).get("config") for name, path in paths.items()}
     configs["evaluate"] = cfg.model_dump(mode="json")
     report = html_report(results, histories, run_id=run_id or None, preset=preset or None, config=configs)
-    summary_md = markdown_summary(results, run_id=run_id or None, preset=preset or None)
+    return report, markdown_summary(results, run_id=run_id or None, preset=preset or None)
+
+
+def _model_metrics(evaluated: Mapping[str, Mapping[str, Any]], passed: bool) -> dict[str, float]:
+    """``<model>_<metric>`` of every :data:`MODEL_METRICS` figure and harness metric a model has, and ``passed``."""
     metrics: dict[str, float] = {}
     for name, entry in evaluated.items():
         for key in [*MODEL_METRICS, *(k for k in entry if k.startswith(HARNESS_PREFIX))]:
             if isinstance(entry.get(key), int | float):
                 metrics[f"{name}_{key}"] = float(entry[key])
-    metrics["passed"] = 1.0 if decision.passed else 0.0
+    metrics["passed"] = 1.0 if passed else 0.0
+    return metrics
 
-    inputs = {"shards": input_record(Path(shards_dir)), **{name: input_record(path) for name, path in paths.items()}}
+
+def _input_records(
+    shards_dir: Path, setup: _Setup, engine_dir: str | Path | None, results: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The evaluation manifest's inputs: the shards and every model, the engine's status, the Q&A set and the
+    production release compared with."""
+    inputs = {"shards": input_record(shards_dir), **{name: input_record(path) for name, path in setup.paths.items()}}
     if engine_dir is not None:
-        inputs["tensorrt"] = {"uri": str(engine_dir), "status": trt["status"]}
-    if qa is not None:
+        inputs["tensorrt"] = {"uri": str(engine_dir), "status": setup.trt["status"]}
+    if (qa := setup.qa) is not None:
         inputs["qa"] = {"uri": qa.uri, "heldout_fraction": qa.heldout_fraction, "prompts": len(qa.groups)}
     if results["production"].get("status") == "found":
         inputs["production"] = {k: results["production"][k] for k in ("version", "manifest_uri", "fingerprint")}
+    return inputs
+
+
+def _write_evaluation(
+    output_dir: str | Path,
+    cfg: EvaluateConfig,
+    results: Mapping[str, Any],
+    reports: Mapping[str, str],
+    inputs: dict[str, Any],
+    metrics: dict[str, float],
+) -> None:
+    """Commit the evaluation artifact: the reports (file name to text), ``results.json`` and the manifest."""
     with staged_output(output_dir) as scratch:
-        (scratch / REPORT_HTML).write_text(report, encoding="utf-8")
-        (scratch / REPORT_MD).write_text(summary_md, encoding="utf-8")
+        for name, text in reports.items():
+            (scratch / name).write_text(text, encoding="utf-8")
         (scratch / RESULTS_FILE).write_text(json.dumps(results, indent=2), encoding="utf-8")
         write_manifest(
             scratch,
@@ -617,19 +736,5 @@ def evaluate_models(
             inputs=inputs,
             config=cfg.model_dump(mode="json"),
             metrics=metrics,
-            extra={"passed": decision.passed},
+            extra={"passed": results["passed"]},
         )
-    table_rows = comparison_rows(results)
-    return StageResult(
-        metrics=metrics,
-        html=report,
-        summary={
-            "passed": decision.passed,
-            "checks": results["gate"]["checks"],
-            "warnings": decision.warnings,
-            "headline": results["headline"],
-            "verdict": results["verdict"],
-            "table": table_rows,
-        },
-        markdown=summary_md,
-    )

@@ -53,6 +53,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lmforge.config import GateConfig
+from lmforge.config.evaluate import HarnessCheck
 from lmforge.evaluate.harness import all_skipped
 
 STUDENT = "student"
@@ -460,6 +461,52 @@ def _nothing_scored(results: Mapping[str, Any], models: tuple[str, ...], key: st
     return "; ".join(notes) + ": nothing to check" if notes else None
 
 
+def _when_scored(check: Check, unscored: str | None) -> Check:
+    """``check``, or n/a when no item of its harness task fit the model's context (``unscored`` says why)."""
+    return _not_applicable(check.name, check.threshold, unscored) if unscored else check
+
+
+def _direction(lower: bool) -> tuple[float, str]:
+    """The sign that turns a metric's fall into a positive drop, and the drop's name: for a lower-is-better
+    metric, a rise."""
+    return (-1.0, "rise") if lower else (1.0, "drop")
+
+
+def _harness_floor(results: Mapping[str, Any], key: str, limits: HarnessCheck, lower: bool) -> Check:
+    """``<key>``: the model's metric is at least ``limits.min`` (at most, for a lower-is-better metric)."""
+    value, missing = _number(results, limits.model, key)
+    bound = _at_most if lower else _at_least
+    check = bound(key, value, limits.min, missing, f"{limits.model} {key}")
+    return _when_scored(check, _nothing_scored(results, (limits.model,), key))
+
+
+def _harness_vs_teacher(results: Mapping[str, Any], key: str, limits: HarnessCheck, lower: bool) -> Check:
+    """``<key>_vs_teacher``: the metric's drop below the teacher's, as a fraction of the teacher's."""
+    value, teacher, missing = _pair(results, limits.model, TEACHER, key)
+    problems = [missing] if missing else []
+    change = _relative(value, teacher, problems, f"{TEACHER}.{key}")
+    sign, drop_name = _direction(lower)
+    drop = None if change is None else -sign * change
+    what = f"{limits.model} {key} {drop_name} vs teacher (fraction of teacher's)"
+    check = _at_most(f"{key}_vs_teacher", drop, limits.max_drop_vs_teacher, "; ".join(problems), what)
+    return _when_scored(check, _nothing_scored(results, (limits.model, TEACHER), key))
+
+
+def _harness_vs_production(results: Mapping[str, Any], key: str, limits: HarnessCheck, lower: bool) -> Check:
+    """``<key>_vs_production``: the metric's drop below the production release's (absolute)."""
+    name, model = f"{key}_vs_production", limits.model
+    prod, prod_missing, version = _production(results, f"{model}_{key}")
+    if version is None:
+        return _no_production_yet(name, limits.max_drop_vs_production, prod_missing)
+    value, missing = _number(results, model, key)
+    sign, drop_name = _direction(lower)
+    drop = sign * (prod - value) if value is not None and prod is not None else None
+    missing = "; ".join(m for m in (missing, prod_missing) if m)
+    what = f"{model} {key} {drop_name} vs production {version}"
+    check = _at_most(name, drop, limits.max_drop_vs_production, missing, what)
+    return _when_scored(check, _nothing_scored(results, (model,), key))
+
+
 def check_harness(cfg: GateConfig, results: Mapping[str, Any]) -> list[Check]:
     """``gate.harness``'s checks on lm-evaluation-harness metrics (``results["models"][model]["harness.<task>.
     <metric>"]``), in the gate's forms: a floor (``<key>``), a drop against the teacher as a fraction of the
@@ -470,42 +517,13 @@ def check_harness(cfg: GateConfig, results: Mapping[str, Any]) -> list[Check]:
     """
     checks = []
     for key, limits in cfg.harness.items():
-        model, lower = limits.model, _lower_is_better(results, key)
-        what = f"{model} {key}"
-        sign = -1.0 if lower else 1.0
-        unscored = _nothing_scored(results, (model,), key)
+        lower = _lower_is_better(results, key)
         if limits.min is not None:
-            value, missing = _number(results, model, key)
-            bound = _at_most if lower else _at_least
-            if unscored:
-                checks.append(_not_applicable(key, limits.min, unscored))
-            else:
-                checks.append(bound(key, value, limits.min, missing, what))
+            checks.append(_harness_floor(results, key, limits, lower))
         if limits.max_drop_vs_teacher is not None:
-            name = f"{key}_vs_teacher"
-            if why := _nothing_scored(results, (model, TEACHER), key):
-                checks.append(_not_applicable(name, limits.max_drop_vs_teacher, why))
-            else:
-                value, teacher, missing = _pair(results, model, TEACHER, key)
-                problems = [missing] if missing else []
-                change = _relative(value, teacher, problems, f"{TEACHER}.{key}")
-                drop = None if change is None else -sign * change
-                what_teacher = f"{what} {'rise' if lower else 'drop'} vs teacher (fraction of teacher's)"
-                checks.append(_at_most(name, drop, limits.max_drop_vs_teacher, "; ".join(problems), what_teacher))
+            checks.append(_harness_vs_teacher(results, key, limits, lower))
         if limits.max_drop_vs_production is not None:
-            name = f"{key}_vs_production"
-            prod, prod_missing, version = _production(results, f"{model}_{key}")
-            if version is None:
-                checks.append(_no_production_yet(name, limits.max_drop_vs_production, prod_missing))
-                continue
-            if unscored:
-                checks.append(_not_applicable(name, limits.max_drop_vs_production, unscored))
-                continue
-            value, missing = _number(results, model, key)
-            drop = sign * (prod - value) if value is not None and prod is not None else None
-            missing = "; ".join(m for m in (missing, prod_missing) if m)
-            what_prod = f"{what} {'rise' if lower else 'drop'} vs production {version}"
-            checks.append(_at_most(name, drop, limits.max_drop_vs_production, missing, what_prod))
+            checks.append(_harness_vs_production(results, key, limits, lower))
     return checks
 
 

@@ -20,7 +20,7 @@ from lmforge.config import (
     TokenizeConfig,
 )
 from lmforge.errors import ConfigError, did_you_mean
-from lmforge.stages.spec import StageSpec, artifact, param
+from lmforge.stages.spec import Port, StageSpec, artifact, param
 
 CORPUS_URI = param("corpus_uri", "str", "Raw corpus: local path, glob, s3:// URI or demo://shakespeare.")
 CORPUS_FINGERPRINT = param(
@@ -458,6 +458,95 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
 )
 
 
+_PREFLIGHT_INPUTS = (
+    CORPUS_URI,
+    QA_URI,
+    RELEASE_ROOT,
+    param(
+        "s3_secret_name",
+        "str",
+        "Secret holding the S3 credentials (checked only inside a cluster; skipped with IRSA).",
+        default="lmforge-s3",
+    ),
+    param(
+        "launch",
+        "str",
+        "The training steps' LaunchConfig JSON: validated here, and with num_nodes > 1 the cluster must "
+        "serve its job kind (TrainJob or PyTorchJob).",
+        default="{}",
+    ),
+    param("gpu_count", "int", "GPUs per GPU-stage pod (at least 0).", default=1),
+    param(
+        "model_name",
+        "str",
+        "Release name; empty: derived from the corpus (lmforge-demo for the demo corpus).",
+        default="",
+    ),
+    param(
+        "preset",
+        "str",
+        "Preset every stage's config starts from; each section is validated here.",
+        default="tiny-cpu",
+    ),
+    param(
+        "base_model_uri",
+        "str",
+        "Base model tokenize and pretrain start from (the pipeline's base_model_uri): its architecture and "
+        "tokenizer are checked and its files fingerprinted here; empty: none.",
+        default="",
+    ),
+    param(
+        "student_base_uri",
+        "str",
+        "Pretrained student distill starts from (the pipeline's student_base_uri): checked like the base "
+        "model, and its tokenizer against the base model's when both are given; empty: none.",
+        default="",
+    ),
+    param(
+        "staging_uri",
+        "str",
+        "The pipeline's staging_uri: with it the run's root (run_root) is there, else the release root.",
+        default="",
+    ),
+)
+"""The ``preflight`` stage's parameters but the config sections' overrides (:func:`_overrides`)."""
+
+_PREFLIGHT_RETURNS = (
+    param("corpus_fingerprint", "str", "sha256 of the corpus content (downstream cache keys)."),
+    param("qa_fingerprint", "str", "sha256 of the Q&A data (downstream cache keys)."),
+    param("production_fingerprint", "str", "Fingerprint of the production release the gate compares with."),
+    param(
+        "gpu_limit",
+        "str",
+        "gpu_count as a string: the KFP backend's driver reads an accelerator limit only from a string "
+        "parameter (an integer one is dropped), so the GPU steps take their limit from here.",
+    ),
+    param("model_name", "str", "The release name every later step uses."),
+    param("base_model_fingerprint", "str", "Fingerprint of the base model's files; empty without one."),
+    param("student_base_fingerprint", "str", "Fingerprint of the student base's files; empty without one."),
+    param(
+        "run_root",
+        "str",
+        "The run's root ({run_root} of a templated checkpoint.dir, $LMFORGE_RUN_ROOT of the training steps): "
+        "staging_uri when given, else release_root.",
+    ),
+)
+
+
+def _overrides(sections: tuple[str, ...]) -> tuple[Port, ...]:
+    """One ``<section>_overrides`` parameter of ``preflight`` per config section."""
+    return tuple(
+        param(
+            f"{section}_overrides",
+            "str",
+            f"The {section} stage's overrides (the pipeline's {section}_overrides): validated here, before "
+            "any stage starts.",
+            default="{}",
+        )
+        for section in sections
+    )
+
+
 def _preflight(sections: tuple[str, ...]) -> StageSpec:
     """``preflight``: it validates every config section, so its ports follow the other stages' sections."""
     return StageSpec(
@@ -466,87 +555,8 @@ def _preflight(sections: tuple[str, ...]) -> StageSpec:
         "data and the production release.",
         entry="lmforge.preflight:run",
         config=None,
-        inputs=(
-            CORPUS_URI,
-            QA_URI,
-            RELEASE_ROOT,
-            param(
-                "s3_secret_name",
-                "str",
-                "Secret holding the S3 credentials (checked only inside a cluster; skipped with IRSA).",
-                default="lmforge-s3",
-            ),
-            param(
-                "launch",
-                "str",
-                "The training steps' LaunchConfig JSON: validated here, and with num_nodes > 1 the cluster must "
-                "serve its job kind (TrainJob or PyTorchJob).",
-                default="{}",
-            ),
-            param("gpu_count", "int", "GPUs per GPU-stage pod (at least 0).", default=1),
-            param(
-                "model_name",
-                "str",
-                "Release name; empty: derived from the corpus (lmforge-demo for the demo corpus).",
-                default="",
-            ),
-            param(
-                "preset",
-                "str",
-                "Preset every stage's config starts from; each section is validated here.",
-                default="tiny-cpu",
-            ),
-            param(
-                "base_model_uri",
-                "str",
-                "Base model tokenize and pretrain start from (the pipeline's base_model_uri): its architecture and "
-                "tokenizer are checked and its files fingerprinted here; empty: none.",
-                default="",
-            ),
-            param(
-                "student_base_uri",
-                "str",
-                "Pretrained student distill starts from (the pipeline's student_base_uri): checked like the base "
-                "model, and its tokenizer against the base model's when both are given; empty: none.",
-                default="",
-            ),
-            param(
-                "staging_uri",
-                "str",
-                "The pipeline's staging_uri: with it the run's root (run_root) is there, else the release root.",
-                default="",
-            ),
-            *(
-                param(
-                    f"{section}_overrides",
-                    "str",
-                    f"The {section} stage's overrides (the pipeline's {section}_overrides): validated here, before "
-                    "any stage starts.",
-                    default="{}",
-                )
-                for section in sections
-            ),
-        ),
-        returns=(
-            param("corpus_fingerprint", "str", "sha256 of the corpus content (downstream cache keys)."),
-            param("qa_fingerprint", "str", "sha256 of the Q&A data (downstream cache keys)."),
-            param("production_fingerprint", "str", "Fingerprint of the production release the gate compares with."),
-            param(
-                "gpu_limit",
-                "str",
-                "gpu_count as a string: the KFP backend's driver reads an accelerator limit only from a string "
-                "parameter (an integer one is dropped), so the GPU steps take their limit from here.",
-            ),
-            param("model_name", "str", "The release name every later step uses."),
-            param("base_model_fingerprint", "str", "Fingerprint of the base model's files; empty without one."),
-            param("student_base_fingerprint", "str", "Fingerprint of the student base's files; empty without one."),
-            param(
-                "run_root",
-                "str",
-                "The run's root ({run_root} of a templated checkpoint.dir, $LMFORGE_RUN_ROOT of the training steps): "
-                "staging_uri when given, else release_root.",
-            ),
-        ),
+        inputs=(*_PREFLIGHT_INPUTS, *_overrides(sections)),
+        returns=_PREFLIGHT_RETURNS,
         headline=("checks_passed", "predicted_retention", "retention_warning"),
     )
 

@@ -156,6 +156,27 @@ def test_output_directory_has_shards_quarantine_stats_report_and_manifest(tmp_pa
     assert result.html == (out / "report.html").read_text()
 
 
+def test_a_quarantined_duplicate_names_the_document_kept_and_bad_records_come_last(tmp_path):
+    long_text = " ".join(f"word{i}" for i in range(200))
+    corpus = write_jsonl(
+        tmp_path / "c.jsonl",
+        [
+            "{oops",
+            {"id": "first", "text": "same text here"},
+            {"id": "original", "text": long_text},
+            {"id": "copy", "text": "Same  text HERE"},
+            {"id": "edited", "text": long_text.replace("word100", "changed")},
+        ],
+    )
+    _, out = run_clean(tmp_path, corpus, max_bad_records=1, **{**LOOSE, "near_dedup": {"enabled": True}})
+    quarantine = [json.loads(line) for line in (out / "quarantine.jsonl").read_text().splitlines()]
+    assert [(q["rule"], q.get("id"), q["reason"]) for q in quarantine[:2]] == [
+        ("exact_dedup", "copy", "exact duplicate of first"),
+        ("near_dedup", "edited", "near duplicate of original"),
+    ]
+    assert [(q["rule"], q["source"]) for q in quarantine[2:]] == [("bad_record", f"{corpus}:1")]
+
+
 def test_quarantine_keeps_at_most_the_configured_samples_per_rule(tmp_path):
     corpus = write_jsonl(tmp_path / "c.jsonl", docs("keep this one", *["no"] * 5, *["same text here"] * 4))
     _, out = run_clean(tmp_path, corpus, min_chars=3, min_words=0, quarantine_samples=2)

@@ -7,6 +7,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -186,3 +187,10 @@ def test_a_fan_out_with_a_part_missing_or_out_of_range_is_refused(planted, tmp_p
     assert partitioned.metrics == single.metrics and single.metrics["removed_near_dedup"] > 0
     removed = [pq.read_table(tmp_path / name / dedup.REMOVED).to_pydict() for name in ("plan", "single")]
     assert removed[0] == removed[1]
+
+
+def test_a_bucket_is_a_run_of_two_or_more_equal_band_keys():
+    assert list(dedup._buckets(np.array([1, 2, 2, 3, 4, 4, 4, 5]))) == [(1, 3), (4, 7)]
+    assert list(dedup._buckets(np.array([7, 7]))) == [(0, 2)]
+    assert list(dedup._buckets(np.array([1, 2, 3]))) == []
+    assert list(dedup._buckets(np.array([], dtype=np.int64))) == []

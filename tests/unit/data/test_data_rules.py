@@ -59,6 +59,23 @@ def test_gopher_quality_passes_prose_and_names_each_failure():
     assert rule.removed == 5 and rule.reasons["gopher_short_doc"] == 1
 
 
+def test_gopher_quality_names_its_word_count_length_and_line_failures():
+    rule = GopherQuality(GopherQualityConfig(max_doc_words=70))
+    assert rule(PROSE + " " + PROSE).startswith("gopher_long_doc 158 words > 70")
+    assert rule(" ".join(["to be or of an"] * 12)) == "gopher_below_avg_threshold mean word length 2.00 < 3.0"
+    bullets = "\n".join(f"- the {word} item with the details" for word in PROSE.split()[:10])
+    assert rule(bullets) == "gopher_too_many_bullets 1.00 of lines > 0.9"
+    trailing = "\n".join(f"{PROSE[:60]} and so on…" for _ in range(4))
+    assert rule(trailing) == "gopher_too_many_end_ellipsis 1.00 of lines > 0.3"
+    no_floor = GopherQuality(GopherQualityConfig(min_doc_words=None))
+    assert no_floor("!!! ???") == "gopher_short_doc no words"
+
+
+def test_gopher_quality_min_stop_words_zero_keeps_a_text_without_stop_words():
+    rule = GopherQuality(GopherQualityConfig(min_stop_words=0))
+    assert rule(" ".join(["apple banana cherry"] * 20)) is None
+
+
 def test_gopher_quality_is_switchable_per_threshold_and_language():
     rule = GopherQuality(GopherQualityConfig(min_doc_words=None, min_stop_words=None))
     assert rule("too short") is None

@@ -129,6 +129,35 @@ def test_the_val_split_grows_in_hash_order_to_the_minimum_tokens_and_documents(t
     assert shorter < 20_000 or m["val_documents"] - 1 < 8
 
 
+@pytest.mark.parametrize(
+    ("tokens", "documents", "warning"),
+    [
+        (0, 0, "only 3 document: the val split is empty"),
+        (
+            900,
+            2,
+            "the val split holds 900 tokens in 2 documents, below min_val_tokens 1000 / min_val_documents 2 even at "
+            "max_val_fraction 0.3: evaluation marks its held-out figures low confidence",
+        ),
+        (1000, 1, "the val split holds 1000 tokens in 1 documents, below min_val_tokens 1000 / min_val_documents 2"),
+        (1000, 2, None),
+    ],
+    ids=["empty", "few-tokens", "few-documents", "enough"],
+)
+def test_a_val_split_below_its_minimums_is_warned_of(caplog, tokens, documents, warning):
+    cfg = TokenizeConfig(min_val_tokens=1000, min_val_documents=2, max_val_fraction=0.3)
+    plan = SplitPlan(cfg)
+    for position in range(3):
+        plan.observe(position, f"doc-{position}")
+    with caplog.at_level("WARNING", logger="lmforge.tokenize"):
+        tokenize._warn_of_a_small_val_split({"tokens": tokens, "documents": documents}, plan, cfg)
+    messages = [record.getMessage() for record in caplog.records]
+    if warning is None:
+        assert messages == []
+    else:
+        assert len(messages) == 1 and messages[0].startswith(warning)
+
+
 def test_two_documents_always_give_a_train_and_a_val_document(tmp_path):
     cleaned = make_cleaned(tmp_path, [{"text": "first document text"}, {"text": "second document text"}])
     cfg = TokenizeConfig(vocab_size=300, val_fraction=1e-9)

@@ -241,3 +241,49 @@ def test_the_pipeline_passes_its_launch_parameter_to_preflight():
     spec = next(yaml.safe_load_all((REPO_ROOT / "pipelines/compiled/lmforge_pipeline.yaml").read_text()))
     task = spec["root"]["dag"]["tasks"]["preflight"]
     assert task["inputs"]["parameters"]["launch"] == {"componentInputParameter": "launch"}
+
+
+def test_the_checks_run_in_order_and_an_unreadable_production_release_names_its_source(tmp_path, monkeypatch):
+    from lmforge import catalog
+    from lmforge.errors import StorageError
+
+    corpus, root = _corpus(tmp_path), str(tmp_path / "reg")
+    report = run_checks(
+        corpus_uri=str(corpus), qa_uri="demo://chatterbot", release_root=root, s3_secret_name="", model_name="demo"
+    )
+    assert list(report.checks) == [
+        "s3_secret",
+        "corpus_readable",
+        "corpus_sample",
+        "qa_readable",
+        "qa_sample",
+        "release_root_writable",
+        "release_root_conditional_writes",
+        "production_release_readable",
+    ]
+
+    def unreadable(release_root: str, model_name: str, source: str) -> str:
+        raise StorageError(f"cannot read the {source} release")
+
+    monkeypatch.setattr(catalog, "production_fingerprint", unreadable)
+    with pytest.raises(PreflightError) as err:
+        run_checks(
+            corpus_uri=str(corpus), qa_uri="demo://chatterbot", release_root=root, s3_secret_name="", model_name="demo"
+        )
+    assert (
+        str(err.value)
+        == f"preflight failed: production_release_readable: {root} (demo): cannot read the registry release"
+    )
+    with pytest.raises(PreflightError) as err:
+        run_checks(
+            corpus_uri=str(corpus),
+            qa_uri="demo://chatterbot",
+            release_root=root,
+            s3_secret_name="",
+            model_name="demo",
+            preset="tiny-cpu",
+            stage_overrides={"evaluate": {"production_source": "mlflow"}},
+        )
+    assert str(err.value) == (
+        "preflight failed: production_release_readable: MLflow alias production of demo: cannot read the mlflow release"
+    )

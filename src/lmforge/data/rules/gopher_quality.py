@@ -6,6 +6,7 @@ or ellipsis lines, share of alphabetic words or stop-word count fall outside the
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from lmforge.config import GopherQualityConfig
 from lmforge.data.rules.base import Rule
@@ -31,6 +32,12 @@ def alphabetic_words(view: TextView) -> int:
     return len(view.words) - len(_LETTERLESS_WORD.findall(text))
 
 
+def _share_of_lines(view: TextView, matches: Callable[[str], bool]) -> float:
+    """The share of the non-empty lines that ``matches`` (a text without one counts as one empty line)."""
+    lines = view.nonempty_lines or [""]
+    return sum(matches(line) for line in lines) / len(lines)
+
+
 class GopherQuality(Rule):
     """Gopher quality: word count and length, symbols, bullets, ellipses, alphabetic words, stop words."""
 
@@ -42,47 +49,92 @@ class GopherQuality(Rule):
         self.stop_words = frozenset(cfg.stop_words)
 
     def check(self, view: TextView) -> str | None:
-        cfg = self.cfg
-        words = view.bare_words
-        n = len(words)
+        for test in (
+            self._word_count,
+            self._word_length,
+            self._symbols,
+            self._bullets,
+            self._ellipses,
+            self._alphabetic,
+            self._stop_words,
+        ):
+            if (reason := test(view)) is not None:
+                return reason
+        return None
+
+    def _word_count(self, view: TextView) -> str | None:
+        """Too few or too many words, or none (the tests after this one divide by the count)."""
+        cfg, n = self.cfg, len(view.bare_words)
         if cfg.min_doc_words is not None and n < cfg.min_doc_words:
             return f"gopher_short_doc {n} words < {cfg.min_doc_words}"
         if cfg.max_doc_words is not None and n > cfg.max_doc_words:
             return f"gopher_long_doc {n} words > {cfg.max_doc_words}"
-        if n == 0:
-            return "gopher_short_doc no words"
+        return "gopher_short_doc no words" if n == 0 else None
+
+    def _word_length(self, view: TextView) -> str | None:
+        """A mean word length outside ``[min_avg_word_length, max_avg_word_length]``."""
+        cfg = self.cfg
         mean = float(view.bare_word_lengths.mean())
         if cfg.min_avg_word_length is not None and mean < cfg.min_avg_word_length:
             return f"gopher_below_avg_threshold mean word length {mean:.2f} < {cfg.min_avg_word_length}"
         if cfg.max_avg_word_length is not None and mean > cfg.max_avg_word_length:
             return f"gopher_above_avg_threshold mean word length {mean:.2f} > {cfg.max_avg_word_length}"
-        text = view.text
-        if cfg.max_symbol_word_ratio is not None:
-            symbols = text.count("#") + text.count("...") + text.count("…")
-            if symbols / n > cfg.max_symbol_word_ratio:
-                return f"gopher_too_many_symbols {symbols / n:.3f} per word > {cfg.max_symbol_word_ratio}"
-        lines = view.nonempty_lines or [""]
-        if cfg.max_bullet_lines_ratio is not None:
-            ratio = sum(line.lstrip().startswith(BULLETS) for line in lines) / len(lines)
-            if ratio > cfg.max_bullet_lines_ratio:
-                return f"gopher_too_many_bullets {ratio:.2f} of lines > {cfg.max_bullet_lines_ratio}"
-        if cfg.max_ellipsis_lines_ratio is not None:
-            ratio = sum(line.rstrip().endswith(("...", "…")) for line in lines) / len(lines)
-            if ratio > cfg.max_ellipsis_lines_ratio:
-                return f"gopher_too_many_end_ellipsis {ratio:.2f} of lines > {cfg.max_ellipsis_lines_ratio}"
-        if cfg.max_non_alpha_words_ratio is not None:
-            alpha = alphabetic_words(view) / max(len(view.words), 1)
-            if alpha < cfg.max_non_alpha_words_ratio:
-                return f"gopher_below_alpha_threshold {alpha:.2f} of words alphabetic < {cfg.max_non_alpha_words_ratio}"
-        if cfg.min_stop_words is not None:
-            # Stop words are common: counting stops once the threshold is reached (the count only
-            # appears in the reason when it falls short, and then it is complete).
-            stops = 0
-            for w in words:
-                if w in self.stop_words:
-                    stops += 1
-                    if stops >= cfg.min_stop_words:
-                        break
-            if stops < cfg.min_stop_words:
-                return f"gopher_enough_stop_words {stops} stop words < {cfg.min_stop_words}"
+        return None
+
+    def _symbols(self, view: TextView) -> str | None:
+        """Too many ``#`` and ellipses per word."""
+        limit = self.cfg.max_symbol_word_ratio
+        if limit is None:
+            return None
+        text, n = view.text, len(view.bare_words)
+        symbols = text.count("#") + text.count("...") + text.count("…")
+        if symbols / n > limit:
+            return f"gopher_too_many_symbols {symbols / n:.3f} per word > {limit}"
+        return None
+
+    def _bullets(self, view: TextView) -> str | None:
+        """Too many lines starting with a bullet."""
+        limit = self.cfg.max_bullet_lines_ratio
+        if limit is None:
+            return None
+        ratio = _share_of_lines(view, lambda line: line.lstrip().startswith(BULLETS))
+        if ratio > limit:
+            return f"gopher_too_many_bullets {ratio:.2f} of lines > {limit}"
+        return None
+
+    def _ellipses(self, view: TextView) -> str | None:
+        """Too many lines ending in an ellipsis."""
+        limit = self.cfg.max_ellipsis_lines_ratio
+        if limit is None:
+            return None
+        ratio = _share_of_lines(view, lambda line: line.rstrip().endswith(("...", "…")))
+        if ratio > limit:
+            return f"gopher_too_many_end_ellipsis {ratio:.2f} of lines > {limit}"
+        return None
+
+    def _alphabetic(self, view: TextView) -> str | None:
+        """Too small a share of words holding a letter."""
+        limit = self.cfg.max_non_alpha_words_ratio
+        if limit is None:
+            return None
+        alpha = alphabetic_words(view) / max(len(view.words), 1)
+        if alpha < limit:
+            return f"gopher_below_alpha_threshold {alpha:.2f} of words alphabetic < {limit}"
+        return None
+
+    def _stop_words(self, view: TextView) -> str | None:
+        """Fewer than ``min_stop_words`` stop words."""
+        needed = self.cfg.min_stop_words
+        if needed is None:
+            return None
+        # Stop words are common: counting stops once the threshold is reached (the count only
+        # appears in the reason when it falls short, and then it is complete).
+        stops = 0
+        for w in view.bare_words:
+            if w in self.stop_words:
+                stops += 1
+                if stops >= needed:
+                    break
+        if stops < needed:
+            return f"gopher_enough_stop_words {stops} stop words < {needed}"
         return None
