@@ -1,9 +1,10 @@
-"""Compile every pipeline and every component to YAML (what ``lmforge compile`` runs).
+"""Generate every component from the stage registry and compile it and every pipeline to YAML (``lmforge compile``).
 
-Components go to ``components/<stage>/component.yaml`` (for reuse with
-``kfp.components.load_component_from_file``) with a generated ``README.md`` beside it; pipelines go to
-``pipelines/compiled/<name>.yaml``; every config field to ``docs/config.md``. Every stage in the registry must
-have a component. The images are named by the tag of :func:`lmforge_kfp.components.images.image_tag` (the release
+Each stage's ``components/<stage>/component.py`` is written from its registry entry
+(:func:`lmforge_kfp.components.source.component_source`) and compiled from that file to
+``components/<stage>/component.yaml`` (for reuse with ``kfp.components.load_component_from_file``) with a
+generated ``README.md`` beside it; pipelines go to ``pipelines/compiled/<name>.yaml``; every config field to
+``docs/config.md``. The images are named by the tag of :func:`lmforge_kfp.components.images.image_tag` (the release
 tag unless ``$LMFORGE_IMAGE_TAG`` says otherwise), so the committed files change only when their content does.
 """
 
@@ -19,6 +20,7 @@ from kfp import compiler
 
 from lmforge.stages import STAGES, render_config_markdown
 from lmforge_kfp.components import load_component
+from lmforge_kfp.components.source import component_source
 from lmforge_kfp.pipelines.component_docs import render_component_readme, render_index
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -33,12 +35,15 @@ def pipeline_function(name: str):
 
 
 def compile_all(root: Path = REPO_ROOT) -> list[Path]:
-    """Compile all components (YAML + generated README) and pipelines under ``root``; returns the files written."""
-    written: list[Path] = []
-    components = {stage: load_component(stage) for stage in STAGES}
+    """Generate all components (``component.py``, YAML, README) and compile the pipelines under ``root``.
+
+    Returns:
+        The files written.
+    """
+    written = [write_component_source(stage, root) for stage in STAGES]
+    components = {stage: load_component(stage, root / "components") for stage in STAGES}
     for stage, component in components.items():
         folder = root / "components" / stage
-        folder.mkdir(parents=True, exist_ok=True)
         compiler.Compiler().compile(component, str(folder / "component.yaml"))
         (folder / "README.md").write_text(render_component_readme(stage, component), encoding="utf-8")
         written += [folder / "component.yaml", folder / "README.md"]
@@ -54,6 +59,14 @@ def compile_all(root: Path = REPO_ROOT) -> list[Path]:
         target.write_text(stable_header(target.read_text(encoding="utf-8")), encoding="utf-8")
         written.append(target)
     return written
+
+
+def write_component_source(stage: str, root: Path) -> Path:
+    """Write ``<root>/components/<stage>/component.py`` from the stage's registry entry; returns its path."""
+    path = root / "components" / stage / "component.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(component_source(STAGES[stage]), encoding="utf-8")
+    return path
 
 
 _HEADER_DEFAULT = re.compile(r"^(#\s+\w+: \w+ \[Default: )(.*)(\])$")
