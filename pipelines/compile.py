@@ -4,8 +4,9 @@ Each stage's ``components/<stage>/component.py`` is written from its registry en
 (:func:`lmforge_kfp.components.source.component_source`) and compiled from that file to
 ``components/<stage>/component.yaml`` (for reuse with ``kfp.components.load_component_from_file``) with a
 generated ``README.md`` beside it; pipelines go to ``pipelines/compiled/<name>.yaml``; every config field to
-``docs/config.md``. The images are named by the tag of :func:`lmforge_kfp.components.images.image_tag` (the release
-tag unless ``$LMFORGE_IMAGE_TAG`` says otherwise), so the committed files change only when their content does.
+``docs/config.md``; the stage table of ``README.md`` (where ``root`` has one) is rewritten from the registry.
+The images are named by the tag of :func:`lmforge_kfp.components.images.image_tag` (the release tag unless
+``$LMFORGE_IMAGE_TAG`` says otherwise), so the committed files change only when their content does.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from kfp import compiler
 from lmforge.stages import STAGES, render_config_markdown
 from lmforge_kfp.components import load_component
 from lmforge_kfp.components.source import component_source
-from lmforge_kfp.pipelines.component_docs import render_component_readme, render_index
+from lmforge_kfp.pipelines.component_docs import render_component_readme, render_index, with_stage_table
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PIPELINES: dict[str, str] = {"lmforge_pipeline": "lmforge_kfp.pipelines.lmforge_pipeline:lmforge_pipeline"}
@@ -52,6 +53,9 @@ def compile_all(root: Path = REPO_ROOT) -> list[Path]:
     (root / CONFIG_DOCS).parent.mkdir(parents=True, exist_ok=True)
     (root / CONFIG_DOCS).write_text(render_config_markdown(), encoding="utf-8")
     written.append(root / CONFIG_DOCS)
+    if (readme := root / "README.md").is_file():
+        readme.write_text(with_stage_table(readme.read_text(encoding="utf-8")), encoding="utf-8")
+        written.append(readme)
     for name in PIPELINES:
         target = root / "pipelines" / "compiled" / f"{name}.yaml"
         target.parent.mkdir(parents=True, exist_ok=True)
