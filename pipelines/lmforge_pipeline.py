@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from kfp import dsl, kubernetes
-from kfp.dsl import Artifact, Dataset, Input, Model
+from kfp.dsl import Artifact, Dataset, Input, Model, pipeline_context
 
 from lmforge.launch.stage_runner import RUN_ID_ENV
-from lmforge.stages import get_stage, overrides_help
+from lmforge.stages import STAGES, get_stage, overrides_help
 from lmforge_kfp.components import load_component
 from lmforge_kfp.components.images import image_for, service_image
 
@@ -115,7 +115,7 @@ def _place(task: dsl.PipelineTask, placement: _Placement) -> dsl.PipelineTask:
     """Place a step as its stage's registry entry says: a GPU stage (``StageSpec.on_gpu``) on the GPU pool with the
     GPU step requests, any other with the CPU step requests; every step gets the S3 and MLflow Secrets and the run
     id (every step's MLflow run finds its pipeline run by it, a distributed stage's job is named after it)."""
-    if get_stage(task.component_spec.name.replace("-", "_")).on_gpu:
+    if get_stage(_stage_of(task)).on_gpu:
         _with_requests(task, placement.gpu_step_cpu_request, placement.gpu_step_memory_request)
         _on_gpu_pool(
             task, placement.accelerator, placement.gpu_limit, placement.gpu_node_selector, placement.gpu_tolerations
@@ -125,6 +125,17 @@ def _place(task: dsl.PipelineTask, placement: _Placement) -> dsl.PipelineTask:
     _with_s3_credentials(task, placement.s3_secret_name)
     _with_mlflow(task, placement.mlflow_secret_name)
     return _with_run_id(task)
+
+
+def _stage_of(task: dsl.PipelineTask) -> str:
+    """The stage a task runs (its component is named after it), or the name of the sub-pipeline it runs."""
+    return task.component_spec.name.replace("-", "_")
+
+
+def _stage_tasks() -> list[dsl.PipelineTask]:
+    """The tasks of the pipeline being defined that run a registry stage (not a sub-pipeline), in creation order."""
+    tasks = pipeline_context.Pipeline.get_default_pipeline().tasks.values()
+    return [task for task in tasks if _stage_of(task) in STAGES]
 
 
 @dsl.pipeline(name="clean-one-shard")
@@ -444,29 +455,8 @@ def lmforge_pipeline(
             MLFLOW_EXPERIMENT_NAME): every step logs to that MLflow server and promote registers the release; no
             such Secret: no tracking.
     """
-    checked = preflight(
-        corpus_uri=corpus_uri,
-        qa_uri=qa_uri,
-        release_root=release_root,
-        s3_secret_name=s3_secret_name,
-        launch=launch,
-        gpu_count=gpu_count,
-        model_name=model_name,
-        preset=preset,
-        base_model_uri=base_model_uri,
-        student_base_uri=student_base_uri,
-        staging_uri=staging_uri,
-        clean_overrides=clean_overrides,
-        tokenize_overrides=tokenize_overrides,
-        pretrain_overrides=pretrain_overrides,
-        finetune_lora_overrides=finetune_lora_overrides,
-        distill_overrides=distill_overrides,
-        export_onnx_overrides=export_onnx_overrides,
-        quantize_int8_overrides=quantize_int8_overrides,
-        build_tensorrt_overrides=build_tensorrt_overrides,
-        evaluate_overrides=evaluate_overrides,
-        serve_overrides=serve_overrides,
-    )
+    arguments = dict(locals())  # the pipeline's parameters: preflight's inputs are named after them
+    checked = preflight(**{port.name: arguments[port.name] for port in get_stage("preflight").inputs})
     checked.set_display_name("0 preflight checks").set_caching_options(False)
     placement = _Placement(
         cpu_request=cpu_request,
@@ -661,20 +651,5 @@ def lmforge_pipeline(
         )
         served.set_display_name("11 serve release").set_caching_options(False)
 
-    # Every step at this level; the sub-pipelines place theirs (_as_nested_step).
-    for task in (
-        checked,
-        shard_indices,
-        dedup_plan,
-        deduped,
-        cleaned,
-        tokens,
-        base,
-        tuned,
-        student,
-        exported,
-        quantized,
-        engine,
-        evaluated,
-    ):
+    for task in _stage_tasks():  # the sub-pipelines place their own steps (_as_nested_step)
         _place(task, placement)
