@@ -21,6 +21,7 @@ from kfp import compiler
 
 from lmforge.stages import STAGES, render_config_markdown
 from lmforge_kfp.components import load_component
+from lmforge_kfp.components.images import image_tag
 from lmforge_kfp.components.source import component_source
 from lmforge_kfp.pipelines.component_docs import render_component_readme, render_index, with_stage_table
 
@@ -41,6 +42,7 @@ def compile_all(root: Path = REPO_ROOT) -> list[Path]:
     Returns:
         The files written.
     """
+    image_tag()  # a bad $LMFORGE_IMAGE_TAG fails here, before anything is written
     written = [write_component_source(stage, root) for stage in STAGES]
     components = {stage: load_component(stage, root / "components") for stage in STAGES}
     for stage, component in components.items():
