@@ -2,40 +2,69 @@
 
 :func:`documented` gives a component function its docstring (purpose, one line per argument, returns)
 from the registry, so the descriptions KFP shows in the UI and the generated READMEs are the registry's.
-:func:`expected_parameters` is the signature a component must have; the tests compare every
-``component.py`` with it.
+:func:`expected_parameters` is the component's signature: ``lmforge compile`` writes every ``component.py``
+from it (:mod:`lmforge_kfp.components.source`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from lmforge.stages import explain, get_stage
-from lmforge.stages.spec import Port, StageSpec
+from lmforge.stages.spec import Port, StageSpec, param
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 METRICS_HELP = "Scalar figures of the stage, shown by the Kubeflow UI."
 HTML_HELP = "Self-contained HTML report of the stage."
 MARKDOWN_HELP = "Markdown summary for the Kubeflow UI."
-PRESET_HELP = "lmforge preset the stage's config starts from (see `lmforge presets`)."
-LAUNCH_HELP = {
-    "launch": "JSON object of LaunchConfig fields: how wide this step trains. {} : one pod, gpu_count processes "
-    '(torchrun --standalone when gpu_count > 1, else in this process); {"num_nodes": 4, "gpus_per_node": 8} '
-    "submits a Kubeflow Trainer TrainJob (or PyTorchJob with backend pytorchjob) named after $LMFORGE_RUN_ID "
-    "and waits for it (a retried step adopts it). See `lmforge config --explain launch`.",
-    "staging_uri": "s3://bucket/prefix where a multi-node job's inputs and outputs are staged "
-    "(<staging_uri>/<run id>/<task>/<name>); needed only with num_nodes > 1.",
-    "gpu_count": "GPUs of this step's pod (the pipeline passes its gpu_count); the default of launch.gpus_per_node.",
-    "job_image": "Image of the job's pods (num_nodes > 1); empty: this package's image for the stage.",
-    "run_root": "The run's root, $LMFORGE_RUN_ROOT of the training processes: a templated train.checkpoint.dir "
-    "({run_root}/checkpoints/{run_id}/{stage}, the GPU presets') puts checkpoints under it; the pipeline passes "
-    "preflight's run_root (staging_uri, else release_root). Empty: $LMFORGE_RUN_ROOT as it is.",
-}
-LAUNCH_DEFAULTS = {"launch": "{}", "staging_uri": "", "gpu_count": 1, "job_image": "", "run_root": ""}
+# The ports every component of a stage with a config section takes after its own, and those a distributed
+# stage's takes after them: what lmforge_kfp.runtime hands to the stage's config and to the launcher.
+PRESET = param(
+    "preset", "str", "lmforge preset the stage's config starts from (see `lmforge presets`).", default="tiny-cpu"
+)
+OVERRIDES = param("overrides", "str", "", default="{}")  # its description names the stage's section
+LAUNCH_PORTS: tuple[Port, ...] = (
+    param(
+        "launch",
+        "str",
+        "JSON object of LaunchConfig fields: how wide this step trains. {} : one pod, gpu_count processes "
+        '(torchrun --standalone when gpu_count > 1, else in this process); {"num_nodes": 4, "gpus_per_node": 8} '
+        "submits a Kubeflow Trainer TrainJob (or PyTorchJob with backend pytorchjob) named after $LMFORGE_RUN_ID "
+        "and waits for it (a retried step adopts it). See `lmforge config --explain launch`.",
+        default="{}",
+    ),
+    param(
+        "staging_uri",
+        "str",
+        "s3://bucket/prefix where a multi-node job's inputs and outputs are staged "
+        "(<staging_uri>/<run id>/<task>/<name>); needed only with num_nodes > 1.",
+        default="",
+    ),
+    param(
+        "gpu_count",
+        "int",
+        "GPUs of this step's pod (the pipeline passes its gpu_count); the default of launch.gpus_per_node.",
+        default=1,
+    ),
+    param(
+        "job_image",
+        "str",
+        "Image of the job's pods (num_nodes > 1); empty: this package's image for the stage.",
+        default="",
+    ),
+    param(
+        "run_root",
+        "str",
+        "The run's root, $LMFORGE_RUN_ROOT of the training processes: a templated train.checkpoint.dir "
+        "({run_root}/checkpoints/{run_id}/{stage}, the GPU presets') puts checkpoints under it; the pipeline passes "
+        "preflight's run_root (staging_uri, else release_root). Empty: $LMFORGE_RUN_ROOT as it is.",
+        default="",
+    ),
+)
 NO_DEFAULT = object()
 
 
@@ -54,25 +83,26 @@ class Parameter:
 def expected_parameters(spec: StageSpec) -> list[Parameter]:
     """The component function's parameters, in order: required inputs, outputs and reports, then optional ones."""
 
-    def of(port: Port) -> Parameter:
-        kind = "input" if port.is_artifact else "param"
-        default = NO_DEFAULT if port.required else port.default
-        return Parameter(port.name, kind, port.kind, default, port.description, port.many)
-
-    required = [of(port) for port in spec.inputs if port.required]
+    required = [_as_parameter(port) for port in spec.inputs if port.required]
     outputs = [Parameter(port.name, "output", port.kind, NO_DEFAULT, port.description) for port in spec.outputs]
     outputs.append(Parameter("metrics", "output", "Metrics", NO_DEFAULT, METRICS_HELP))
     if spec.html:
         outputs.append(Parameter(spec.html, "output", "HTML", NO_DEFAULT, HTML_HELP))
     if spec.markdown:
         outputs.append(Parameter(spec.markdown, "output", "Markdown", NO_DEFAULT, MARKDOWN_HELP))
-    optional = [of(port) for port in (*spec.inputs, *spec.cache_keys) if not port.required]
+    optional = [_as_parameter(port) for port in (*spec.inputs, *spec.cache_keys) if not port.required]
     if spec.config is not None:
-        optional.append(Parameter("preset", "param", "str", "tiny-cpu", PRESET_HELP))
-        optional.append(Parameter("overrides", "param", "str", "{}", overrides_description(spec)))
+        optional += [_as_parameter(PRESET), _as_parameter(replace(OVERRIDES, description=overrides_description(spec)))]
     if spec.distributed:
-        optional += [Parameter(n, "param", type(d).__name__, d, LAUNCH_HELP[n]) for n, d in LAUNCH_DEFAULTS.items()]
+        optional += [_as_parameter(port) for port in LAUNCH_PORTS]
     return [*required, *outputs, *optional]
+
+
+def _as_parameter(port: Port) -> Parameter:
+    """The component parameter of a registry port (an artifact input or a parameter)."""
+    kind = "input" if port.is_artifact else "param"
+    default = NO_DEFAULT if port.required else port.default
+    return Parameter(port.name, kind, port.kind, default, port.description, port.many)
 
 
 def overrides_description(spec: StageSpec) -> str:

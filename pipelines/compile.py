@@ -1,10 +1,12 @@
-"""Compile every pipeline and every component to YAML (what ``lmforge compile`` runs).
+"""Generate every component from the stage registry and compile it and every pipeline to YAML (``lmforge compile``).
 
-Components go to ``components/<stage>/component.yaml`` (for reuse with
-``kfp.components.load_component_from_file``) with a generated ``README.md`` beside it; pipelines go to
-``pipelines/compiled/<name>.yaml``; every config field to ``docs/config.md``. Every stage in the registry must
-have a component. The images are named by the tag of :func:`lmforge_kfp.components.images.image_tag` (the release
-tag unless ``$LMFORGE_IMAGE_TAG`` says otherwise), so the committed files change only when their content does.
+Each stage's ``components/<stage>/component.py`` is written from its registry entry
+(:func:`lmforge_kfp.components.source.component_source`) and compiled from that file to
+``components/<stage>/component.yaml`` (for reuse with ``kfp.components.load_component_from_file``) with a
+generated ``README.md`` beside it; pipelines go to ``pipelines/compiled/<name>.yaml``; every config field to
+``docs/config.md``; the stage table of ``README.md`` (where ``root`` has one) is rewritten from the registry.
+The images are named by the tag of :func:`lmforge_kfp.components.images.image_tag` (the release tag unless
+``$LMFORGE_IMAGE_TAG`` says otherwise), so the committed files change only when their content does.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from kfp import compiler
 
 from lmforge.stages import STAGES, render_config_markdown
 from lmforge_kfp.components import load_component
-from lmforge_kfp.pipelines.component_docs import render_component_readme, render_index
+from lmforge_kfp.components.images import image_tag
+from lmforge_kfp.components.source import component_source
+from lmforge_kfp.pipelines.component_docs import render_component_readme, render_index, with_stage_table
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PIPELINES: dict[str, str] = {"lmforge_pipeline": "lmforge_kfp.pipelines.lmforge_pipeline:lmforge_pipeline"}
@@ -33,12 +37,16 @@ def pipeline_function(name: str):
 
 
 def compile_all(root: Path = REPO_ROOT) -> list[Path]:
-    """Compile all components (YAML + generated README) and pipelines under ``root``; returns the files written."""
-    written: list[Path] = []
-    components = {stage: load_component(stage) for stage in STAGES}
+    """Generate all components (``component.py``, YAML, README) and compile the pipelines under ``root``.
+
+    Returns:
+        The files written.
+    """
+    image_tag()  # a bad $LMFORGE_IMAGE_TAG fails here, before anything is written
+    written = [write_component_source(stage, root) for stage in STAGES]
+    components = {stage: load_component(stage, root / "components") for stage in STAGES}
     for stage, component in components.items():
         folder = root / "components" / stage
-        folder.mkdir(parents=True, exist_ok=True)
         compiler.Compiler().compile(component, str(folder / "component.yaml"))
         (folder / "README.md").write_text(render_component_readme(stage, component), encoding="utf-8")
         written += [folder / "component.yaml", folder / "README.md"]
@@ -47,6 +55,9 @@ def compile_all(root: Path = REPO_ROOT) -> list[Path]:
     (root / CONFIG_DOCS).parent.mkdir(parents=True, exist_ok=True)
     (root / CONFIG_DOCS).write_text(render_config_markdown(), encoding="utf-8")
     written.append(root / CONFIG_DOCS)
+    if (readme := root / "README.md").is_file():
+        readme.write_text(with_stage_table(readme.read_text(encoding="utf-8")), encoding="utf-8")
+        written.append(readme)
     for name in PIPELINES:
         target = root / "pipelines" / "compiled" / f"{name}.yaml"
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -54,6 +65,14 @@ def compile_all(root: Path = REPO_ROOT) -> list[Path]:
         target.write_text(stable_header(target.read_text(encoding="utf-8")), encoding="utf-8")
         written.append(target)
     return written
+
+
+def write_component_source(stage: str, root: Path) -> Path:
+    """Write ``<root>/components/<stage>/component.py`` from the stage's registry entry; returns its path."""
+    path = root / "components" / stage / "component.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(component_source(STAGES[stage]), encoding="utf-8")
+    return path
 
 
 _HEADER_DEFAULT = re.compile(r"^(#\s+\w+: \w+ \[Default: )(.*)(\])$")

@@ -1,15 +1,19 @@
 """The lmforge DAG: raw text → cleaned corpus → tokens → pretrain → LoRA → distill → ONNX → INT8
 → TensorRT → evaluate → (gate) promote → serve.
 
-Only wiring lives here: data passing, GPU placement for the GPU stages, retries, caching and display
-names. Every stage's behaviour comes from its component and the ``lmforge`` library.
+Only wiring lives here: data passing, retries, caching and display names. Where a step runs (GPU pool or
+not, its requests) follows its stage's registry entry (:func:`_place`). Every stage's behaviour comes from its
+component and the ``lmforge`` library.
 """
 
+from dataclasses import dataclass
+from typing import Any
+
 from kfp import dsl, kubernetes
-from kfp.dsl import Artifact, Dataset, Input, Model
+from kfp.dsl import Artifact, Dataset, Input, Model, pipeline_context
 
 from lmforge.launch.stage_runner import RUN_ID_ENV
-from lmforge.stages import overrides_help
+from lmforge.stages import STAGES, get_stage, overrides_help
 from lmforge_kfp.components import load_component
 from lmforge_kfp.components.images import image_for, service_image
 
@@ -89,6 +93,49 @@ def _on_gpu_pool(task: dsl.PipelineTask, accelerator, limit, node_selector, tole
     kubernetes.add_node_selector_json(task, node_selector_json=node_selector)
     kubernetes.add_toleration_json(task, toleration_json=tolerations)
     return task
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """The pipeline parameters that place a step: requests of CPU and GPU steps, the GPU pool, the Secrets."""
+
+    cpu_request: Any
+    memory_request: Any
+    gpu_step_cpu_request: Any
+    gpu_step_memory_request: Any
+    accelerator: Any
+    gpu_limit: Any
+    gpu_node_selector: Any
+    gpu_tolerations: Any
+    s3_secret_name: Any
+    mlflow_secret_name: Any
+
+
+def _place(task: dsl.PipelineTask, placement: _Placement) -> dsl.PipelineTask:
+    """Place a step as its stage's registry entry says: a GPU stage (``StageSpec.on_gpu``) on the GPU pool with the
+    GPU step requests, any other with the CPU step requests; every step gets the S3 and MLflow Secrets and the run
+    id (every step's MLflow run finds its pipeline run by it, a distributed stage's job is named after it)."""
+    if get_stage(_stage_of(task)).on_gpu:
+        _with_requests(task, placement.gpu_step_cpu_request, placement.gpu_step_memory_request)
+        _on_gpu_pool(
+            task, placement.accelerator, placement.gpu_limit, placement.gpu_node_selector, placement.gpu_tolerations
+        )
+    else:
+        _with_requests(task, placement.cpu_request, placement.memory_request)
+    _with_s3_credentials(task, placement.s3_secret_name)
+    _with_mlflow(task, placement.mlflow_secret_name)
+    return _with_run_id(task)
+
+
+def _stage_of(task: dsl.PipelineTask) -> str:
+    """The stage a task runs (its component is named after it), or the name of the sub-pipeline it runs."""
+    return task.component_spec.name.replace("-", "_")
+
+
+def _stage_tasks() -> list[dsl.PipelineTask]:
+    """The tasks of the pipeline being defined that run a registry stage (not a sub-pipeline), in creation order."""
+    tasks = pipeline_context.Pipeline.get_default_pipeline().tasks.values()
+    return [task for task in tasks if _stage_of(task) in STAGES]
 
 
 @dsl.pipeline(name="clean-one-shard")
@@ -408,31 +455,27 @@ def lmforge_pipeline(
             MLFLOW_EXPERIMENT_NAME): every step logs to that MLflow server and promote registers the release; no
             such Secret: no tracking.
     """
-    checked = preflight(
-        corpus_uri=corpus_uri,
-        qa_uri=qa_uri,
-        release_root=release_root,
-        s3_secret_name=s3_secret_name,
-        launch=launch,
-        gpu_count=gpu_count,
-        model_name=model_name,
-        preset=preset,
-        base_model_uri=base_model_uri,
-        student_base_uri=student_base_uri,
-        staging_uri=staging_uri,
-        clean_overrides=clean_overrides,
-        tokenize_overrides=tokenize_overrides,
-        pretrain_overrides=pretrain_overrides,
-        finetune_lora_overrides=finetune_lora_overrides,
-        distill_overrides=distill_overrides,
-        export_onnx_overrides=export_onnx_overrides,
-        quantize_int8_overrides=quantize_int8_overrides,
-        build_tensorrt_overrides=build_tensorrt_overrides,
-        evaluate_overrides=evaluate_overrides,
-        serve_overrides=serve_overrides,
-    )
+    arguments = dict(locals())  # the pipeline's parameters: preflight's inputs are named after them
+    checked = preflight(**{port.name: arguments[port.name] for port in get_stage("preflight").inputs})
     checked.set_display_name("0 preflight checks").set_caching_options(False)
-    gpu = (gpu_accelerator_type, checked.outputs["gpu_limit"], gpu_node_selector, gpu_tolerations)
+    placement = _Placement(
+        cpu_request=cpu_request,
+        memory_request=memory_request,
+        gpu_step_cpu_request=gpu_step_cpu_request,
+        gpu_step_memory_request=gpu_step_memory_request,
+        accelerator=gpu_accelerator_type,
+        gpu_limit=checked.outputs["gpu_limit"],
+        gpu_node_selector=gpu_node_selector,
+        gpu_tolerations=gpu_tolerations,
+        s3_secret_name=s3_secret_name,
+        mlflow_secret_name=mlflow_secret_name,
+    )
+    launch_args = {
+        "launch": launch,
+        "staging_uri": staging_uri,
+        "gpu_count": gpu_count,
+        "run_root": checked.outputs["run_root"],
+    }
 
     shard_indices = plan_shards(shard_count=clean_shards)
     shard_indices.set_display_name("1a plan corpus shards")
@@ -512,14 +555,10 @@ def lmforge_pipeline(
         base_model_fingerprint=checked.outputs["base_model_fingerprint"],
         preset=preset,
         overrides=pretrain_overrides,
-        launch=launch,
-        staging_uri=staging_uri,
-        gpu_count=gpu_count,
         job_image=image_for("pretrain"),
-        run_root=checked.outputs["run_root"],
+        **launch_args,
     )
-    _with_run_id(base)
-    _on_gpu_pool(base, *gpu).set_display_name("3 pretrain").set_retry(num_retries=2, backoff_duration="60s")
+    base.set_display_name("3 pretrain").set_retry(num_retries=2, backoff_duration="60s")
 
     tuned = finetune_lora(
         base_model=base.outputs["model"],
@@ -527,14 +566,10 @@ def lmforge_pipeline(
         qa_fingerprint=checked.outputs["qa_fingerprint"],
         preset=preset,
         overrides=finetune_lora_overrides,
-        launch=launch,
-        staging_uri=staging_uri,
-        gpu_count=gpu_count,
         job_image=image_for("finetune_lora"),
-        run_root=checked.outputs["run_root"],
+        **launch_args,
     )
-    _with_run_id(tuned)
-    _on_gpu_pool(tuned, *gpu).set_display_name("4 LoRA fine-tune").set_retry(num_retries=2, backoff_duration="60s")
+    tuned.set_display_name("4 LoRA fine-tune").set_retry(num_retries=2, backoff_duration="60s")
 
     student = distill(
         teacher=tuned.outputs["merged_model"],
@@ -545,14 +580,10 @@ def lmforge_pipeline(
         student_base_fingerprint=checked.outputs["student_base_fingerprint"],
         preset=preset,
         overrides=distill_overrides,
-        launch=launch,
-        staging_uri=staging_uri,
-        gpu_count=gpu_count,
         job_image=image_for("distill"),
-        run_root=checked.outputs["run_root"],
+        **launch_args,
     )
-    _with_run_id(student)
-    _on_gpu_pool(student, *gpu).set_display_name("5 distill").set_retry(num_retries=2, backoff_duration="60s")
+    student.set_display_name("5 distill").set_retry(num_retries=2, backoff_duration="60s")
 
     exported = export_onnx(model=student.outputs["student"], preset=preset, overrides=export_onnx_overrides)
     exported.set_display_name("6 export ONNX")
@@ -566,7 +597,7 @@ def lmforge_pipeline(
     quantized.set_display_name("7 quantize INT8")
 
     engine = build_tensorrt(int8_qdq=quantized.outputs["int8_qdq"], preset=preset, overrides=build_tensorrt_overrides)
-    _on_gpu_pool(engine, *gpu).set_display_name("8 build TensorRT engine")
+    engine.set_display_name("8 build TensorRT engine")
 
     evaluated = evaluate(
         shards=tokens.outputs["shards"],
@@ -585,7 +616,7 @@ def lmforge_pipeline(
         model_name=checked.outputs["model_name"],
         production_fingerprint=checked.outputs["production_fingerprint"],
     )
-    _with_run_id(evaluated).set_display_name("9 evaluate + gate")
+    evaluated.set_display_name("9 evaluate + gate")
 
     # kfp.local resolves a condition on a task's single return value ("Output") but not on a named
     # output, so evaluate returns the gate decision as its only parameter output.
@@ -620,14 +651,5 @@ def lmforge_pipeline(
         )
         served.set_display_name("11 serve release").set_caching_options(False)
 
-    gpu_steps = (base, tuned, student, engine)
-    cpu_steps = (checked, shard_indices, dedup_plan, deduped, cleaned, tokens, exported, quantized, evaluated)
-    for task in cpu_steps:
-        _with_requests(task, cpu_request, memory_request)
-    for task in gpu_steps:
-        _with_requests(task, gpu_step_cpu_request, gpu_step_memory_request)
-    for task in (*cpu_steps, *gpu_steps):
-        _with_s3_credentials(task, s3_secret_name)
-        _with_mlflow(task, mlflow_secret_name)
-    for task in (checked, shard_indices, dedup_plan, deduped, cleaned, tokens, exported, quantized, engine):
-        _with_run_id(task)  # the others have it already; every step's MLflow run finds its pipeline run by it
+    for task in _stage_tasks():  # the sub-pipelines place their own steps (_as_nested_step)
+        _place(task, placement)

@@ -1,10 +1,11 @@
 """What every lmforge component runs inside its container: its registry entry, called with KFP's artifacts.
 
-A component's body is one line, ``return run_component("<stage>", locals())``: its signature (checked
-against the registry by the tests) names the artifacts and parameters, and this function maps them to
-the stage's entry point — artifacts to their local ``path``, ``preset``/``overrides`` to the stage's
-config, the launch parameters of a distributed stage to :func:`lmforge.launch.run_training_stage` —
-then writes the stage's ``Metrics``/``HTML``/``Markdown`` outputs and returns its output parameters.
+A component's body is one line, ``return run_component("<stage>", locals())``: its signature (generated
+from the registry, :mod:`lmforge_kfp.components.signature`) names the artifacts and parameters, and this
+function maps them to the stage's entry point — artifacts to their local ``path``, ``preset``/``overrides``
+to the stage's config, the launch parameters of a distributed stage (``LAUNCH_PORTS`` there) to
+:func:`lmforge.launch.run_training_stage` — then writes the stage's ``Metrics``/``HTML``/``Markdown``
+outputs and returns its output parameters.
 
 The stage's context is the run's ``preset``, the KFP run id (``$LMFORGE_RUN_ID``, from the pod label) and the
 pipeline version (the content tag of the code the step runs, also exported as ``$LMFORGE_PIPELINE_VERSION`` for
@@ -31,8 +32,6 @@ from lmforge.tracking.stages import PIPELINE_VERSION_ENV
 
 log = logging.getLogger("lmforge.stage")
 METRICS = "metrics"  # the Output[Metrics] every component has
-CONFIG_ARGS = ("preset", "overrides")  # of every stage with a config section
-LAUNCH_ARGS = ("launch", "staging_uri", "gpu_count", "job_image", "run_root")  # of every distributed stage
 
 
 def run_component(stage: str, args: Mapping[str, Any]) -> Any:

@@ -12,6 +12,7 @@ TOP_FOLDERS = ("src/", "tests/", "docs/", "bench/", "images/", "manifests/", "co
 MADE_BY_THE_READER = {
     "src/lmforge/data/shout.py",
     "components/shout/component.py",
+    "tests/unit/data/test_data_shout.py",
     "bench/results/gpu_check.json",
 }
 

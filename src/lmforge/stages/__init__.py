@@ -1,7 +1,7 @@
 """The stage registry: every step of the DAG declared once, and the one way to call a stage.
 
 - :mod:`lmforge.stages.spec`: what a stage declares (:class:`StageSpec`, :class:`Port`).
-- :mod:`lmforge.stages.registry`: the 16 stages (:data:`STAGES`), :func:`get_stage`, :func:`register`.
+- :mod:`lmforge.stages.registry`: every stage (:data:`STAGES`), :func:`get_stage`, :func:`register`.
 - :mod:`lmforge.stages.runner`: :func:`run_stage` (arguments checked against the registry).
 - :mod:`lmforge.stages.configs`: the pipeline config made from the stages' sections, presets, field help.
 """

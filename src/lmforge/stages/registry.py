@@ -1,8 +1,9 @@
 """The stage registry: every step of the lmforge DAG, declared once.
 
 Each entry names the stage's artifacts and parameters exactly as its KFP component, its entry point and
-``lmforge stage NAME --io NAME=...`` name them. Adding a stage is one entry here plus its module, config
-model and component (docs/contributing.md).
+``lmforge stage NAME --io NAME=...`` name them. Adding a stage is one entry here plus its module (with its
+config model), its test and its task in the pipeline; ``lmforge compile`` writes its component
+(docs/contributing.md).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from kfp.components import load_component_from_file
 from lmforge.stages import STAGES
 from lmforge_kfp.components.images import REGISTRY_ENV, TAG_ENV, computed_tag, release_tag
 from lmforge_kfp.pipelines.compile import REPO_ROOT, compile_all
+from lmforge_kfp.pipelines.component_docs import STAGE_TABLE_BEGIN, with_stage_table
 
 GPU_STAGES = {name for name, spec in STAGES.items() if spec.on_gpu}
 PIPELINE_YAML = REPO_ROOT / "pipelines/compiled/lmforge_pipeline.yaml"
@@ -46,13 +47,21 @@ def monkeypatch_module():
 
 def test_committed_yaml_and_readmes_match_a_fresh_compile(fresh_compile):
     fresh = sorted(p.relative_to(fresh_compile) for p in fresh_compile.rglob("*") if p.is_file())
-    assert len(fresh) == 2 * len(STAGES) + 3  # YAML + README per component, index, pipeline, docs/config.md
+    assert len(fresh) == 3 * len(STAGES) + 3  # component.py, YAML, README per stage; index, pipeline, config.md
     stale = [
         str(rel)
         for rel in fresh
         if not (REPO_ROOT / rel).is_file() or (REPO_ROOT / rel).read_text() != (fresh_compile / rel).read_text()
     ]
-    assert not stale, f"compiled YAML or component README is stale, run `lmforge compile` and commit: {stale}"
+    assert not stale, f"generated files are stale, run `lmforge compile` and commit: {stale}"
+
+
+def test_readme_stage_table_is_the_registry_s():
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert with_stage_table(readme) == readme, "README.md's stage table is stale, run `lmforge compile` and commit"
+    table = readme.partition(STAGE_TABLE_BEGIN)[2]
+    for name, spec in STAGES.items():
+        assert f"[`{name}`](components/{name}/README.md) | {spec.summary} | `{spec.entry}` |" in table
 
 
 def test_committed_generated_files_name_images_by_the_release_tag_never_the_content_tag(fresh_compile):
