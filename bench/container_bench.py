@@ -78,8 +78,9 @@ def run_rounds(engine: str, stages: list[str], rounds: int, work: Path) -> list[
     """Every stage on the host and in its image, ``rounds`` times, the order swapped each round."""
     from lmforge_kfp.components.images import content_tag, image_for, with_tag
 
-    if os.geteuid() == 0:
-        os.chown(work, IMAGE_UID, IMAGE_UID)
+    if os.geteuid() == 0:  # the images' user owns the run's folder, as the container runner hands it over
+        for path in [work, *work.rglob("*")]:
+            os.lchown(path, IMAGE_UID, IMAGE_UID)
     runs = []
     for round_no in range(rounds):
         for stage in stages:
