@@ -57,7 +57,9 @@ class ModelConfig(StrictModel):
         if self.arch != "llama":
             given = [name for name in ("n_kv_head", "rope_theta") if getattr(self, name) is not None]
             if given:
-                raise ValueError(f"{', '.join(given)}: llama only, but arch is {self.arch}; remove it or set arch: llama")
+                raise ValueError(
+                    f"{', '.join(given)}: llama only, but arch is {self.arch}; remove it or set arch: llama"
+                )
         if self.n_kv_head is not None and self.n_head % self.n_kv_head:
             raise ValueError(f"n_kv_head ({self.n_kv_head}) must divide n_head ({self.n_head})")
         return self

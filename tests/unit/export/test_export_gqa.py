@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 
@@ -25,7 +24,8 @@ def trained(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir):
     out = tmp_path_factory.mktemp("gqa") / "model"
     train = TrainConfig(max_steps=4, batch_size=4, seq_len=32, lr=1e-2, warmup_steps=1, precision="fp32",
                         eval_interval=4, eval_batches=1)  # fmt: skip
-    pretrain.run(PretrainConfig(model=GQA, train=train), shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=out)
+    config = PretrainConfig(model=GQA, train=train)
+    pretrain.run(config, shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=out)
     return out
 
 
