@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
-from lmforge.config import ExportConfig, ModelConfig, PretrainConfig, TrainConfig
-from lmforge.export import onnx_export
+from lmforge.config import ExportConfig, ModelConfig, PretrainConfig, QuantizeConfig, TensorRTConfig, TrainConfig
+from lmforge.export import onnx_export, quantize
+from lmforge.export.quantize import PastWindowReader
+from lmforge.export.tensorrt import graph_inputs, optimization_profiles
 from lmforge.model.build import load_causal_lm, load_tokenizer
-from lmforge.onnx_runtime import OrtDecoderWithPast
+from lmforge.onnx_runtime import WITH_PAST_FILE, OrtDecoderWithPast
 from lmforge.serve.generate import GenerationRequest, generate_batch
 from lmforge.train import pretrain
 
@@ -61,6 +64,28 @@ def test_the_onnx_cache_has_the_key_value_heads_not_the_attention_heads(exported
     manifest = json.loads((exported / "manifest.json").read_text())
     assert (manifest["with_past"]["kv_heads"], manifest["with_past"]["head_dim"]) == (2, 16)
     assert OrtDecoderWithPast(exported).empty_past(3)[0].shape == (3, 2, 0, 16)
+
+
+def test_quantize_calibration_feeds_the_cache_graph_its_key_value_heads(exported):
+    decoder = OrtDecoderWithPast(exported, threads=1)
+    windows = np.arange(5, 5 + 2 * 8, dtype=np.int64).reshape(2, 8)
+    (feeds,) = iter(PastWindowReader(windows, decoder).get_next, None)
+    assert feeds["past_key_values.0.key"].shape == (2, 2, 4, 16)  # half of each window is the past
+    decoder.session.run(None, feeds)
+
+
+def test_both_int8_models_of_the_grouped_query_export_pass_the_quantize_gate(tmp_path, exported, tiny_shards_dir):
+    cfg = QuantizeConfig(calibration_sequences=12, calibration_seq_len=32, gate_eval_tokens=2048)
+    result = quantize.run(
+        cfg, onnx_model=exported, shards=tiny_shards_dir, int8_dynamic=tmp_path / "dynamic", int8_qdq=tmp_path / "qdq"
+    )
+    assert (result.metrics["dynamic_accepted"], result.metrics["qdq_accepted"]) == (1.0, 1.0)
+
+
+def test_tensorrt_profiles_size_the_cache_by_its_key_value_heads(exported):
+    cfg = TensorRTConfig()
+    profiles = optimization_profiles(cfg, graph_inputs(exported / WITH_PAST_FILE))
+    assert profiles["past_key_values.1.value"][2] == (cfg.max_batch, 2, cfg.max_past, 16)
 
 
 def test_served_greedy_generation_equals_transformers(trained, exported):
