@@ -10,7 +10,8 @@ Parameters are counted exactly, on models built on PyTorch's ``meta`` device (no
 * memory per GPU: weights, gradients and AdamW states (16 bytes per trained parameter in lmforge's fp32-master
   loop; DeepSpeed's bf16: 2 + 2 + 12, ZeRO-1/2/3 dividing the optimizer / gradient / weight parts by the ranks,
   Rajbhandari et al. 2020), frozen weights (4 bytes, the teacher in bf16: 2), activations (Korthikanti et al. 2022:
-  ``34·s·b·h`` bytes per layer in 16-bit with a fused attention that keeps no ``s²`` scores; with gradient
+  ``34·s·b·h`` bytes per layer in 16-bit with a fused attention that keeps no ``s²`` scores, of which keys and
+  values ``4·s·b·h`` and the MLP's hidden layer ``16·s·b·h`` scale with their own widths; with gradient
   checkpointing ``2·s·b·h`` per layer plus one layer recomputed), and the fp32 logits and their gradient
   (``8·s·b·V``);
 * hours = FLOPs / (ranks · peak · MFU), with the accelerator's dense bf16 peak from
@@ -35,7 +36,6 @@ DEFAULT_MFU = 0.40
 """Assumed model FLOPs utilization when none is given: what well-tuned bf16 training of this size reaches."""
 TRAINING_STAGES = ("pretrain", "finetune_lora", "distill")
 _ADAM_BYTES = {"torch": (4, 4, 8), "deepspeed": (2, 2, 12)}  # per trained parameter: weights, gradients, optimizer
-_ACTIVATION_BYTES = 34  # per token, per unit of width, per layer (16-bit, fused attention)
 _CHECKPOINTED_BYTES = 2  # the saved layer input (16-bit) per token and unit of width
 _LOGIT_BYTES = 8  # fp32 logits and their gradient, per token and vocabulary entry
 
@@ -121,6 +121,18 @@ def model_state_bytes(*, backend: str, zero_stage: int, ranks: int, trained: int
     return weights + grads + optimizer
 
 
+def layer_activation_bytes(model: ModelConfig) -> int:
+    """Bytes one layer keeps per token for the backward pass (16-bit, fused attention; Korthikanti et al. 2022).
+
+    A GPT block keeps ``34·h``: attention ``11·h`` (its input, Q, K, V, the projection's input, a dropout mask),
+    the MLP ``19·h`` (its input, the hidden layer before and after the activation, a dropout mask) and the norms
+    ``4·h``. Keys and values are kept at their own width ``k`` (KV heads · head size; ``h`` without grouped-query
+    attention) and the hidden layer at the MLP's width ``i`` (``4·h`` by default): ``14·h + 4·k + 4·i``.
+    """
+    kv_width = model.kv_heads * (model.n_embd // model.n_head)
+    return 14 * model.n_embd + 4 * kv_width + 4 * model.mlp_width
+
+
 def _memory_bytes(
     *,
     backend: str,
@@ -134,11 +146,11 @@ def _memory_bytes(
     vocab_size: int,
     checkpointing: bool,
 ) -> float:
-    per_layer = seq_len * micro_batch * model.n_embd
+    tokens = seq_len * micro_batch
     if checkpointing:
-        activations = per_layer * (_CHECKPOINTED_BYTES * model.n_layer + _ACTIVATION_BYTES)
+        activations = tokens * (_CHECKPOINTED_BYTES * model.n_embd * model.n_layer + layer_activation_bytes(model))
     else:
-        activations = per_layer * _ACTIVATION_BYTES * model.n_layer
+        activations = tokens * layer_activation_bytes(model) * model.n_layer
     logits = _LOGIT_BYTES * seq_len * micro_batch * vocab_size
     state = model_state_bytes(backend=backend, zero_stage=zero_stage, ranks=ranks, trained=trained)
     return state + frozen_bytes + activations + logits

@@ -28,12 +28,51 @@ class ModelConfig(StrictModel):
     n_embd: int = Field(64, gt=0, description="Hidden size.")
     block_size: int = Field(128, gt=0, description="Context length (maximum positions).")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on residuals, attention and embeddings.")
+    n_kv_head: int | None = Field(
+        None,
+        gt=0,
+        description="Key/value heads per block (llama only): fewer than n_head is grouped-query attention, each "
+        "key/value head shared by n_head / n_kv_head query heads (Llama 3: 8); a smaller KV cache. null: n_head.",
+    )
+    intermediate_size: int | None = Field(
+        None,
+        gt=0,
+        description="Width of each block's MLP hidden layer (Llama 3 8B: 14336); null: 4 × n_embd.",
+    )
+    rope_theta: float | None = Field(
+        None,
+        gt=0.0,
+        description="Base period of the rotary position embedding (llama only; Llama 3: 500000); null: "
+        "transformers' default, 10000.",
+    )
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> ModelConfig:
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         return self
+
+    @model_validator(mode="after")
+    def _llama_only_fields(self) -> ModelConfig:
+        if self.arch != "llama":
+            given = [name for name in ("n_kv_head", "rope_theta") if getattr(self, name) is not None]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)}: llama only, but arch is {self.arch}; remove it or set arch: llama"
+                )
+        if self.n_kv_head is not None and self.n_head % self.n_kv_head:
+            raise ValueError(f"n_kv_head ({self.n_kv_head}) must divide n_head ({self.n_head})")
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads per block: ``n_kv_head``, else one per attention head."""
+        return self.n_kv_head or self.n_head
+
+    @property
+    def mlp_width(self) -> int:
+        """Width of the MLP hidden layer: ``intermediate_size``, else 4 × ``n_embd``."""
+        return self.intermediate_size or 4 * self.n_embd
 
 
 class CheckpointConfig(StrictModel):

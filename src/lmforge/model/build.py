@@ -49,17 +49,20 @@ def hf_config(cfg: ModelConfig, vocab_size: int, *, eos_id: int, pad_id: int) ->
             n_head=cfg.n_head,
             n_embd=cfg.n_embd,
             n_positions=cfg.block_size,
+            n_inner=cfg.intermediate_size,
             resid_pdrop=cfg.dropout,
             embd_pdrop=cfg.dropout,
             attn_pdrop=cfg.dropout,
             **common,
         )
+    if cfg.rope_theta is not None:  # unset, transformers' default stays out of the call (and config.json as before)
+        common["rope_theta"] = cfg.rope_theta
     return LlamaConfig(
         num_hidden_layers=cfg.n_layer,
         num_attention_heads=cfg.n_head,
-        num_key_value_heads=cfg.n_head,
+        num_key_value_heads=cfg.kv_heads,
         hidden_size=cfg.n_embd,
-        intermediate_size=4 * cfg.n_embd,
+        intermediate_size=cfg.mlp_width,
         max_position_embeddings=cfg.block_size,
         attention_dropout=cfg.dropout,
         tie_word_embeddings=True,

@@ -16,6 +16,7 @@ T = "pretrain.train"
 D = "pretrain.train.distributed"
 Z = "pretrain.train.distributed.deepspeed.zero"
 C = "pretrain.train.checkpoint"
+M = "pretrain.model"
 DS = {f"{D}.backend": "deepspeed"}
 ZERO3 = {**DS, f"{Z}.stage": 3}
 
@@ -62,6 +63,10 @@ INVALID = [
     ({f"{C}.dir": "s3://"}, "has no bucket"),
     ({f"{C}.dir": "/ckpt", f"{C}.every_minutes": 0.0, f"{C}.on_sigterm": False}, "nothing is saved"),
     ({f"{C}.dir": ""}, f"{C}.dir"),
+    ({f"{M}.n_kv_head": 2}, f"{M}: Value error, n_kv_head: llama only, but arch is gpt2"),
+    ({f"{M}.rope_theta": 500000.0}, f"{M}: Value error, rope_theta: llama only"),
+    ({f"{M}.arch": "llama", f"{M}.n_kv_head": 3}, "n_kv_head (3) must divide n_head (4)"),
+    ({f"{M}.intermediate_size": 0}, f"{M}.intermediate_size"),
     # closed choices
     ({f"{D}.backend": "horovod"}, f"{D}.backend"),
     ({f"{D}.process_group": "mpi"}, f"{D}.process_group"),

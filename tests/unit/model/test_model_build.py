@@ -123,3 +123,29 @@ def test_saving_a_model_does_not_import_deepspeed_until_a_stage_uses_it(tmp_path
     assert lines[0] == "False", "save_pretrained imported DeepSpeed"
     assert lines[-1] == "True", "once imported, accelerate's own check applies again"
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "model").config.n_layer == 1
+
+
+@pytest.mark.parametrize("arch", SHAPES)
+def test_unset_kv_heads_mlp_width_and_rope_base_build_the_config_as_before(arch):
+    config = hf_config(SHAPES[arch], VOCAB, eos_id=EOS, pad_id=PAD)
+    if arch == "gpt2":
+        assert config.n_inner is None  # GPT-2's own 4 × n_embd
+        return
+    explicit = SHAPES[arch].model_copy(update={"n_kv_head": 2, "intermediate_size": 128, "rope_theta": 10000.0})
+    assert config.to_json_string() == hf_config(explicit, VOCAB, eos_id=EOS, pad_id=PAD).to_json_string()
+    assert (config.num_key_value_heads, config.intermediate_size) == (2, 4 * 32)
+
+
+def test_grouped_query_llama_shares_each_key_value_head_among_query_heads():
+    shape = ModelConfig(arch="llama", n_layer=1, n_head=4, n_kv_head=2, n_embd=32, intermediate_size=48, block_size=64)
+    model = build_model(shape, VOCAB, eos_id=EOS, pad_id=PAD, seed=3)
+    layer = model.model.layers[0]
+    assert tuple(layer.self_attn.k_proj.weight.shape) == tuple(layer.self_attn.v_proj.weight.shape) == (2 * 8, 32)
+    assert tuple(layer.mlp.up_proj.weight.shape) == (48, 32)
+    assert model.config.rope_parameters["rope_theta"] == 10000.0
+
+
+def test_gpt2_takes_an_mlp_width():
+    shape = SHAPES["gpt2"].model_copy(update={"intermediate_size": 48})
+    model = build_model(shape, VOCAB, eos_id=EOS, pad_id=PAD, seed=3)
+    assert tuple(model.transformer.h[0].mlp.c_fc.weight.shape) == (32, 48)

@@ -16,6 +16,7 @@ from lmforge.plan import (
     DEFAULT_MFU,
     Accelerator,
     count_parameters,
+    layer_activation_bytes,
     lora_trainable_parameters,
     plan_training,
     refuse_oversized,
@@ -47,13 +48,47 @@ def test_gpt2_124m_pretrain_matches_a_hand_computation():
     assert pretrain.gpu_hours == pretrain.hours
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
-def test_parameters_counted_on_the_meta_device_equal_the_built_model(arch):
-    shape = ModelConfig(arch=arch, n_layer=3, n_head=4, n_embd=64, block_size=128)
+SHAPES = {
+    "gpt2": ModelConfig(arch="gpt2", n_layer=3, n_head=4, n_embd=64, block_size=128),
+    "llama": ModelConfig(arch="llama", n_layer=3, n_head=4, n_embd=64, block_size=128),
+    "llama-gqa": ModelConfig(arch="llama", n_layer=3, n_head=4, n_kv_head=2, n_embd=64, intermediate_size=96),
+}
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_parameters_counted_on_the_meta_device_equal_the_built_model(name):
+    shape = SHAPES[name]
     model = build_model(shape, 1000, eos_id=0, pad_id=1, seed=0)
     total, lookup = count_parameters(shape, 1000)
     assert total == sum(p.numel() for p in model.parameters())
-    assert lookup == (128 * 64 if arch == "gpt2" else 0)
+    assert lookup == (128 * 64 if name == "gpt2" else 0)
+
+
+def test_llama_8b_on_4_nodes_matches_a_hand_computation_with_grouped_query_attention():
+    """Llama 3 8B's shape (tied head), 32 H100s, ZeRO-3, checkpointing: parameters and memory written out here."""
+    vocab, d, layers, kv, mlp, seq, micro, ranks = 128256, 4096, 32, 8 * 128, 14336, 8192, 2, 32
+    block = 2 * d * d + 2 * d * kv + 3 * d * mlp + 2 * d  # q, o; k, v at the KV width; gate, up, down; 2 norms
+    params = vocab * d + layers * block + d  # tied embedding, blocks, final norm
+    assert params == 7_504_924_672  # Meta's untied 8.03 B less its separate 128256 x 4096 output head
+    per_token_layer = 14 * d + 4 * kv + 4 * mlp  # 34·d for a GPT block; K, V and the MLP at their own widths
+    memory = 16 * params / ranks + seq * micro * (2 * d * layers + per_token_layer) + 8 * seq * micro * vocab
+
+    config = resolve_config("llama-8b")
+    pretrain = plan_training(config, vocab_size=vocab, launch=LaunchConfig(num_nodes=4, gpus_per_node=8))[0]
+
+    assert layer_activation_bytes(config.pretrain.model) == per_token_layer < 34 * d
+    assert pretrain.parameters == params
+    assert pretrain.memory_gb_per_gpu == pytest.approx(memory / 1e9, rel=1e-9)
+
+
+@pytest.mark.parametrize("preset", ["llama-3b", "llama-8b"])
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_llama_3_presets_fit_an_80_gb_gpu_with_headroom_on_2_and_4_nodes_of_8(preset, nodes):
+    config = resolve_config(preset)
+    plans = plan_training(
+        config, vocab_size=config.tokenize.vocab_size, launch=LaunchConfig(num_nodes=nodes, gpus_per_node=8)
+    )
+    refuse_oversized(plans, Accelerator.named("H100"))  # 80 GB less 10 % headroom
 
 
 def test_lora_trained_parameters_equal_the_stages_peft_model():

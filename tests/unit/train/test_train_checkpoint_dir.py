@@ -36,7 +36,9 @@ def test_an_unknown_placeholder_is_refused_when_the_config_is_validated():
         validate_config(CheckpointConfig, {"dir": "{run_root}/{runid}"})
 
 
-@pytest.mark.parametrize("preset", ["gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b", "llama-1b"])
+@pytest.mark.parametrize(
+    "preset", ["gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b", "llama-1b", "llama-3b", "llama-8b"]
+)
 def test_every_gpu_preset_checkpoints_every_training_stage_every_5_minutes_keeping_3(preset):
     config = resolve_config(preset)
     for stage in ("pretrain", "finetune_lora", "distill"):
