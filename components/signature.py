@@ -2,8 +2,8 @@
 
 :func:`documented` gives a component function its docstring (purpose, one line per argument, returns)
 from the registry, so the descriptions KFP shows in the UI and the generated READMEs are the registry's.
-:func:`expected_parameters` is the component's signature: ``lmforge compile`` writes every ``component.py``
-from it (:mod:`lmforge_kfp.components.source`).
+:func:`expected_parameters` is the component's signature: every component's source is written from it
+(:mod:`lmforge_kfp.components.source`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""The text of ``components/<stage>/component.py``, generated from the stage's registry entry.
+"""The source of a stage's KFP component, generated from the stage's registry entry.
 
 A KFP lightweight component is a Python function whose signature *is* the component's interface, and KFP
-embeds that function's source in the compiled YAML. ``lmforge compile`` therefore writes each
-``component.py`` from :func:`lmforge_kfp.components.signature.expected_parameters`: no port is written by
-hand, and the file is formatted as ``ruff format`` would, so the embedded source (and the YAML) changes only
-when the contract does.
+embeds that function's source in the compiled YAML. :func:`lmforge_kfp.components.build_component` therefore
+runs the source written here from :func:`lmforge_kfp.components.signature.expected_parameters`: no port is
+written by hand, and the text is formatted as ``ruff format`` would, so the embedded source (and the YAML)
+changes only when the contract does.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ LINE_LENGTH = 120  # [tool.ruff] line-length
 
 
 def component_source(spec: StageSpec) -> str:
-    """The whole ``component.py`` of ``spec``: imports, the ``@dsl.component`` function, its one-line body."""
+    """The component module of ``spec``: imports, the ``@dsl.component`` function, its one-line body."""
     parameters = expected_parameters(spec)
     lines = [
         GENERATED_MARK,

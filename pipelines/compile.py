@@ -1,9 +1,8 @@
 """Generate every component from the stage registry and compile it and every pipeline to YAML (``lmforge compile``).
 
-Each stage's ``components/<stage>/component.py`` is written from its registry entry
-(:func:`lmforge_kfp.components.source.component_source`) and compiled from that file to
-``components/<stage>/component.yaml`` (for reuse with ``kfp.components.load_component_from_file``) with a
-generated ``README.md`` beside it; pipelines go to ``pipelines/compiled/<name>.yaml``; every config field to
+Each stage's component is made in memory from its registry entry (:func:`lmforge_kfp.components.build_component`)
+and compiled to ``components/<stage>/component.yaml`` (for reuse with ``kfp.components.load_component_from_file``)
+with a generated ``README.md`` beside it; pipelines go to ``pipelines/compiled/<name>.yaml``; every config field to
 ``docs/config.md``; the stage table of ``README.md`` (where ``root`` has one) is rewritten from the registry.
 The images are named by the tag of :func:`lmforge_kfp.components.images.image_tag` (the release tag unless
 ``$LMFORGE_IMAGE_TAG`` says otherwise), so the committed files change only when their content does.
@@ -20,9 +19,8 @@ from typing import Any
 from kfp import compiler
 
 from lmforge.stages import STAGES, render_config_markdown
-from lmforge_kfp.components import load_component
+from lmforge_kfp.components import build_component
 from lmforge_kfp.components.images import image_tag
-from lmforge_kfp.components.source import component_source
 from lmforge_kfp.pipelines.component_docs import render_component_readme, render_index, with_stage_table
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -37,16 +35,17 @@ def pipeline_function(name: str):
 
 
 def compile_all(root: Path = REPO_ROOT) -> list[Path]:
-    """Generate all components (``component.py``, YAML, README) and compile the pipelines under ``root``.
+    """Generate all components (YAML, README) and compile the pipelines under ``root``.
 
     Returns:
         The files written.
     """
     image_tag()  # a bad $LMFORGE_IMAGE_TAG fails here, before anything is written
-    written = [write_component_source(stage, root) for stage in STAGES]
-    components = {stage: load_component(stage, root / "components") for stage in STAGES}
+    written: list[Path] = []
+    components = {stage: build_component(stage) for stage in STAGES}
     for stage, component in components.items():
         folder = root / "components" / stage
+        folder.mkdir(parents=True, exist_ok=True)
         compiler.Compiler().compile(component, str(folder / "component.yaml"))
         (folder / "README.md").write_text(render_component_readme(stage, component), encoding="utf-8")
         written += [folder / "component.yaml", folder / "README.md"]
@@ -65,14 +64,6 @@ def compile_all(root: Path = REPO_ROOT) -> list[Path]:
         target.write_text(stable_header(target.read_text(encoding="utf-8")), encoding="utf-8")
         written.append(target)
     return written
-
-
-def write_component_source(stage: str, root: Path) -> Path:
-    """Write ``<root>/components/<stage>/component.py`` from the stage's registry entry; returns its path."""
-    path = root / "components" / stage / "component.py"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(component_source(STAGES[stage]), encoding="utf-8")
-    return path
 
 
 _HEADER_DEFAULT = re.compile(r"^(#\s+\w+: \w+ \[Default: )(.*)(\])$")

@@ -124,9 +124,9 @@ def render_index(components: dict[str, Any]) -> str:
     lines = [
         "# lmforge components",
         "",
-        "Each folder holds `component.py` (the thin KFP wrapper), the compiled `component.yaml` for reuse with",
-        "`kfp.components.load_component_from_file`, and a README, all three generated from the stage registry by",
-        "`lmforge compile`.",
+        "Each folder holds the compiled `component.yaml` for reuse with `kfp.components.load_component_from_file`",
+        "and a README, both generated from the stage registry by `lmforge compile`. The thin KFP wrapper they are",
+        "compiled from is made in memory from the registry: `lmforge_kfp.components.load_component(stage)`.",
         "",
         "| component | what it does | runs on |",
         "|---|---|---|",

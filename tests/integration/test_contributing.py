@@ -201,8 +201,8 @@ def test_a_new_stage_joins_the_real_dag_with_four_hand_edited_files_and_runs(tmp
     generated = _changed(before_compile, _snapshot(repo))
     by_hand = sorted(name for name in generated if not _named(name, "generated"))
     assert not by_hand, f"lmforge compile wrote files the guide does not call generated: {by_hand}"
-    assert "components/shout/component.py" in generated and "components/shout/component.yaml" in generated
-    assert "shout_overrides" in (repo / "components/preflight/component.py").read_text()
+    assert "components/shout/component.yaml" in generated and "components/shout/README.md" in generated
+    assert "shout_overrides" in (repo / "components/preflight/component.yaml").read_text()
 
     help_text = _python(repo, env, "-m", "lmforge", "stage", "shout", "--help")
     assert "times" in help_text and "loud" in help_text

@@ -11,7 +11,7 @@ TOP_FOLDERS = ("src/", "tests/", "docs/", "bench/", "images/", "manifests/", "co
 # Paths a reader makes by following a doc: the contributing guide's example stage, the GPU check's record.
 MADE_BY_THE_READER = {
     "src/lmforge/data/shout.py",
-    "components/shout/component.py",
+    "components/shout/component.yaml",
     "tests/unit/data/test_data_shout.py",
     "bench/results/gpu_check.json",
 }

@@ -4,6 +4,8 @@ and the library imports no KFP code."""
 from __future__ import annotations
 
 import ast
+import json
+import os
 import subprocess
 import sys
 import tomllib
@@ -11,6 +13,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from lmforge.stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,8 +61,10 @@ def test_the_library_never_imports_the_kfp_layer():
     assert not {path: mods for path, mods in offenders.items() if mods}
 
 
-@pytest.mark.slow
-def test_the_wheel_installs_no_top_level_components_or_pipelines(tmp_path):
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel ``pip wheel .`` builds from this checkout."""
+    tmp_path = tmp_path_factory.mktemp("wheel")
     subprocess.run(
         [
             sys.executable,
@@ -75,17 +81,39 @@ def test_the_wheel_installs_no_top_level_components_or_pipelines(tmp_path):
         check=True,
         capture_output=True,
     )
-    [wheel] = tmp_path.glob("lmforge-*.whl")
+    [built] = tmp_path.glob("lmforge-*.whl")
+    return built
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_no_top_level_components_or_pipelines(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     top = {name.split("/")[0] for name in names}
     assert {t for t in top if not t.endswith(".dist-info")} == {"lmforge", "lmforge_kfp"}
     for stage in ("evaluate", "clean_shard"):
-        for file in ("component.py", "component.yaml", "README.md"):
+        for file in ("component.yaml", "README.md"):
             assert f"lmforge_kfp/components/{stage}/{file}" in names
+    assert not [name for name in names if name.endswith("/component.py")], "components are made from the registry"
     assert "lmforge_kfp/pipelines/compiled/lmforge_pipeline.yaml" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "[lmforge.commands]" in text and "lmforge_kfp.commands:register" in text
+
+
+@pytest.mark.slow
+def test_the_installed_wheel_makes_every_component_without_a_checkout(wheel, tmp_path):
+    """Inside an image there is no repository: each component is made from the installed registry alone."""
+    zipfile.ZipFile(wheel).extractall(tmp_path / "site")
+    code = (
+        "import json, lmforge_kfp.components as c; from lmforge.stages import STAGES; "
+        "print(json.dumps([c.__file__, {s: c.load_component(s).component_spec.name for s in STAGES}]))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    package, names = json.loads(done.stdout)
+    assert Path(package).is_relative_to(tmp_path / "site")
+    assert names == {stage: stage.replace("_", "-") for stage in STAGES}
 
 
 def test_the_installed_environment_has_no_dependency_conflict():

@@ -47,7 +47,7 @@ def monkeypatch_module():
 
 def test_committed_yaml_and_readmes_match_a_fresh_compile(fresh_compile):
     fresh = sorted(p.relative_to(fresh_compile) for p in fresh_compile.rglob("*") if p.is_file())
-    assert len(fresh) == 3 * len(STAGES) + 3  # component.py, YAML, README per stage; index, pipeline, config.md
+    assert len(fresh) == 2 * len(STAGES) + 3  # YAML and README per stage; index, pipeline, config.md
     stale = [
         str(rel)
         for rel in fresh

@@ -117,7 +117,7 @@ def _dockerignore_patterns() -> list[str]:
 
 
 def test_every_component_folder_is_a_registered_stage_and_every_runtime_is_known() -> None:
-    folders = {p.parent.name for p in (ROOT / "components").glob("*/component.py")}
+    folders = {p.parent.name for p in (ROOT / "components").glob("*/component.yaml")}
     assert folders, "no components found"
     assert folders == set(STAGES), (
         f"component folders without a registry entry: {sorted(folders - set(STAGES))}; "
