@@ -20,7 +20,7 @@ from lmforge_kfp.components.source import component_source
 if TYPE_CHECKING:  # kfp is imported by the component's own source, not by importing this package
     from kfp.dsl.python_component import PythonComponent
 
-COMPONENTS_DIR = Path(__file__).resolve().parent
+COMPONENTS_DIR = Path(__file__).resolve().parent  # the stages' folders: compiled component.yaml and README
 
 
 def build_component(stage: str) -> PythonComponent:
