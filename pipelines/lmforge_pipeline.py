@@ -12,7 +12,7 @@ from typing import Any
 from kfp import dsl, kubernetes
 from kfp.dsl import Artifact, Dataset, Input, Model, pipeline_context
 
-from lmforge.launch.stage_runner import RUN_ID_ENV
+from lmforge.run_context import RUN_ID_ENV
 from lmforge.stages import STAGES, get_stage, overrides_help
 from lmforge_kfp.components import load_component
 from lmforge_kfp.components.images import image_for, service_image
