@@ -12,6 +12,7 @@ from typing import Any
 from kfp import dsl, kubernetes
 from kfp.dsl import Artifact, Dataset, Input, Model, pipeline_context
 
+from lmforge.cluster import GPU_POOL_NODE_SELECTOR, GPU_POOL_TOLERATION, GPU_RESOURCE
 from lmforge.run_context import RUN_ID_ENV
 from lmforge.stages import STAGES, get_stage, overrides_help
 from lmforge_kfp.components import load_component
@@ -37,8 +38,8 @@ promote = load_component("promote")
 serve = load_component("serve")
 
 PIPELINE_NAME = "lmforge"
-DEFAULT_GPU_NODE_SELECTOR = {"lmforge.io/pool": "gpu"}
-DEFAULT_GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+DEFAULT_GPU_NODE_SELECTOR = dict(GPU_POOL_NODE_SELECTOR)
+DEFAULT_GPU_TOLERATIONS = [dict(GPU_POOL_TOLERATION)]
 S3_ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")
 # The MLflow client's own variables: the server, its credentials, the experiment (docs/kubeflow.md).
 MLFLOW_ENV_KEYS = (
@@ -387,7 +388,7 @@ def lmforge_pipeline(
     evaluate_overrides: str = "{}",
     serve_overrides: str = "{}",
     model_name: str = "",
-    gpu_accelerator_type: str = "nvidia.com/gpu",
+    gpu_accelerator_type: str = GPU_RESOURCE,
     gpu_count: int = 1,
     gpu_node_selector: dict = DEFAULT_GPU_NODE_SELECTOR,
     gpu_tolerations: list = DEFAULT_GPU_TOLERATIONS,

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from lmforge.cluster import GPU_RESOURCE
 from lmforge.config import LaunchConfig
 from lmforge.pod_security import container_security_context, pod_security_context
 
-GPU_RESOURCE = "nvidia.com/gpu"
 PATCH_MANAGER = "lmforge.io/launch"
 LABEL_PART_OF = "app.kubernetes.io/part-of"
 LABEL_TASK = "lmforge.io/task"
