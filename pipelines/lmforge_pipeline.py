@@ -84,13 +84,15 @@ def _as_nested_step(task: dsl.PipelineTask, cpu, memory, s3_secret_name, mlflow_
     return _with_mlflow(_with_run_id(task), mlflow_secret_name)
 
 
-def _on_gpu_pool(task: dsl.PipelineTask, accelerator, limit, node_selector, tolerations) -> dsl.PipelineTask:
+def _on_gpu_pool(
+    task: dsl.PipelineTask, gpu_accelerator_type, gpu_count, node_selector, tolerations
+) -> dsl.PipelineTask:
     """Request GPUs and pin the task to the GPU node pool (selector + taint tolerations), all from parameters.
 
-    ``limit`` must be a *string* channel: the KFP backend's driver reads a runtime accelerator limit with
+    ``gpu_count`` must be a *string* channel: the KFP backend's driver reads a runtime accelerator limit with
     ``GetStringValue`` (backend/src/v2/driver/resolve.go), so an integer parameter is silently dropped.
     """
-    task.set_accelerator_type(accelerator).set_accelerator_limit(limit)
+    task.set_accelerator_type(gpu_accelerator_type).set_accelerator_limit(gpu_count)
     kubernetes.add_node_selector_json(task, node_selector_json=node_selector)
     kubernetes.add_toleration_json(task, toleration_json=tolerations)
     return task
@@ -104,8 +106,8 @@ class _Placement:
     memory_request: Any
     gpu_step_cpu_request: Any
     gpu_step_memory_request: Any
-    accelerator: Any
-    gpu_limit: Any
+    gpu_accelerator_type: Any
+    gpu_count: Any  # the pipeline's gpu_count as a string: preflight's gpu_limit output (see _on_gpu_pool)
     gpu_node_selector: Any
     gpu_tolerations: Any
     s3_secret_name: Any
@@ -119,7 +121,11 @@ def _place(task: dsl.PipelineTask, placement: _Placement) -> dsl.PipelineTask:
     if get_stage(_stage_of(task)).on_gpu:
         _with_requests(task, placement.gpu_step_cpu_request, placement.gpu_step_memory_request)
         _on_gpu_pool(
-            task, placement.accelerator, placement.gpu_limit, placement.gpu_node_selector, placement.gpu_tolerations
+            task,
+            placement.gpu_accelerator_type,
+            placement.gpu_count,
+            placement.gpu_node_selector,
+            placement.gpu_tolerations,
         )
     else:
         _with_requests(task, placement.cpu_request, placement.memory_request)
@@ -464,8 +470,8 @@ def lmforge_pipeline(
         memory_request=memory_request,
         gpu_step_cpu_request=gpu_step_cpu_request,
         gpu_step_memory_request=gpu_step_memory_request,
-        accelerator=gpu_accelerator_type,
-        gpu_limit=checked.outputs["gpu_limit"],
+        gpu_accelerator_type=gpu_accelerator_type,
+        gpu_count=checked.outputs["gpu_limit"],
         gpu_node_selector=gpu_node_selector,
         gpu_tolerations=gpu_tolerations,
         s3_secret_name=s3_secret_name,

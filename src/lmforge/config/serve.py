@@ -116,7 +116,12 @@ class ServeConfig(StrictModel):
         "initializer uses to download the model (null: the namespace's default).",
     )
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="CPU and memory per replica.")
-    gpu_count: int = Field(1, ge=1, description=f"{GPU_RESOURCE} per replica when device is gpu.")
+    gpu_count: int = Field(
+        1,
+        ge=1,
+        description=f"{GPU_RESOURCE} per predictor replica when device is gpu (the training steps' GPUs are the "
+        "pipeline's gpu_count).",
+    )
     node_selector: dict[str, str] | None = Field(
         None,
         description="Node labels a GPU predictor needs (ignored on CPU); null: the pipeline's gpu_node_selector "

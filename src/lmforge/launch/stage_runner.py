@@ -162,16 +162,16 @@ def _in_pod(
     stage: str, cfg: LaunchConfig, io: Mapping[str, str], overrides: dict[str, Any], preset: str
 ) -> StageResult:
     """torchrun with one process per GPU of this pod; the result comes back through a local JSON file."""
-    nproc = cfg.gpus_per_node
+    gpus_per_node = cfg.gpus_per_node
     with tempfile.TemporaryDirectory(prefix=f"lmforge-{stage}-torchrun-") as tmp:
         result_path = str(Path(tmp, RESULT_FILE))
         args = [*stage_args(stage, io, preset=preset, overrides=overrides), "--result", result_path]
-        command = single_pod_command(nproc, args, launcher=TORCHRUN)
-        run_streaming(command, what=f"{stage}: torchrun with {nproc} processes", tail_lines=cfg.log_tail_lines)
+        command = single_pod_command(gpus_per_node, args, launcher=TORCHRUN)
+        run_streaming(command, what=f"{stage}: torchrun with {gpus_per_node} processes", tail_lines=cfg.log_tail_lines)
         if not Path(result_path).is_file():
             raise LaunchError(f"{stage}: torchrun exited with code 0 but rank 0 wrote no result ({result_path})")
         result = read_result(result_path)
-    result.summary["launch"] = {"mode": "torchrun", "nproc_per_node": nproc}
+    result.summary["launch"] = {"mode": "torchrun", "nproc_per_node": gpus_per_node}
     return result
 
 
