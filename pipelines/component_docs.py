@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lmforge.cluster import GPU_POOL_NODE_SELECTOR, GPU_POOL_TOLERATION, GPU_RESOURCE
 from lmforge.stages import STAGES, get_stage
 from lmforge.stages.spec import StageSpec
 from lmforge_kfp.components.images import image_for
@@ -40,6 +41,13 @@ def _example(name: str, kind: str) -> str:
     return EXAMPLE_VALUES.get(name, '""')
 
 
+_GPU_PLACEMENT = (
+    f"`gpu_count` × `{GPU_RESOURCE}` (default 1), node selector "
+    f"`{','.join(f'{key}={value}' for key, value in GPU_POOL_NODE_SELECTOR.items())}`, "
+    f"toleration `{GPU_POOL_TOLERATION['key']}`."
+)
+
+
 def render_component_readme(stage: str, component: Any) -> str:
     """Markdown README for one component: purpose, image, resources, inputs, outputs, example."""
     spec = get_stage(stage)
@@ -51,13 +59,7 @@ def render_component_readme(stage: str, component: Any) -> str:
         spec.summary,
         "",
         f"- Image: `{image_for(stage)}` (runtime `{spec.runtime}`, see `images/`).",
-        "- Resources in the lmforge pipeline: "
-        + (
-            "`gpu_count` × `nvidia.com/gpu` (default 1), node selector `lmforge.io/pool=gpu`, toleration "
-            "`nvidia.com/gpu`."
-            if spec.on_gpu
-            else "CPU pool."
-        ),
+        f"- Resources in the lmforge pipeline: {_GPU_PLACEMENT if spec.on_gpu else 'CPU pool.'}",
         f"- Contract: `lmforge.stages.STAGES[{stage!r}]`; entry point `{spec.entry}`."
         + (f" Config section `{spec.section}` (`lmforge config --explain {spec.section}`)." if spec.section else ""),
         f"- Run it alone, without KFP: `lmforge stage {stage} --help` lists its arguments; "

@@ -12,7 +12,8 @@ from typing import Any
 from kfp import dsl, kubernetes
 from kfp.dsl import Artifact, Dataset, Input, Model, pipeline_context
 
-from lmforge.launch.stage_runner import RUN_ID_ENV
+from lmforge.cluster import GPU_POOL_NODE_SELECTOR, GPU_POOL_TOLERATION, GPU_RESOURCE
+from lmforge.run_context import RUN_ID_ENV
 from lmforge.stages import STAGES, get_stage, overrides_help
 from lmforge_kfp.components import load_component
 from lmforge_kfp.components.images import image_for, service_image
@@ -37,8 +38,8 @@ promote = load_component("promote")
 serve = load_component("serve")
 
 PIPELINE_NAME = "lmforge"
-DEFAULT_GPU_NODE_SELECTOR = {"lmforge.io/pool": "gpu"}
-DEFAULT_GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+DEFAULT_GPU_NODE_SELECTOR = dict(GPU_POOL_NODE_SELECTOR)
+DEFAULT_GPU_TOLERATIONS = [dict(GPU_POOL_TOLERATION)]
 S3_ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")
 # The MLflow client's own variables: the server, its credentials, the experiment (docs/kubeflow.md).
 MLFLOW_ENV_KEYS = (
@@ -83,13 +84,15 @@ def _as_nested_step(task: dsl.PipelineTask, cpu, memory, s3_secret_name, mlflow_
     return _with_mlflow(_with_run_id(task), mlflow_secret_name)
 
 
-def _on_gpu_pool(task: dsl.PipelineTask, accelerator, limit, node_selector, tolerations) -> dsl.PipelineTask:
+def _on_gpu_pool(
+    task: dsl.PipelineTask, gpu_accelerator_type, gpu_count, node_selector, tolerations
+) -> dsl.PipelineTask:
     """Request GPUs and pin the task to the GPU node pool (selector + taint tolerations), all from parameters.
 
-    ``limit`` must be a *string* channel: the KFP backend's driver reads a runtime accelerator limit with
+    ``gpu_count`` must be a *string* channel: the KFP backend's driver reads a runtime accelerator limit with
     ``GetStringValue`` (backend/src/v2/driver/resolve.go), so an integer parameter is silently dropped.
     """
-    task.set_accelerator_type(accelerator).set_accelerator_limit(limit)
+    task.set_accelerator_type(gpu_accelerator_type).set_accelerator_limit(gpu_count)
     kubernetes.add_node_selector_json(task, node_selector_json=node_selector)
     kubernetes.add_toleration_json(task, toleration_json=tolerations)
     return task
@@ -103,8 +106,8 @@ class _Placement:
     memory_request: Any
     gpu_step_cpu_request: Any
     gpu_step_memory_request: Any
-    accelerator: Any
-    gpu_limit: Any
+    gpu_accelerator_type: Any
+    gpu_count: Any  # the pipeline's gpu_count as a string: preflight's gpu_limit output (see _on_gpu_pool)
     gpu_node_selector: Any
     gpu_tolerations: Any
     s3_secret_name: Any
@@ -118,7 +121,11 @@ def _place(task: dsl.PipelineTask, placement: _Placement) -> dsl.PipelineTask:
     if get_stage(_stage_of(task)).on_gpu:
         _with_requests(task, placement.gpu_step_cpu_request, placement.gpu_step_memory_request)
         _on_gpu_pool(
-            task, placement.accelerator, placement.gpu_limit, placement.gpu_node_selector, placement.gpu_tolerations
+            task,
+            placement.gpu_accelerator_type,
+            placement.gpu_count,
+            placement.gpu_node_selector,
+            placement.gpu_tolerations,
         )
     else:
         _with_requests(task, placement.cpu_request, placement.memory_request)
@@ -387,7 +394,7 @@ def lmforge_pipeline(
     evaluate_overrides: str = "{}",
     serve_overrides: str = "{}",
     model_name: str = "",
-    gpu_accelerator_type: str = "nvidia.com/gpu",
+    gpu_accelerator_type: str = GPU_RESOURCE,
     gpu_count: int = 1,
     gpu_node_selector: dict = DEFAULT_GPU_NODE_SELECTOR,
     gpu_tolerations: list = DEFAULT_GPU_TOLERATIONS,
@@ -463,8 +470,8 @@ def lmforge_pipeline(
         memory_request=memory_request,
         gpu_step_cpu_request=gpu_step_cpu_request,
         gpu_step_memory_request=gpu_step_memory_request,
-        accelerator=gpu_accelerator_type,
-        gpu_limit=checked.outputs["gpu_limit"],
+        gpu_accelerator_type=gpu_accelerator_type,
+        gpu_count=checked.outputs["gpu_limit"],
         gpu_node_selector=gpu_node_selector,
         gpu_tolerations=gpu_tolerations,
         s3_secret_name=s3_secret_name,

@@ -27,7 +27,7 @@ from kfp import local
 from kfp.components import load_component_from_file
 
 from lmforge.errors import LmforgeError
-from lmforge.launch.stage_runner import RUN_ID_ENV
+from lmforge.run_context import RUN_ID_ENV
 from lmforge_kfp.components.images import content_tag, with_tag
 from lmforge_kfp.containers import ContainerSettings, container_runner
 from lmforge_kfp.pipelines.console import ANSI, RunConsole

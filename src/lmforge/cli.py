@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Annotated, Any
@@ -122,7 +121,8 @@ def stage(
     what NAME takes.
     """
     from lmforge.component_io import setup_logging
-    from lmforge.launch.stage_runner import RUN_ID_ENV, run_stage_uris
+    from lmforge.launch.stage_runner import run_stage_uris
+    from lmforge.run_context import RunContext
 
     try:
         spec = get_stage(name)
@@ -139,7 +139,7 @@ def stage(
         cfg = resolve_stage_config(
             name, preset, parse_overrides(_stage_relative(spec, parse_assignments(set_, "--set")))
         )
-        context = {"preset": preset, "run_id": os.environ.get(RUN_ID_ENV, "")}
+        context = RunContext.from_env().stage_context(preset)
         result = run_stage_uris(name, cfg, paths, result_uri=result_uri or None, context=context)
     except LmforgeError as exc:
         fail(exc)

@@ -21,14 +21,14 @@ import json
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from lmforge.component_io import publish, setup_logging
 from lmforge.exit_codes import exit_on_input_error
-from lmforge.launch.stage_runner import RUN_ID_ENV
+from lmforge.run_context import RunContext
 from lmforge.stages import get_stage, resolve_stage_config, run_stage
 from lmforge.stages.spec import StageSpec
-from lmforge.tracking.stages import PIPELINE_VERSION_ENV
 
 log = logging.getLogger("lmforge.stage")
 METRICS = "metrics"  # the Output[Metrics] every component has
@@ -92,10 +92,26 @@ def headline(spec: StageSpec, result: Any) -> list[str]:
 
 def _context(args: Mapping[str, Any]) -> dict[str, str]:
     """The run's facts a stage may take (``StageSpec.context``) and its MLflow run is tagged with."""
+    return _export_run_context(args).stage_context(args.get("preset", ""))
+
+
+def _export_run_context(args: Mapping[str, Any]) -> RunContext:
+    """The step's run context, also exported to its environment for the processes it starts (torchrun's workers).
+
+    The pipeline version defaults to the content tag of this code; a training step's ``run_root`` parameter,
+    when set, is the run root ({run_root} of a templated checkpoint.dir, here, in torchrun's workers and a
+    job's pods).
+    """
     from lmforge_kfp.components.images import content_tag
 
-    version = os.environ.setdefault(PIPELINE_VERSION_ENV, content_tag())
-    return {"preset": args.get("preset", ""), "run_id": os.environ.get(RUN_ID_ENV, ""), "pipeline_version": version}
+    run = RunContext.from_env()
+    run = replace(
+        run,
+        pipeline_version=run.pipeline_version or content_tag(),
+        run_root=args.get("run_root") or run.run_root,
+    )
+    os.environ.update(run.to_env())
+    return run
 
 
 def _local(value: Any) -> Any:
@@ -107,11 +123,8 @@ def _local(value: Any) -> Any:
 
 def _run_distributed(spec: StageSpec, args: Mapping[str, Any], io: dict[str, Any], context: dict[str, str]) -> Any:
     from lmforge.launch import parse_launch, run_training_stage
-    from lmforge.launch.stage_runner import RUN_ROOT_ENV
     from lmforge_kfp.components.images import image_for
 
-    if args["run_root"]:  # {run_root} of a templated checkpoint.dir, here, in torchrun's workers and a job's pods
-        os.environ[RUN_ROOT_ENV] = args["run_root"]
     return run_training_stage(
         spec.name,
         parse_launch(args["launch"], gpus_per_node=args["gpu_count"]),

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from lmforge.cluster import GPU_POOL_NODE_SELECTOR, GPU_POOL_TOLERATION, GPU_RESOURCE
 from lmforge.config.base import (
     DNS_LABEL,
     DNS_SUBDOMAIN,
@@ -79,7 +80,7 @@ _RUNTIME_OF_NAME = {
 
 
 def _default_tolerations() -> list[TolerationConfig]:
-    return [TolerationConfig(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")]
+    return [TolerationConfig(**GPU_POOL_TOLERATION)]
 
 
 class LaunchConfig(StrictModel):
@@ -132,14 +133,14 @@ class LaunchConfig(StrictModel):
         "auto reads which one the cluster serves from its OpenAPI v3 document for trainer.kubeflow.org/v1alpha1.",
     )
     num_nodes: int = Field(1, ge=1, description="Training nodes (pods); more than 1 launches a job.")
-    gpus_per_node: int = Field(1, ge=0, description="nvidia.com/gpu per node; also the processes per node.")
+    gpus_per_node: int = Field(1, ge=0, description=f"{GPU_RESOURCE} per node; also the processes per node.")
     cpu_per_node: str | None = Field(None, pattern=QUANTITY, description="CPU request per node, e.g. '32'.")
     memory_per_node: str | None = Field(None, pattern=QUANTITY, description="Memory request per node, e.g. '200Gi'.")
     shm_size: str | None = Field(
         "16Gi", pattern=QUANTITY, description="Size of the in-memory /dev/shm (NCCL, data loaders); null: none."
     )
     node_selector: dict[str, str] = Field(
-        default_factory=lambda: {"lmforge.io/pool": "gpu"}, description="Node labels the training pods need."
+        default_factory=lambda: dict(GPU_POOL_NODE_SELECTOR), description="Node labels the training pods need."
     )
     tolerations: list[TolerationConfig] = Field(
         default_factory=_default_tolerations, description="Taints of the GPU node pool the pods tolerate."

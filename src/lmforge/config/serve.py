@@ -6,14 +6,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from lmforge.cluster import GPU_POOL_NODE_SELECTOR, GPU_POOL_TOLERATION, GPU_RESOURCE
 from lmforge.config.base import DNS_LABEL, DNS_SUBDOMAIN, QUANTITY, StrictModel
 from lmforge.config.launch import TolerationConfig
-
-# Where a GPU predictor goes when neither serve.node_selector/tolerations nor the pipeline say: the GPU steps' pool.
-DEFAULT_GPU_NODE_SELECTOR: dict[str, str] = {"lmforge.io/pool": "gpu"}
-DEFAULT_GPU_TOLERATIONS: tuple[TolerationConfig, ...] = (
-    TolerationConfig(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"),
-)
 
 
 class ResourcesConfig(StrictModel):
@@ -121,16 +116,21 @@ class ServeConfig(StrictModel):
         "initializer uses to download the model (null: the namespace's default).",
     )
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="CPU and memory per replica.")
-    gpu_count: int = Field(1, ge=1, description="nvidia.com/gpu per replica when device is gpu.")
+    gpu_count: int = Field(
+        1,
+        ge=1,
+        description=f"{GPU_RESOURCE} per predictor replica when device is gpu (the training steps' GPUs are the "
+        "pipeline's gpu_count).",
+    )
     node_selector: dict[str, str] | None = Field(
         None,
         description="Node labels a GPU predictor needs (ignored on CPU); null: the pipeline's gpu_node_selector "
-        "(the GPU steps' pool), else {'lmforge.io/pool': 'gpu'}.",
+        f"(the GPU steps' pool), else {GPU_POOL_NODE_SELECTOR}.",
     )
     tolerations: list[TolerationConfig] | None = Field(
         None,
         description="Taints of the GPU node pool a GPU predictor tolerates; null: the pipeline's gpu_tolerations, "
-        "else nvidia.com/gpu (Exists, NoSchedule).",
+        f"else {GPU_POOL_TOLERATION['key']} ({GPU_POOL_TOLERATION['operator']}, {GPU_POOL_TOLERATION['effect']}).",
     )
     min_replicas: int = Field(1, ge=0, description="Fewest predictor replicas (0 lets Knative scale to zero).")
     max_replicas: int = Field(1, ge=1, description="Most predictor replicas the autoscaler may start.")

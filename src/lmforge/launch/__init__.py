@@ -30,7 +30,6 @@ from lmforge.launch.manifests import (
     stage_args,
 )
 from lmforge.launch.stage_runner import (
-    RUN_ID_ENV,
     fetch_artifact,
     parse_launch,
     publish_artifact,
@@ -42,7 +41,6 @@ from lmforge.launch.stage_runner import (
 
 __all__ = [
     "PYTORCHJOB",
-    "RUN_ID_ENV",
     "TRAINJOB",
     "JobKind",
     "LaunchCancelled",

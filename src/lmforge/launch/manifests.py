@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from lmforge.cluster import GPU_RESOURCE
 from lmforge.config import LaunchConfig
 from lmforge.pod_security import container_security_context, pod_security_context
 
-GPU_RESOURCE = "nvidia.com/gpu"
 PATCH_MANAGER = "lmforge.io/launch"
 LABEL_PART_OF = "app.kubernetes.io/part-of"
 LABEL_TASK = "lmforge.io/task"
@@ -137,21 +137,21 @@ def stage_args(
 
 
 def single_pod_command(
-    nproc_per_node: int,
+    gpus_per_node: int,
     args: Sequence[str],
     *,
     module: str = "lmforge",
     launcher: Sequence[str] = ("torchrun",),
 ) -> list[str]:
-    """``torchrun --standalone --nproc_per_node=<GPUs> -m lmforge <args>``: all GPUs of one pod, no job.
+    """``torchrun --standalone --nproc_per_node=<gpus_per_node> -m lmforge <args>``: one process per GPU of one pod.
 
     ``--standalone`` runs the rendezvous inside the pod (a free port on localhost), so nothing else
     is needed; DDP and DeepSpeed both read the env torchrun sets. ``launcher`` replaces the ``torchrun``
     program, e.g. ``(sys.executable, "-m", "torch.distributed.run")`` where no script is on ``PATH``.
     """
-    if nproc_per_node < 1:
-        raise ValueError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
-    return [*launcher, "--standalone", f"--nproc_per_node={nproc_per_node}", "-m", module, *args]
+    if gpus_per_node < 1:
+        raise ValueError(f"gpus_per_node must be >= 1, got {gpus_per_node}")
+    return [*launcher, "--standalone", f"--nproc_per_node={gpus_per_node}", "-m", module, *args]
 
 
 def _procs_per_node(cfg: LaunchConfig) -> int:

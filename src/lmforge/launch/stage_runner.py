@@ -47,18 +47,13 @@ from lmforge.launch.client import LaunchCancelled, LaunchError, launch
 from lmforge.launch.discovery import check_training_api
 from lmforge.launch.manifests import describe_command, single_pod_command, stage_args
 from lmforge.results import StageResult
+from lmforge.run_context import RUN_ID_ENV, RunContext
 from lmforge.scratch import scratch_dir
 from lmforge.stages import STAGES, get_stage, resolve_stage_config, run_stage
 from lmforge.tracking.stages import tracked_stage
 
 log = logging.getLogger("lmforge.launch")
 
-# The pipeline sets this from the step pod's `pipeline/runid` label (Downward API): the run id names the job
-# (a retried step adopts it) without being a task input, which would change every run's cache key.
-RUN_ID_ENV = "LMFORGE_RUN_ID"
-# The run's root (staging root, else release root), which the GPU presets' templated checkpoint.dir names; the
-# pipeline passes it to the training steps as their run_root parameter.
-RUN_ROOT_ENV = "LMFORGE_RUN_ROOT"
 # Where `lmforge stage` keeps local copies of s3:// inputs and outputs (default: the system temp dir).
 WORKDIR_ENV = "LMFORGE_STAGE_WORKDIR"
 RESULT_FILE = "result.json"
@@ -167,16 +162,16 @@ def _in_pod(
     stage: str, cfg: LaunchConfig, io: Mapping[str, str], overrides: dict[str, Any], preset: str
 ) -> StageResult:
     """torchrun with one process per GPU of this pod; the result comes back through a local JSON file."""
-    nproc = cfg.gpus_per_node
+    gpus_per_node = cfg.gpus_per_node
     with tempfile.TemporaryDirectory(prefix=f"lmforge-{stage}-torchrun-") as tmp:
         result_path = str(Path(tmp, RESULT_FILE))
         args = [*stage_args(stage, io, preset=preset, overrides=overrides), "--result", result_path]
-        command = single_pod_command(nproc, args, launcher=TORCHRUN)
-        run_streaming(command, what=f"{stage}: torchrun with {nproc} processes", tail_lines=cfg.log_tail_lines)
+        command = single_pod_command(gpus_per_node, args, launcher=TORCHRUN)
+        run_streaming(command, what=f"{stage}: torchrun with {gpus_per_node} processes", tail_lines=cfg.log_tail_lines)
         if not Path(result_path).is_file():
             raise LaunchError(f"{stage}: torchrun exited with code 0 but rank 0 wrote no result ({result_path})")
         result = read_result(result_path)
-    result.summary["launch"] = {"mode": "torchrun", "nproc_per_node": nproc}
+    result.summary["launch"] = {"mode": "torchrun", "nproc_per_node": gpus_per_node}
     return result
 
 
@@ -284,7 +279,7 @@ def check_staging_uri(staging_uri: str, num_nodes: int) -> None:
 
 def job_run_id(run_id: str) -> str:
     """The pipeline run id that names the job: ``run_id``, else ``$LMFORGE_RUN_ID``; refused when unresolved."""
-    run_id = run_id or os.environ.get(RUN_ID_ENV, "")
+    run_id = run_id or RunContext.from_env().run_id
     if not run_id or "{{" in run_id:
         raise ConfigError(
             f"run id: launch.num_nodes > 1 names the job after the pipeline run, but the run id is "
@@ -297,7 +292,7 @@ def job_run_id(run_id: str) -> str:
 def with_run_env(cfg: LaunchConfig, run_id: str) -> LaunchConfig:
     """``cfg`` whose pods also get the run id and, when set here, the run root (``cfg.env`` wins on a clash)."""
     # The pods do not inherit this step's environment: the run id and root fill a templated checkpoint.dir there.
-    run_env = {RUN_ID_ENV: run_id} | ({RUN_ROOT_ENV: root} if (root := os.environ.get(RUN_ROOT_ENV)) else {})
+    run_env = RunContext(run_id=run_id, run_root=RunContext.from_env().run_root).to_env()
     return cfg.model_copy(update={"env": run_env | cfg.env})
 
 

@@ -28,7 +28,8 @@ from typing import Any, Literal
 
 import onnx
 
-from lmforge.config.serve import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_GPU_TOLERATIONS, ServeConfig
+from lmforge.cluster import GPU_POOL_NODE_SELECTOR, GPU_POOL_TOLERATION, GPU_RESOURCE
+from lmforge.config.serve import ServeConfig
 from lmforge.errors import ConfigError, InputDataError
 from lmforge.onnx_runtime import external_data_files
 from lmforge.pod_security import container_security_context, pod_security_context, tmp_mount, tmp_volume
@@ -36,7 +37,6 @@ from lmforge.serve.model_dir import INT8_DYNAMIC, ONNX_FP32
 
 API_VERSION = "serving.kserve.io/v1beta1"
 RUNTIME_API_VERSION = "serving.kserve.io/v1alpha1"
-GPU_RESOURCE = "nvidia.com/gpu"
 LMFORGE_RUNTIME = "lmforge-onnx"
 LMFORGE_FORMAT = {"name": "lmforge", "version": "1"}
 TRITON_RUNTIME = "kserve-tritonserver"
@@ -163,16 +163,21 @@ def build_inference_service(
     if cfg.service_account:
         predictor["serviceAccountName"] = cfg.service_account
     if cfg.device == "gpu":
-        selector = DEFAULT_GPU_NODE_SELECTOR if cfg.node_selector is None else cfg.node_selector
-        tolerations = DEFAULT_GPU_TOLERATIONS if cfg.tolerations is None else cfg.tolerations
-        predictor["nodeSelector"] = dict(selector)
-        predictor["tolerations"] = [t.model_dump(exclude_none=True) for t in tolerations]
+        predictor["nodeSelector"] = dict(GPU_POOL_NODE_SELECTOR if cfg.node_selector is None else cfg.node_selector)
+        predictor["tolerations"] = _gpu_tolerations(cfg)
     return {
         "apiVersion": API_VERSION,
         "kind": "InferenceService",
         "metadata": _metadata(name, cfg, _labels(model_name, version)),
         "spec": {"predictor": predictor},
     }
+
+
+def _gpu_tolerations(cfg: ServeConfig) -> list[dict[str, Any]]:
+    """A GPU predictor's tolerations: ``serve.tolerations``, else (neither it nor the pipeline says) the GPU pool's."""
+    if cfg.tolerations is None:
+        return [dict(GPU_POOL_TOLERATION)]
+    return [t.model_dump(exclude_none=True) for t in cfg.tolerations]
 
 
 def build_serving_runtime(cfg: ServeConfig) -> dict[str, Any]:

@@ -18,18 +18,17 @@ With tracking off, :func:`tracked_stage` costs one environment lookup and import
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from lmforge.results import StageResult
+from lmforge.run_context import RunContext
 from lmforge.stages.spec import StageSpec
 from lmforge.tracking.runs import PipelineRun, TrackedStage, Tracker
 from lmforge.tracking.session import tracking_uri
 
-PIPELINE_VERSION_ENV = "LMFORGE_PIPELINE_VERSION"
 FINAL_STAGE = "promote"  # the DAG's last step when the gate passes
 GATE_OUTPUT = "passed"  # the output parameter under which a gate stage says whether promote runs
 INPUT_PREFIX = "input."
@@ -65,10 +64,13 @@ def tracked_stage(
         tracker.end_pipeline_run(run)
 
 
-def pipeline_run(context: Mapping[str, str]) -> PipelineRun:
-    """The pipeline run a stage belongs to, from its context (a run of its own when the context has no run id)."""
+def pipeline_run(context: Mapping[str, str], run: RunContext | None = None) -> PipelineRun:
+    """The pipeline run a stage belongs to, from its context (a run of its own when the context has no run id).
+
+    The pipeline version not in ``context`` comes from ``run`` (default: this process's environment's).
+    """
     run_id = context.get("run_id") or f"stage-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
-    version = context.get("pipeline_version") or os.environ.get(PIPELINE_VERSION_ENV) or None
+    version = context.get("pipeline_version") or (run or RunContext.from_env()).pipeline_version or None
     return PipelineRun(run_id, pipeline_version=version, preset=context.get("preset") or None)
 
 

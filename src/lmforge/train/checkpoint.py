@@ -40,22 +40,20 @@ import tempfile
 import time
 import uuid
 import zipfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from lmforge import __version__, storage
 from lmforge.artifacts import MANIFEST, describe_files, read_manifest
 from lmforge.config import CheckpointConfig
+from lmforge.config.train import CHECKPOINT_PLACEHOLDERS
 from lmforge.errors import ArtifactIncompleteError, ConfigError, UnsafeCheckpointError
+from lmforge.run_context import ENV_NAMES, RunContext
 from lmforge.train.distributed import DistContext
 
 logger = logging.getLogger("lmforge.train")
 
-RUN_ROOT_ENV = "LMFORGE_RUN_ROOT"
-RUN_ID_ENV = "LMFORGE_RUN_ID"
-PLACEHOLDER_ENV = {"run_root": RUN_ROOT_ENV, "run_id": RUN_ID_ENV}
-"""Placeholders of a templated ``checkpoint.dir`` filled from the environment (``{stage}`` is the stage's name)."""
 KIND = "checkpoint"
 QUARANTINE = "quarantine"
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
@@ -193,22 +191,24 @@ def _remove(uri: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def resolve_checkpoint_config(
-    cfg: CheckpointConfig, *, stage: str, environ: Mapping[str, str] | None = None
-) -> CheckpointConfig:
+def resolve_checkpoint_config(cfg: CheckpointConfig, *, stage: str, run: RunContext | None = None) -> CheckpointConfig:
     """``cfg`` with the placeholders of its ``dir`` filled in (see the module docstring); unchanged without any.
 
+    Args:
+        run: the run's context; default: this process's environment's.
+
     Raises:
-        ConfigError: a placeholder's environment variable is not set, naming it and what to do instead.
+        ConfigError: a placeholder's fact is not known, naming its environment variable and what to do instead.
     """
     if cfg.dir is None or "{" not in cfg.dir:
         return cfg
-    environ = os.environ if environ is None else environ
+    run = RunContext.from_env() if run is None else run
     values = {"stage": stage}
-    for name, variable in PLACEHOLDER_ENV.items():
-        if "{" + name + "}" in cfg.dir:
-            value = environ.get(variable, "").strip().rstrip("/")
+    for name in CHECKPOINT_PLACEHOLDERS:
+        if name not in values and "{" + name + "}" in cfg.dir:
+            value = getattr(run, name).strip().rstrip("/")
             if not value:
+                variable = ENV_NAMES[name]
                 raise ConfigError(
                     f"{stage}.train.checkpoint.dir {cfg.dir!r} needs ${variable} (the lmforge pipeline sets it); "
                     f"set it, or set checkpoint.dir to a local path or s3:// URI, or to null to disable checkpoints"

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from lmforge import __version__
 from lmforge.cli import application
 from lmforge.errors import ConfigError
-from lmforge.tracking.stages import PIPELINE_VERSION_ENV
+from lmforge.run_context import PIPELINE_VERSION_ENV
 from lmforge_kfp.components import images
 from lmforge_kfp.components.images import (
     CONTENT,

@@ -388,7 +388,7 @@ def test_single_pod_command_runs_torchrun_over_the_pods_gpus():
         "stage",
         "pretrain",
     ]
-    with pytest.raises(ValueError, match="nproc_per_node"):
+    with pytest.raises(ValueError, match="gpus_per_node"):
         single_pod_command(0, [])
 
 

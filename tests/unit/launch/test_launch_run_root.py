@@ -11,7 +11,7 @@ import pytest
 from lmforge import storage
 from lmforge.artifacts import read_manifest
 from lmforge.launch import run_training_stage
-from lmforge.launch.stage_runner import RUN_ID_ENV, RUN_ROOT_ENV
+from lmforge.run_context import RUN_ID_ENV, RUN_ROOT_ENV
 from tests.unit.launch.test_launch_stage import OVERRIDES, RUN, _Artifact, _io, _job_config, cluster  # noqa: F401 - cluster: a fixture
 
 TEMPLATE = {"train.checkpoint": {"dir": "{run_root}/checkpoints/{run_id}/{stage}", "every_steps": 2, "keep_last": 3}}

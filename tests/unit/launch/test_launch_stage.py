@@ -32,6 +32,7 @@ from lmforge.launch import (
 )
 from lmforge.preflight import PreflightError
 from lmforge.results import StageResult
+from lmforge.run_context import RUN_ID_ENV
 from tests.fakes.k8s_api_server import K8sApiServer
 
 OVERRIDES = {
@@ -86,7 +87,7 @@ def test_multi_node_without_an_s3_staging_uri_is_one_config_error(tmp_path, stag
 
 @pytest.mark.parametrize("run_id", ["", "{{$.pipeline_job_uuid}}"])
 def test_multi_node_without_a_resolved_run_id_is_refused(tmp_path, monkeypatch, run_id):
-    monkeypatch.delenv(runner.RUN_ID_ENV, raising=False)
+    monkeypatch.delenv(RUN_ID_ENV, raising=False)
     io = _io(tmp_path / "shards", tmp_path / "tok", tmp_path / "model")
     with pytest.raises(ConfigError, match=r"run id: .*LMFORGE_RUN_ID"):
         run_training_stage(

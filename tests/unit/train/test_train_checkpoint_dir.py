@@ -6,28 +6,35 @@ import pytest
 
 from lmforge.config import CheckpointConfig, validate_config
 from lmforge.errors import ConfigError
+from lmforge.run_context import RunContext
 from lmforge.stages import resolve_config
 from lmforge.train.checkpoint import resolve_checkpoint_config
 
 TEMPLATE = "{run_root}/checkpoints/{run_id}/{stage}"
-ENV = {"LMFORGE_RUN_ROOT": "s3://bucket/staging/", "LMFORGE_RUN_ID": "run-42"}
+RUN = RunContext(run_id="run-42", run_root="s3://bucket/staging/")
 
 
-def test_placeholders_are_filled_from_the_environment_and_the_stage():
-    cfg = resolve_checkpoint_config(CheckpointConfig(dir=TEMPLATE), stage="distill", environ=ENV)
+def test_placeholders_are_filled_from_the_run_context_and_the_stage(monkeypatch):
+    monkeypatch.setenv("LMFORGE_RUN_ID", "not-this-run")  # a context given wins over the environment
+    cfg = resolve_checkpoint_config(CheckpointConfig(dir=TEMPLATE), stage="distill", run=RUN)
     assert cfg.dir == "s3://bucket/staging/checkpoints/run-42/distill"
+
+
+def test_without_a_context_the_placeholders_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("LMFORGE_RUN_ROOT", "/runs/")
+    monkeypatch.setenv("LMFORGE_RUN_ID", "run-7")
+    cfg = resolve_checkpoint_config(CheckpointConfig(dir=TEMPLATE), stage="pretrain")
+    assert cfg.dir == "/runs/checkpoints/run-7/pretrain"
 
 
 def test_a_plain_directory_is_left_alone():
     cfg = CheckpointConfig(dir="/ckpt/run")
-    assert resolve_checkpoint_config(cfg, stage="pretrain", environ={}) is cfg
+    assert resolve_checkpoint_config(cfg, stage="pretrain", run=RunContext()) is cfg
 
 
 def test_a_placeholder_without_its_variable_is_a_one_line_error_naming_it():
     with pytest.raises(ConfigError, match=r"pretrain.train.checkpoint.dir .* needs \$LMFORGE_RUN_ID") as info:
-        resolve_checkpoint_config(
-            CheckpointConfig(dir=TEMPLATE), stage="pretrain", environ={"LMFORGE_RUN_ROOT": "/runs"}
-        )
+        resolve_checkpoint_config(CheckpointConfig(dir=TEMPLATE), stage="pretrain", run=RunContext(run_root="/runs"))
     assert "\n" not in str(info.value) and "null to disable checkpoints" in str(info.value)
 
 
