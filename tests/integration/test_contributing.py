@@ -122,7 +122,8 @@ def _add_the_stage(repo: Path) -> None:
     (repo / "src/lmforge/data/shout.py").write_text(STAGE_MODULE.lstrip(), encoding="utf-8")
     registry = repo / "src/lmforge/stages/registry.py"
     _edit(registry, "from lmforge.errors import", REGISTRY_IMPORT + "from lmforge.errors import")
-    _edit(registry, "\n)\n\n\ndef _preflight(", "\n" + REGISTRY_ENTRY.rstrip("\n") + "\n)\n\n\ndef _preflight(")
+    end_of_dag = "\n)\n\n\n_PREFLIGHT_INPUTS = ("  # the tuple of the DAG's stages ends here
+    _edit(registry, end_of_dag, "\n" + REGISTRY_ENTRY.rstrip("\n") + end_of_dag)
     for old, new in PIPELINE_EDITS:
         _edit(repo / "pipelines/lmforge_pipeline.py", old, new)
     (repo / "tests/unit/data/test_data_shout.py").write_text(STAGE_TEST.lstrip(), encoding="utf-8")
