@@ -352,7 +352,7 @@ def registry_gc(
 ) -> None:
     """Remove stale claims of interrupted promotions and publishes, and abort old incomplete multipart uploads."""
     setup_cli_logging(verbose)
-    from lmforge.release import collect_garbage
+    from lmforge.release.promote import collect_garbage
 
     try:
         done = collect_garbage(root, older_than_s=older_than_hours * 3600, dry_run=dry_run)

@@ -4,7 +4,7 @@
 (``s3://.../models/<name>/<version>``: the model registry refuses local paths as sources), tagged with the
 release version, its manifest's fingerprint and each artifact's lineage fingerprint, the gate's decision and
 checks, and the evaluation metrics (``metric.<name>``). Then it moves the alias (``production``) by the rule
-:func:`lmforge.release.update_latest` applies to ``latest.json``: only when the gate passed, only forward (to a
+:func:`lmforge.release.promote.update_latest` applies to ``latest.json``: only when the gate passed, only forward (to a
 release whose ``(created_at, version)`` is greater than the one the alias names), and, given the gate's
 baseline, only while the alias still names that baseline.
 

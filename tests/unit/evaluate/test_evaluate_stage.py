@@ -267,7 +267,7 @@ def test_engine_dir_without_status_is_refused(tmp_path, artifacts, tiny_shards_d
 
 
 def test_a_candidate_worse_than_production_fails_the_gate(tmp_path, artifacts, tiny_shards_dir):
-    from lmforge.release import promote
+    from lmforge.release.promote import promote
 
     registry = str(tmp_path / "registry")
     # production: a release whose student was far better (bits per byte 0.5) than a random model can be

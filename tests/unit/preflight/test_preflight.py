@@ -8,7 +8,7 @@ import yaml
 from kfp import dsl
 
 from lmforge import storage
-from lmforge.preflight import PreflightError, check_writable, fingerprint_uri, run_checks
+from lmforge.preflight.preflight import PreflightError, check_writable, fingerprint_uri, run_checks
 from lmforge_kfp.pipelines.compile import REPO_ROOT
 
 
@@ -182,7 +182,7 @@ def test_training_api_check_passes_when_the_cluster_serves_the_job_kind(backend)
     import kubernetes
 
     from lmforge.config import LaunchConfig
-    from lmforge.preflight import check_training_api
+    from lmforge.preflight.preflight import check_training_api
     from tests.fakes.k8s_api_server import K8sApiServer
 
     with K8sApiServer() as server:
@@ -199,7 +199,7 @@ def test_training_api_check_names_the_missing_operator():
     import kubernetes
 
     from lmforge.config import LaunchConfig
-    from lmforge.preflight import check_training_api
+    from lmforge.preflight.preflight import check_training_api
     from tests.fakes.k8s_api_server import K8sApiServer
 
     with K8sApiServer(served=("TrainJob",)) as server:

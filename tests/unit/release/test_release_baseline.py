@@ -12,7 +12,7 @@ from lmforge import storage
 from lmforge.artifacts import write_manifest
 from lmforge.catalog import latest_release, list_releases, production_summary
 from lmforge.errors import GateBaselineMovedError
-from lmforge.release import CLAIM, promote
+from lmforge.release.promote import CLAIM, promote
 
 MODEL = "tiny"
 
