@@ -109,7 +109,7 @@ def _clean_config(preset: str, overrides: dict[str, Any]) -> Any:
 def child_ours(spec: dict[str, Any]) -> dict[str, Any]:
     """``clean.run`` over the corpus; returns its metrics."""
     from lmforge.data import clean
-    from lmforge.data.cleaned import read_cleaned
+    from lmforge.formats.cleaned import read_cleaned
 
     cfg = _clean_config(spec["preset"], spec["overrides"])
     start = time.perf_counter()
@@ -163,7 +163,7 @@ def synthetic_signature_shards(root: Path, docs: int, shards: int, seed: int) ->
 
     from lmforge.artifacts import write_manifest
     from lmforge.config import CleanConfig
-    from lmforge.data.signatures import save_signatures
+    from lmforge.formats.dedup import save_signatures
 
     near = CleanConfig().near_dedup
     perms = near.bands * near.rows

@@ -38,9 +38,9 @@ from bench.common import machine_facts, text_table, write_results
 from lmforge.artifacts import write_manifest
 from lmforge.config import ExportConfig, ModelConfig, QuantizeConfig, load_preset
 from lmforge.data.demo import shakespeare_documents
-from lmforge.data.shards import ShardWriter
 from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
 from lmforge.export import export_onnx, quantize_int8
+from lmforge.formats.token_shards import ShardWriter
 from lmforge.model.build import build_model, load_tokenizer, save_model_dir
 from lmforge.onnx_runtime import OrtCausalLM, OrtDecoderWithPast
 

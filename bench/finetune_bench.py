@@ -292,8 +292,8 @@ def _demo_shards(workdir: Path, scenes: int) -> tuple[Path, Path]:
 
     from lmforge.artifacts import write_manifest
     from lmforge.data.demo import shakespeare_documents
-    from lmforge.data.shards import ShardWriter
     from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
+    from lmforge.formats.token_shards import ShardWriter
     from lmforge.model.build import load_tokenizer
 
     docs = [d["text"] for d in itertools.islice(shakespeare_documents(), scenes or None)]

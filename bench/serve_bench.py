@@ -56,9 +56,9 @@ from bench.common import load_average, machine_facts, result_path, text_table, w
 from lmforge.artifacts import write_manifest
 from lmforge.config import ExportConfig, ModelConfig, QuantizeConfig, load_preset
 from lmforge.data.demo import shakespeare_documents
-from lmforge.data.shards import ShardWriter
 from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
 from lmforge.export import export_onnx, quantize_int8
+from lmforge.formats.token_shards import ShardWriter
 from lmforge.model.build import build_model, load_causal_lm, load_tokenizer, save_model_dir
 from lmforge.onnx_runtime import OrtDecoderWithPast
 from lmforge.serve.generate import GenerationRequest, generate_batch

@@ -19,19 +19,10 @@ from tqdm import tqdm
 from lmforge.artifacts import staged_output, write_manifest
 from lmforge.config import CleanConfig
 from lmforge.cpus import available_cpus
-from lmforge.data.cleaned import STATS
-from lmforge.data.cleaning import (
-    BAD_RECORDS,
-    QUARANTINE,
-    SHARD_KIND,
-    SHARD_SCHEMA,
-    ParquetShards,
-    Quarantine,
-    add_counters,
-    cleaned_chunks,
-)
+from lmforge.data.cleaning import Quarantine, add_counters, cleaned_chunks
 from lmforge.data.corpus import CorpusReader, Document
-from lmforge.data.signatures import save_signatures
+from lmforge.formats.cleaned import BAD_RECORDS, QUARANTINE, SHARD_KIND, SHARD_SCHEMA, STATS, ParquetShards
+from lmforge.formats.dedup import save_signatures
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.clean")

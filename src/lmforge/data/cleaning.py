@@ -1,9 +1,8 @@
-"""What ``clean_shard`` does to each document, and the cleaned-shard files it and ``merge_shards`` share.
+"""What ``clean_shard`` does to each document, and the quarantine sample it and ``merge_shards`` write.
 
 :class:`Normalize` and :func:`build_rules` (also run by preflight's retention prediction), the per-document
-cleaner and its process pool (:func:`cleaned_chunks`), and the writers and reader of the files a cleaned shard
-and the cleaned corpus hold: Parquet shards (:class:`ParquetShards`, :func:`shard_rows`) and the quarantine
-sample (:class:`Quarantine`).
+cleaner and its process pool (:func:`cleaned_chunks`), and :class:`Quarantine`. The files themselves are
+:mod:`lmforge.formats.cleaned`.
 """
 
 from __future__ import annotations
@@ -17,16 +16,11 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from lmforge.artifacts import read_manifest
 from lmforge.config import CleanConfig
-from lmforge.data.cleaned import SCHEMA, SHARD_GLOB
 from lmforge.data.corpus import Document
 from lmforge.data.minhash import MinHasher
 from lmforge.data.pii import PiiRedactor
@@ -42,18 +36,10 @@ from lmforge.data.rules import (
     Rule,
     TextView,
 )
-from lmforge.data.signatures import exact_digest
-from lmforge.errors import InputDataError, WorkerLostError
+from lmforge.errors import WorkerLostError
+from lmforge.formats.dedup import exact_digest
 
-SHARD_KIND = "cleaned-shard"
-QUARANTINE = "quarantine.jsonl"
-BAD_RECORDS = "bad_records.jsonl"  # every malformed input record with file:line and the problem
-REPORT = "report.html"
-# A cleaned shard also carries each document's corpus position, the merge and dedup key.
-SHARD_SCHEMA = SCHEMA.append(pa.field("key", pa.int64()))
 QUARANTINE_TEXT_CHARS = 2000
-_ROW_GROUP_DOCS = 1000
-_ROW_GROUP_BYTES = 16 << 20
 _NO_SIGNATURE = np.empty(0, dtype=np.uint32)  # near dedup off: signatures are empty
 
 # C0/C1 controls except tab and newline, and the byte order mark that editors leave at the start of files
@@ -102,47 +88,6 @@ def build_rules(cfg: CleanConfig) -> list[Rule]:
     if cfg.fineweb.enabled:
         rules.append(FineWebLines(cfg.fineweb))
     return rules
-
-
-class ParquetShards:
-    """Write rows into ``part-NNNNN.parquet`` files of at most ``shard_docs`` rows each."""
-
-    def __init__(self, root: Path, shard_docs: int, schema: pa.Schema = SCHEMA) -> None:
-        self.root = root
-        self.shard_docs = shard_docs
-        self.schema = schema
-        self.shards: list[dict[str, Any]] = []
-        self._writer: pq.ParquetWriter | None = None
-        self._rows: dict[str, list[Any]] = {name: [] for name in schema.names}
-        self._buffered_bytes = 0
-
-    def add(self, row: dict[str, Any]) -> None:
-        if self._writer is None or self.shards[-1]["docs"] == self.shard_docs:
-            self._roll()
-        for name in self.schema.names:
-            self._rows[name].append(row[name])
-        self.shards[-1]["docs"] += 1
-        self._buffered_bytes += len(row["text"])
-        if len(self._rows["id"]) >= _ROW_GROUP_DOCS or self._buffered_bytes >= _ROW_GROUP_BYTES:
-            self._flush()
-
-    def _flush(self) -> None:
-        if self._writer is not None and self._rows["id"]:
-            self._writer.write_table(pa.table(self._rows, schema=self.schema))
-        self._rows = {name: [] for name in self.schema.names}
-        self._buffered_bytes = 0
-
-    def _roll(self) -> None:
-        self.close()
-        name = f"part-{len(self.shards):05d}.parquet"
-        self.shards.append({"name": name, "docs": 0})
-        self._writer = pq.ParquetWriter(self.root / name, self.schema, compression="zstd")
-
-    def close(self) -> None:
-        self._flush()
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
 
 
 class Quarantine:
@@ -334,13 +279,3 @@ def _chunked(docs: Iterator[Document], size: int) -> Iterator[list[Document]]:
             chunk = []
     if chunk:
         yield chunk
-
-
-def shard_rows(shard_dir: Path) -> Iterator[dict[str, Any]]:
-    """The rows of a ``cleaned-shard`` artifact (checksums verified), in its Parquet files' order."""
-    manifest = read_manifest(shard_dir, verify=True)
-    if manifest.get("kind") != SHARD_KIND:
-        raise InputDataError(f"{shard_dir}: artifact kind {manifest.get('kind')!r}, expected {SHARD_KIND!r}")
-    for name in sorted(n for n in manifest.get("files", {}) if Path(n).match(SHARD_GLOB)):
-        for batch in pq.ParquetFile(Path(shard_dir, name)).iter_batches(batch_size=1024):
-            yield from batch.to_pylist()

@@ -4,7 +4,7 @@ files of the partitioned steps, the LSH bucket scan and the ``dedup-plan`` write
 The cleaning fan-out dedups in three steps:
 
 1. ``clean_shard`` writes each shard's surviving documents and, per document, its global corpus position
-   ``key``, its exact digest and its MinHash signature (:data:`~lmforge.data.signatures.SIGNATURES`).
+   ``key``, its exact digest and its MinHash signature (:data:`~lmforge.formats.dedup.SIGNATURES`).
 2. ``dedup_shards`` loads the signatures of every shard (about 430 bytes per document at 20 x 5), removes
    exact duplicates, clusters the rest by LSH band collisions (union-find) and keeps, in every cluster,
    the document with the smallest ``key``, i.e. the first in corpus order. It writes the removed keys.
@@ -34,7 +34,9 @@ import pyarrow.parquet as pq
 
 from lmforge.artifacts import read_manifest, staged_output, write_manifest
 from lmforge.config import CleanConfig
-from lmforge.data.signatures import (
+from lmforge.errors import ConfigError, InputDataError
+from lmforge.formats.cleaned import SHARD_KIND
+from lmforge.formats.dedup import (
     EXACT_RULE,
     KIND,
     NEAR_RULE,
@@ -42,7 +44,6 @@ from lmforge.data.signatures import (
     REMOVED_SCHEMA,
     SIGNATURES,
 )
-from lmforge.errors import ConfigError, InputDataError
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.dedup")
@@ -166,8 +167,8 @@ class NpyRows:
 def signature_files(shard_dir: str | Path) -> dict[str, NpyRows]:
     """One shard's signature arrays, opened for reading rows on demand (checksums verified once)."""
     manifest = read_manifest(shard_dir, verify=True)
-    if manifest.get("kind") != "cleaned-shard":
-        raise InputDataError(f"{shard_dir}: artifact kind {manifest.get('kind')!r}, expected 'cleaned-shard'")
+    if manifest.get("kind") != SHARD_KIND:
+        raise InputDataError(f"{shard_dir}: artifact kind {manifest.get('kind')!r}, expected {SHARD_KIND!r}")
     return {name: NpyRows(Path(shard_dir, file)) for name, file in SIGNATURES.items()}
 
 

@@ -9,12 +9,12 @@ import numpy as np
 
 from lmforge.config import CleanConfig, NearDedupConfig
 from lmforge.data.dedup_files import agreement, buckets, write_plan
-from lmforge.data.signatures import (
+from lmforge.errors import InputDataError
+from lmforge.formats.dedup import (
     EXACT_RULE,
     NEAR_RULE,
     load_signatures,
 )
-from lmforge.errors import InputDataError
 from lmforge.results import StageResult
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from lmforge.config import CleanConfig
 from lmforge.data.dedup_files import BAND_PART_KIND, EXACT_PART_KIND, read_parts, write_plan
-from lmforge.data.signatures import (
+from lmforge.formats.dedup import (
     EXACT_RULE,
     NEAR_RULE,
     SIGNATURES,

@@ -16,10 +16,10 @@ from typing import Any
 from lmforge import report_html
 from lmforge.artifacts import staged_output, write_manifest
 from lmforge.config import CleanConfig
-from lmforge.data.cleaned import KIND, STATS
-from lmforge.data.cleaning import BAD_RECORDS, QUARANTINE, REPORT, ParquetShards, Quarantine, shard_rows
-from lmforge.data.signatures import EXACT_RULE, NEAR_RULE, read_removed
+from lmforge.data.cleaning import Quarantine
 from lmforge.errors import InputDataError
+from lmforge.formats.cleaned import BAD_RECORDS, KIND, QUARANTINE, REPORT, STATS, ParquetShards, shard_rows
+from lmforge.formats.dedup import EXACT_RULE, NEAR_RULE, read_removed
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.clean")

@@ -44,7 +44,6 @@ from lmforge.contracts import (
     served_model,
 )
 from lmforge.data.qa import Example, qa_lineage
-from lmforge.data.shards import INDEX, TokenShards
 from lmforge.errors import ConfigError, InputDataError
 from lmforge.evaluate.answer_loss import answer_loss, encode_heldout
 from lmforge.evaluate.gate import GateDecision, check_gate, check_mark, headline
@@ -53,6 +52,7 @@ from lmforge.evaluate.harness import PREFIX as HARNESS_PREFIX
 from lmforge.evaluate.harness import flat_metrics, run_harness
 from lmforge.evaluate.report import comparison_rows, html_report, markdown_summary
 from lmforge.evaluate.verdict import verdict_lines
+from lmforge.formats.token_shards import INDEX, TokenShards
 from lmforge.metrics.latency import latency_profile
 from lmforge.metrics.perplexity import (
     LogitsFn,

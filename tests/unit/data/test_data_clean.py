@@ -14,11 +14,11 @@ import pytest
 from lmforge.artifacts import read_manifest
 from lmforge.config import CleanConfig
 from lmforge.data import clean, clean_shard, cleaning
-from lmforge.data.cleaned import read_cleaned
 from lmforge.data.cleaning import Normalize
 from lmforge.data.corpus import iter_documents, stable_id
 from lmforge.data.rules import MinChars, MinWords
 from lmforge.errors import ArtifactIncompleteError, InputDataError, WorkerLostError
+from lmforge.formats.cleaned import read_cleaned
 from lmforge.results import StageResult
 
 # Rules off so each test turns on only what it checks; RULES_OFF leaves min_chars/min_words at defaults.

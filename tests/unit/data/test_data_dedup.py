@@ -23,10 +23,10 @@ from lmforge.data import (
     merge_shards,
     plan_dedup,
 )
-from lmforge.data.cleaned import read_cleaned
 from lmforge.data.demo import shakespeare_documents
-from lmforge.data.signatures import REMOVED, read_removed
 from lmforge.errors import ConfigError, InputDataError
+from lmforge.formats.cleaned import read_cleaned
+from lmforge.formats.dedup import REMOVED, read_removed
 from lmforge.results import StageResult
 
 RULES_OFF = {n: {"enabled": False} for n in ("language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "pii")}

@@ -13,9 +13,9 @@ from lmforge.artifacts import read_manifest, write_manifest
 from lmforge.config import EvaluateConfig, GateConfig, GenerationEvalConfig
 from lmforge.config.evaluate import HarnessConfig
 from lmforge.contracts import HISTORY_FILE
-from lmforge.data.shards import TokenShards
 from lmforge.errors import InputDataError
 from lmforge.evaluate import evaluate
+from lmforge.formats.token_shards import TokenShards
 from lmforge.metrics.perplexity import perplexity, torch_logits_fn
 from lmforge.model.build import load_causal_lm
 from lmforge.onnx_runtime import NO_PAST_FILE

@@ -17,7 +17,6 @@ from onnxruntime.quantization.calibrate import TensorData, TensorsData
 from lmforge.artifacts import write_manifest
 from lmforge.config import ExportConfig, ModelConfig, QuantizeConfig
 from lmforge.contracts import gate_decision, gate_result
-from lmforge.data.shards import ShardWriter, TokenShards
 from lmforge.data.tokenizer import tokenizer_fingerprint
 from lmforge.errors import InputDataError
 from lmforge.export import export_onnx, quantize_int8
@@ -29,6 +28,7 @@ from lmforge.export.quantize_int8 import (
     unsafe_tensors,
 )
 from lmforge.export.tied_embedding import find_tied_pairs, share_tied_embedding
+from lmforge.formats.token_shards import ShardWriter, TokenShards
 from lmforge.metrics.perplexity import onnx_logits_fn, perplexity
 from lmforge.model.build import build_model, load_tokenizer, save_model_dir
 from lmforge.onnx_runtime import NO_PAST_FILE, WITH_PAST_FILE, OrtCausalLM, OrtDecoderWithPast
