@@ -24,7 +24,7 @@ from lmforge import storage
 from lmforge.artifacts import MANIFEST, is_run_record, read_manifest
 from lmforge.evaluate.report import MODEL_LABELS
 from lmforge.onnx_runtime import NO_PAST_FILE
-from lmforge.release.promote import CLAIM
+from lmforge.release.catalog import CLAIM
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # ~2 min on an idle 2-core machine
 

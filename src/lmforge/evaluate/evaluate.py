@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 
 from lmforge.artifacts import MANIFEST, input_record, read_json_file, read_manifest, staged_output, write_manifest
-from lmforge.catalog import production_baseline
 from lmforge.config import EvaluateConfig, TokenizeConfig
 from lmforge.contracts import (
     QA_HELDOUT_FRACTION,
@@ -62,6 +61,7 @@ from lmforge.metrics.perplexity import (
     scored_ids,
     torch_logits_fn,
 )
+from lmforge.release.catalog import production_baseline
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.evaluate")

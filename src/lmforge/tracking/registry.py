@@ -16,7 +16,7 @@ loses cleanly (``moved=False`` with the reason). A lock older than ``lock_ttl_s`
 died and is removed.
 
 :func:`production_baseline_from_registry` reads the alias back in the shape of
-:func:`lmforge.catalog.production_summary`, for ``evaluate.production_source: mlflow``.
+:func:`lmforge.release.catalog.production_summary`, for ``evaluate.production_source: mlflow``.
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def _version_tags(
     tracker: Tracker,
 ) -> dict[str, str]:
     from lmforge.artifacts import MANIFEST
-    from lmforge.catalog import release_fingerprint
+    from lmforge.release.catalog import release_fingerprint
 
     tags: dict[str, Any] = {
         RELEASE_URI: release_uri,
@@ -320,7 +320,7 @@ def _move_alias(
     session: Session, name: str, alias: str, candidate: Any, baseline: Mapping[str, Any] | None
 ) -> Registration:
     """Under the lock: read where the alias points, decide, move (or not)."""
-    from lmforge.catalog import baseline_identity
+    from lmforge.release.catalog import baseline_identity
 
     release = _identity(candidate)[0]
     current = _alias_target(session, name, alias)

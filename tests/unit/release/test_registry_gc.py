@@ -15,11 +15,11 @@ from typer.testing import CliRunner
 
 from lmforge import storage
 from lmforge.artifacts import PUBLISH_CLAIM, write_manifest
-from lmforge.catalog import latest_release
 from lmforge.cli import application
 from lmforge.errors import StorageError
 from lmforge.launch.stage_runner import publish_artifact
-from lmforge.release.promote import CLAIM, promote
+from lmforge.release.catalog import CLAIM, latest_release
+from lmforge.release.promote import promote
 
 MODEL = "tiny"
 

@@ -81,7 +81,7 @@ def test_the_walk_finds_a_sibling_stage_imported_directly_or_through_a_shared_mo
 
 
 def test_from_a_package_import_a_module_counts_as_importing_that_module():
-    assert {"lmforge.catalog", "lmforge.storage"} <= imported_modules("lmforge.preflight.preflight")
+    assert {"lmforge.release.catalog", "lmforge.storage"} <= imported_modules("lmforge.preflight.preflight")
 
 
 def test_no_module_imports_a_private_name_of_another_package():

@@ -17,9 +17,10 @@ from typing import Any
 from lmforge import storage
 from lmforge.artifacts import MANIFEST
 
-log = logging.getLogger("lmforge.catalog")
+log = logging.getLogger("lmforge.release.catalog")
 
 LATEST = "latest.json"
+CLAIM = ".promotion.json"  # a promotion's claim on its version, written first
 
 
 def release_order(entry: Mapping[str, Any]) -> tuple[str, str]:
