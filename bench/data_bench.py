@@ -109,23 +109,24 @@ def _clean_config(preset: str, overrides: dict[str, Any]) -> Any:
 def child_ours(spec: dict[str, Any]) -> dict[str, Any]:
     """``clean.run`` over the corpus; returns its metrics."""
     from lmforge.data import clean
+    from lmforge.formats.cleaned import read_cleaned
 
     cfg = _clean_config(spec["preset"], spec["overrides"])
     start = time.perf_counter()
     result = clean.run(cfg, corpus_uri=spec["corpus"], cleaned=spec["out"])
     wall = time.perf_counter() - start
-    kept = [r["id"] for r in clean.read_cleaned(spec["out"], verify=False)] if spec.get("kept_ids") else None
+    kept = [r["id"] for r in read_cleaned(spec["out"], verify=False)] if spec.get("kept_ids") else None
     return {"wall_s": wall, "metrics": result.metrics, "kept_ids": kept}
 
 
 def child_shard(spec: dict[str, Any]) -> dict[str, Any]:
-    """``clean.clean_shard`` over shard ``spec["shard"]`` (default: all) with ``spec["overrides"]``'s workers."""
-    from lmforge.data import clean
+    """``clean_shard.run`` over shard ``spec["shard"]`` (default: all) with ``spec["overrides"]``'s workers."""
+    from lmforge.data import clean_shard
 
     cfg = _clean_config(spec["preset"], spec["overrides"])
     start = time.perf_counter()
     index, count = spec.get("shard", (0, 1))
-    result = clean.clean_shard(cfg, corpus_uri=spec["corpus"], shard_index=index, shard_count=count, shard=spec["out"])
+    result = clean_shard.run(cfg, corpus_uri=spec["corpus"], shard_index=index, shard_count=count, shard=spec["out"])
     return {"wall_s": time.perf_counter() - start, "metrics": result.metrics}
 
 
@@ -134,7 +135,7 @@ def child_dedup_step(spec: dict[str, Any]) -> dict[str, Any]:
     import resource
 
     from lmforge.config import CleanConfig
-    from lmforge.data import dedup
+    from lmforge.data import dedup_band_part, dedup_exact_part, dedup_shards, dedup_union
 
     cfg = CleanConfig()
     shards = spec["shards"]
@@ -142,14 +143,14 @@ def child_dedup_step(spec: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     step, out = spec["step"], spec["out"]
     if step == "single":
-        result = dedup.run(cfg, shards=shards, plan=out)
+        result = dedup_shards.run(cfg, shards=shards, plan=out)
     elif step == "exact":
-        result = dedup.exact_part(cfg, shards=shards, part=spec["part"], parts=spec["parts"], exact=out)
+        result = dedup_exact_part.run(cfg, shards=shards, part=spec["part"], parts=spec["parts"], exact=out)
     elif step == "band":
         band = {key: spec[key] for key in ("band_task", "band_groups", "parts")}
-        result = dedup.band_part(cfg, shards=shards, exact=spec["exact"], **band, pairs=out)
+        result = dedup_band_part.run(cfg, shards=shards, exact=spec["exact"], **band, pairs=out)
     else:
-        result = dedup.union(cfg, shards=shards, exact=spec["exact"], pairs=spec["band_dirs"], plan=out)
+        result = dedup_union.run(cfg, shards=shards, exact=spec["exact"], pairs=spec["band_dirs"], plan=out)
     return {"wall_s": time.perf_counter() - start, "metrics": result.metrics, "imports_rss_mb": idle_kb / 1024}
 
 
@@ -162,7 +163,7 @@ def synthetic_signature_shards(root: Path, docs: int, shards: int, seed: int) ->
 
     from lmforge.artifacts import write_manifest
     from lmforge.config import CleanConfig
-    from lmforge.data.dedup import save_signatures
+    from lmforge.formats.dedup import save_signatures
 
     near = CleanConfig().near_dedup
     perms = near.bands * near.rows
@@ -205,7 +206,7 @@ def _dedup_step(where: tuple[list[dict[str, Any]], Path, list[str]], **spec: Any
 def dedup_memory(args: argparse.Namespace) -> dict[str, Any]:
     """Peak RSS and time of the single-pod dedup and of each partitioned step, for 1 and 8 shards."""
     from lmforge.config import CleanConfig
-    from lmforge.data.dedup import plan_parts
+    from lmforge.data import plan_dedup
 
     scratch = Path(tempfile.mkdtemp(prefix="lmforge-dedup-bench-", dir=args.scratch))
     rows = []
@@ -217,7 +218,7 @@ def dedup_memory(args: argparse.Namespace) -> dict[str, Any]:
                                      "out": str(root) + ".synth"})  # fmt: skip
             shards = made["shards"]
             parts = args.parts
-            planned = plan_parts(CleanConfig(), band_groups=args.groups, parts=parts).summary
+            planned = plan_dedup.run(CleanConfig(), band_groups=args.groups, parts=parts).summary
 
             where = (rows, root, shards)
             single = _dedup_step(where, step="single")

@@ -74,7 +74,7 @@ def build_random_student(root: Path) -> dict[str, str]:
 
     from lmforge.artifacts import write_manifest
     from lmforge.config import ExportConfig, ModelConfig
-    from lmforge.export import onnx_export
+    from lmforge.export import export_onnx
     from lmforge.model.build import build_model, save_model_dir
 
     shape = ModelConfig(arch="gpt2", n_layer=2, n_head=4, n_embd=128, block_size=128)
@@ -88,7 +88,7 @@ def build_random_student(root: Path) -> dict[str, str]:
     model = build_model(shape, 2048, eos_id=1, pad_id=2, seed=0)
     student = save_model_dir(model, tok, root / "student")
     write_manifest(student, "model")
-    onnx_export.run(ExportConfig(), model=student, onnx_model=root / "onnx_fp32")
+    export_onnx.run(ExportConfig(), model=student, onnx_model=root / "onnx_fp32")
     int8 = root / "int8_dynamic"
     int8.mkdir()
     for file in sorted((root / "onnx_fp32").glob("*.onnx")):

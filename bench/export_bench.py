@@ -38,9 +38,9 @@ from bench.common import machine_facts, text_table, write_results
 from lmforge.artifacts import write_manifest
 from lmforge.config import ExportConfig, ModelConfig, QuantizeConfig, load_preset
 from lmforge.data.demo import shakespeare_documents
-from lmforge.data.shards import ShardWriter
 from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
-from lmforge.export import onnx_export, quantize
+from lmforge.export import export_onnx, quantize_int8
+from lmforge.formats.token_shards import ShardWriter
 from lmforge.model.build import build_model, load_tokenizer, save_model_dir
 from lmforge.onnx_runtime import OrtCausalLM, OrtDecoderWithPast
 
@@ -167,13 +167,13 @@ def main() -> None:
         root.mkdir(parents=True, exist_ok=True)
         model_dir, shards = build_inputs(root, model_cfg, args.vocab, args.docs)
         start = time.perf_counter()
-        exported = onnx_export.run(ExportConfig(), model=model_dir, onnx_model=root / "onnx")
+        exported = export_onnx.run(ExportConfig(), model=model_dir, onnx_model=root / "onnx")
         export_s = time.perf_counter() - start
         qcfg = QuantizeConfig(
             calibration_sequences=args.calibration, calibration_seq_len=args.seq, gate_context=args.seq
         )
         start = time.perf_counter()
-        quantized = quantize.run(
+        quantized = quantize_int8.run(
             qcfg, onnx_model=root / "onnx", shards=shards, int8_dynamic=root / "dynamic", int8_qdq=root / "qdq"
         )
         quantize_s = time.perf_counter() - start

@@ -57,7 +57,7 @@ def child_lora(args: dict[str, Any]) -> dict[str, Any]:
 
     from lmforge.config import LoraConfig, ModelConfig, TrainConfig
     from lmforge.model.build import build_model, count_parameters
-    from lmforge.train import lora
+    from lmforge.train import finetune_lora
     from lmforge.train.loop import tokens_per_sec, train
     from lmforge.train.losses import causal_lm_loss
 
@@ -67,7 +67,9 @@ def child_lora(args: dict[str, Any]) -> dict[str, Any]:
     model = build_model(shape, args["vocab"], eos_id=0, pad_id=0, seed=0)
     if args["mode"] == "lora":
         cfg = LoraConfig(preset="seeds", dropout=0.0)
-        model = peft.get_peft_model(model, lora.peft_config(cfg, model, lora.target_modules(model, None)))
+        model = peft.get_peft_model(
+            model, finetune_lora.peft_config(cfg, model, finetune_lora.target_modules(model, None))
+        )
     trainable, total = count_parameters(model, trainable_only=True), count_parameters(model)
     tcfg = TrainConfig(
         max_steps=args["steps"], batch_size=args["batch"], seq_len=args["seq"], lr=1e-4, min_lr=1e-5,
@@ -154,7 +156,7 @@ def child_lora_demo(args: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from lmforge.stages import resolve_stage_config
-    from lmforge.train import lora
+    from lmforge.train import finetune_lora
 
     torch.set_num_threads(args["threads"])
     work = Path(args["workdir"])
@@ -162,7 +164,7 @@ def child_lora_demo(args: dict[str, Any]) -> dict[str, Any]:
     for seed in args["seeds"]:
         cfg = resolve_stage_config("finetune_lora", args["preset"], {"train.seed": seed})
         start = time.perf_counter()
-        metrics = lora.run(
+        metrics = finetune_lora.run(
             cfg,
             base_model=args["base"],
             qa_uri=args["qa"],
@@ -213,12 +215,12 @@ def child_kd_mixture(args: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from lmforge.stages import resolve_stage_config
-    from lmforge.train import distill, lora
+    from lmforge.train import distill, finetune_lora
 
     torch.set_num_threads(args["threads"])
     work = Path(args["workdir"])
     teacher = work / "mixture-teacher"
-    tuned = lora.run(
+    tuned = finetune_lora.run(
         resolve_stage_config("finetune_lora", args["preset"]),
         base_model=args["base"], qa_uri=args["qa"], adapter=work / "mixture-adapter", merged_model=teacher,
     ).metrics  # fmt: skip
@@ -290,8 +292,8 @@ def _demo_shards(workdir: Path, scenes: int) -> tuple[Path, Path]:
 
     from lmforge.artifacts import write_manifest
     from lmforge.data.demo import shakespeare_documents
-    from lmforge.data.shards import ShardWriter
     from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
+    from lmforge.formats.token_shards import ShardWriter
     from lmforge.model.build import load_tokenizer
 
     docs = [d["text"] for d in itertools.islice(shakespeare_documents(), scenes or None)]

@@ -32,8 +32,8 @@ import numpy as np
 from lmforge.artifacts import write_manifest
 from lmforge.config import CheckpointConfig, ModelConfig, PretrainConfig, TokenizeConfig, TrainConfig
 from lmforge.data.demo import shakespeare_documents
-from lmforge.data.shards import ShardWriter
 from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
+from lmforge.formats.token_shards import ShardWriter
 from lmforge.results import StageResult
 from lmforge.tracking import PipelineRun, Tracker
 from tests.support.mlflow_server import MlflowServer, server_executable  # python -m from the repository root

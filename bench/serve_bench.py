@@ -56,9 +56,9 @@ from bench.common import load_average, machine_facts, result_path, text_table, w
 from lmforge.artifacts import write_manifest
 from lmforge.config import ExportConfig, ModelConfig, QuantizeConfig, load_preset
 from lmforge.data.demo import shakespeare_documents
-from lmforge.data.shards import ShardWriter
 from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
-from lmforge.export import onnx_export, quantize
+from lmforge.export import export_onnx, quantize_int8
+from lmforge.formats.token_shards import ShardWriter
 from lmforge.model.build import build_model, load_causal_lm, load_tokenizer, save_model_dir
 from lmforge.onnx_runtime import OrtDecoderWithPast
 from lmforge.serve.generate import GenerationRequest, generate_batch
@@ -90,9 +90,9 @@ def build_demo_model(root: Path, docs: int = 200) -> tuple[Path, Path]:
     model = build_model(STUDENT, len(tok), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, seed=0)
     save_model_dir(model, tok, root / "model")
     write_manifest(root / "model", "model")
-    onnx_export.run(ExportConfig(), model=root / "model", onnx_model=root / "onnx")
+    export_onnx.run(ExportConfig(), model=root / "model", onnx_model=root / "onnx")
     qcfg = QuantizeConfig.model_validate(load_preset("tiny-cpu")["quantize_int8"])
-    quantize.run(
+    quantize_int8.run(
         qcfg, onnx_model=root / "onnx", shards=root / "shards", int8_dynamic=root / "int8", int8_qdq=root / "qdq"
     )
     return root / "model", root / "int8"

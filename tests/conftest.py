@@ -13,8 +13,8 @@ import pytest
 from lmforge.artifacts import write_manifest
 from lmforge.config import ModelConfig
 from lmforge.data.demo import chatterbot_pairs, shakespeare_documents
-from lmforge.data.shards import ShardWriter
 from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
+from lmforge.formats.token_shards import ShardWriter
 from lmforge.model.build import build_model, save_model_dir
 from tests.support.mlflow_fixtures import mlflow_executable, mlflow_server, tracking_env  # noqa: F401 - shared fixtures
 

@@ -323,7 +323,7 @@ def push(
 ) -> None:
     """Upload a release folder and its model card (README.md) to the Hugging Face Hub with huggingface_hub."""
     setup_cli_logging(verbose)
-    from lmforge.model_card import push as push_release
+    from lmforge.release.model_card import push as push_release
 
     try:
         url = push_release(release, to, artifact=artifact, token=token)
@@ -352,7 +352,7 @@ def registry_gc(
 ) -> None:
     """Remove stale claims of interrupted promotions and publishes, and abort old incomplete multipart uploads."""
     setup_cli_logging(verbose)
-    from lmforge.release import collect_garbage
+    from lmforge.release.gc import collect_garbage
 
     try:
         done = collect_garbage(root, older_than_s=older_than_hours * 3600, dry_run=dry_run)

@@ -1,8 +1,8 @@
 """The files one stage writes and another reads, declared once.
 
-A stage reads another stage's output only through what is here (and the shared format modules
-:mod:`lmforge.data.shards`, :mod:`lmforge.data.qa`, :mod:`lmforge.data.tokenizer`), never by importing the other
-stage's module. Each record says who writes it and who reads it.
+A stage reads another stage's output only through what is here (and the format modules of :mod:`lmforge.formats`,
+:mod:`lmforge.data.qa`, :mod:`lmforge.data.tokenizer`), never by importing the other stage's module. Each record
+says who writes it and who reads it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Run an exported causal LM with ONNX Runtime on CPU (shared by export, quantize, evaluate and serving).
 
-The model directory follows the lmforge ONNX contract (see :mod:`lmforge.export.onnx_export`):
+The model directory follows the lmforge ONNX contract (see :mod:`lmforge.export.export_onnx`):
 ``decoder_model.onnx`` without a KV cache, run by :class:`OrtCausalLM` (inputs ``input_ids`` / ``attention_mask``
 / ``position_ids`` int64 ``[batch, seq]``, output ``logits`` float32 ``[batch, seq, vocab]``), and ``model.onnx``
 with one (the file optimum's ``ORTModelForCausalLM`` loads), run by :class:`OrtDecoderWithPast` (prefill, decode

@@ -97,7 +97,7 @@ def lora_trainable_parameters(cfg: Any, model: ModelConfig, vocab_size: int) -> 
     """Parameters the ``finetune_lora`` stage trains on ``model``: the adapters (and any ``modules_to_save``)."""
     import peft
 
-    from lmforge.train.lora import peft_config, target_modules
+    from lmforge.train.finetune_lora import peft_config, target_modules
 
     base = _meta_model(model, vocab_size)
     with warnings.catch_warnings():  # peft asks transformers a deprecated question; not the user's concern

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lmforge.config import ExportConfig
-from lmforge.export.onnx_export import run as export_onnx
+from lmforge.export.export_onnx import run as export_onnx
 from tests.support.optimum_env import optimum_python
 from tests.support.serve_helpers import redraw_weights
 

@@ -206,7 +206,7 @@ def _container(engine: str, args: list[str]) -> Iterator[str]:
 def test_serve_image_answers_ready_for_a_release(engine, serve_image, tiny_model_dir, tmp_path) -> None:
     """A release's served ONNX model (the tiny test model exported, as the pipeline's export step does)."""
     from lmforge.config import ExportConfig
-    from lmforge.export.onnx_export import run as export_onnx
+    from lmforge.export.export_onnx import run as export_onnx
 
     served = tmp_path / "onnx"
     export_onnx(ExportConfig(), model=tiny_model_dir, onnx_model=served)

@@ -24,7 +24,7 @@ from lmforge import storage
 from lmforge.artifacts import MANIFEST, is_run_record, read_manifest
 from lmforge.evaluate.report import MODEL_LABELS
 from lmforge.onnx_runtime import NO_PAST_FILE
-from lmforge.release import CLAIM
+from lmforge.release.catalog import CLAIM
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # ~2 min on an idle 2-core machine
 
@@ -389,7 +389,7 @@ def test_quiet_shows_nothing_and_verbose_everything_of_the_same_run(local_run, t
 def test_the_dags_partitioned_dedup_cleans_as_the_single_pod_clean_does(local_run, small_corpus, tmp_path):
     """2 shards, 3 band groups × 2 parts in the DAG against clean_shard + dedup_shards + merge in one process."""
     from lmforge.data import clean
-    from lmforge.data.cleaned import read_cleaned
+    from lmforge.formats.cleaned import read_cleaned
     from lmforge.stages import resolve_stage_config
 
     run, _ = local_run

@@ -22,7 +22,7 @@ from lmforge.contracts import HISTORY_FILE
 from lmforge.errors import ConfigError
 from lmforge.launch import run_training_stage
 from lmforge.model.build import load_causal_lm
-from lmforge.train import distill, lora
+from lmforge.train import distill, finetune_lora
 from lmforge.train import loop as train_loop
 from tests.support.distributed_child import launch
 
@@ -84,7 +84,7 @@ def _io(stage: str, out: Path, model: Path, shards: Path, qa: Path) -> dict[str,
 def references(tmp_path_factory, tiny_model_dir, tiny_shards_dir, qa_jsonl) -> dict[str, Path]:
     """The single-process reference run of each stage (in this process)."""
     root = tmp_path_factory.mktemp("finetune-single")
-    lora.run(REFERENCE["finetune_lora"], **_lora_io(tiny_model_dir, qa_jsonl, root / "finetune_lora"))
+    finetune_lora.run(REFERENCE["finetune_lora"], **_lora_io(tiny_model_dir, qa_jsonl, root / "finetune_lora"))
     distill.run(REFERENCE["distill"], **_distill_io(tiny_model_dir, tiny_shards_dir, root / "distill"))
     return {stage: root / stage for stage in REFERENCE}
 
@@ -162,7 +162,7 @@ def test_student_written_by_rank_0_loads_and_equals_the_single_process_student(r
 def test_lora_refuses_zero3_naming_the_field(tmp_path, tiny_model_dir, qa_jsonl):
     cfg = _lora(1, ZERO3)
     with pytest.raises(ConfigError, match=r"finetune_lora\.train\.distributed\.deepspeed\.zero\.stage: stage 3"):
-        lora.run(cfg, **_lora_io(tiny_model_dir, qa_jsonl, tmp_path))
+        finetune_lora.run(cfg, **_lora_io(tiny_model_dir, qa_jsonl, tmp_path))
     assert not any(tmp_path.iterdir())
 
 
@@ -176,7 +176,7 @@ def test_resume_after_a_crash_at_step_3_matches_the_uninterrupted_run(
 ):
     checkpoint = CheckpointConfig(dir=str(tmp_path / "checkpoints"), every_steps=3, every_minutes=0)
     if stage == "finetune_lora":
-        module, cfg, io = lora, _lora(2, checkpoint=checkpoint), _lora_io(tiny_model_dir, qa_jsonl, tmp_path)
+        module, cfg, io = finetune_lora, _lora(2, checkpoint=checkpoint), _lora_io(tiny_model_dir, qa_jsonl, tmp_path)
     else:
         module, cfg, io = (
             distill,

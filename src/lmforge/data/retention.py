@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import get_args
 
 from lmforge.config import CleanConfig
-from lmforge.data.clean import Normalize, build_rules
+from lmforge.data.cleaning import Normalize, build_rules
 from lmforge.data.rules import TextView
 
 PROFILES: tuple[str, ...] = get_args(CleanConfig.model_fields["profile"].annotation)

@@ -34,10 +34,10 @@ from lmforge import report_html
 from lmforge.artifacts import input_record, sha256_file, staged_output, write_manifest
 from lmforge.config import TokenizeConfig
 from lmforge.contracts import split_bucket
-from lmforge.data.cleaned import read_cleaned
-from lmforge.data.shards import INDEX, ShardWriter, token_dtype
 from lmforge.data.tokenizer import save_tokenizer, tokenizer_fingerprint, train_bpe_tokenizer
 from lmforge.errors import InputDataError
+from lmforge.formats.cleaned import read_cleaned
+from lmforge.formats.token_shards import INDEX, ShardWriter, token_dtype
 from lmforge.model.base import TOKENIZER_FILES, base_problem, base_tokenizer, fetch_metadata
 from lmforge.results import StageResult
 

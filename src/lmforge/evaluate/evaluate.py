@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 
 from lmforge.artifacts import MANIFEST, input_record, read_json_file, read_manifest, staged_output, write_manifest
-from lmforge.catalog import production_baseline
 from lmforge.config import EvaluateConfig, TokenizeConfig
 from lmforge.contracts import (
     QA_HELDOUT_FRACTION,
@@ -44,7 +43,6 @@ from lmforge.contracts import (
     served_model,
 )
 from lmforge.data.qa import Example, qa_lineage
-from lmforge.data.shards import INDEX, TokenShards
 from lmforge.errors import ConfigError, InputDataError
 from lmforge.evaluate.answer_loss import answer_loss, encode_heldout
 from lmforge.evaluate.gate import GateDecision, check_gate, check_mark, headline
@@ -53,6 +51,7 @@ from lmforge.evaluate.harness import PREFIX as HARNESS_PREFIX
 from lmforge.evaluate.harness import flat_metrics, run_harness
 from lmforge.evaluate.report import comparison_rows, html_report, markdown_summary
 from lmforge.evaluate.verdict import verdict_lines
+from lmforge.formats.token_shards import INDEX, TokenShards
 from lmforge.metrics.latency import latency_profile
 from lmforge.metrics.perplexity import (
     LogitsFn,
@@ -62,6 +61,7 @@ from lmforge.metrics.perplexity import (
     scored_ids,
     torch_logits_fn,
 )
+from lmforge.release.catalog import production_baseline
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.evaluate")

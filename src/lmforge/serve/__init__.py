@@ -6,7 +6,8 @@
   (:mod:`~lmforge.serve.batcher`, :mod:`~lmforge.serve.generate`) and streaming;
 * :mod:`lmforge.serve.manifests` — KServe ``InferenceService`` / ``ServingRuntime`` dicts and the Triton model
   repository (``config.pbtxt``);
-* :mod:`lmforge.serve.apply` — create or update the InferenceService and wait for Ready.
+* :mod:`lmforge.serve.apply` — create or update the InferenceService and wait for Ready;
+* :mod:`lmforge.serve.serve` — the ``serve`` stage: those objects written for a release, and applied.
 
 Only the first two import ``kserve`` (the ``serve`` extra); manifests need nothing beyond the core install.
 """

@@ -75,7 +75,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
     StageSpec(
         name="plan_shards",
         summary="List the shard indices 0 .. shard_count-1 for the cleaning fan-out (dsl.ParallelFor).",
-        entry="lmforge.data.clean:plan_shards",
+        entry="lmforge.data.plan_shards:run",
         config=None,
         inputs=(param("shard_count", "int", "How many shards to split the corpus into (at least 1)."),),
         returns=(param("shard_indices", "list[int]", "The shard indices."),),
@@ -84,7 +84,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
     StageSpec(
         name="clean_shard",
         summary="Apply the cleaning rules and PII redaction to one shard of the corpus and MinHash-sign its documents.",
-        entry="lmforge.data.clean:clean_shard",
+        entry="lmforge.data.clean_shard:run",
         config=CleanConfig,
         section="clean",
         inputs=(
@@ -106,7 +106,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         name="dedup_shards",
         summary="Cluster exact and near duplicates across all shards; keep one document per cluster, "
         "deterministically.",
-        entry="lmforge.data.dedup:run",
+        entry="lmforge.data.dedup_shards:run",
         config=CleanConfig,
         section="clean",
         inputs=(artifact("shards", "Dataset", "Cleaned shards from clean_shard (the whole fan-out).", many=True),),
@@ -117,7 +117,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         name="plan_dedup",
         summary="List the task indices of the partitioned dedup's two fan-outs: exact parts and band tasks "
         "(band group × part).",
-        entry="lmforge.data.dedup:plan_parts",
+        entry="lmforge.data.plan_dedup:run",
         config=CleanConfig,
         section="clean",
         inputs=(BAND_GROUPS, DEDUP_PARTS),
@@ -136,7 +136,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         name="dedup_exact_part",
         summary="Find the exact duplicates among the documents whose digest falls in one part (the smallest key of "
         "each text is kept).",
-        entry="lmforge.data.dedup:exact_part",
+        entry="lmforge.data.dedup_exact_part:run",
         config=CleanConfig,
         section="clean",
         inputs=(
@@ -151,7 +151,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         name="dedup_band_part",
         summary="Emit the confirmed near-duplicate candidate pairs of one LSH band group and one part of its bucket "
         "keys, exact duplicates left out.",
-        entry="lmforge.data.dedup:band_part",
+        entry="lmforge.data.dedup_band_part:run",
         config=CleanConfig,
         section="clean",
         inputs=(
@@ -168,7 +168,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         name="dedup_union",
         summary="Union-find over the exact and band pairs only: the same removal plan as dedup_shards, keeping the "
         "earliest document of every cluster.",
-        entry="lmforge.data.dedup:union",
+        entry="lmforge.data.dedup_union:run",
         config=CleanConfig,
         section="clean",
         inputs=(
@@ -182,7 +182,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
     StageSpec(
         name="merge_shards",
         summary="Merge the shards in corpus order without the documents the dedup plan removes: the cleaned corpus.",
-        entry="lmforge.data.clean:finalize",
+        entry="lmforge.data.merge_shards:run",
         config=CleanConfig,
         section="clean",
         inputs=(
@@ -246,7 +246,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         name="finetune_lora",
         summary="Fine-tune the base model with LoRA on Q&A pairs (prompt tokens masked from the loss); emit the "
         "adapter and the merged model.",
-        entry="lmforge.train.lora:run",
+        entry="lmforge.train.finetune_lora:run",
         config=LoraConfig,
         inputs=(artifact("base_model", "Model", "Hugging Face causal LM directory (e.g. from pretrain)."), QA_URI),
         outputs=(
@@ -308,7 +308,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
     StageSpec(
         name="export_onnx",
         summary="Export a causal LM to ONNX (with and without KV cache) and check logits parity against PyTorch.",
-        entry="lmforge.export.onnx_export:run",
+        entry="lmforge.export.export_onnx:run",
         config=ExportConfig,
         inputs=(artifact("model", "Model", "Hugging Face causal LM directory."),),
         outputs=(artifact("onnx_model", "Model", "model.onnx (KV cache), decoder_model.onnx, tokenizer, config."),),
@@ -318,7 +318,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         name="quantize_int8",
         summary="Quantize an FP32 ONNX model to INT8: dynamic (ONNX Runtime on CPU) and static Q/DQ calibrated on "
         "the shards, each behind an accuracy gate.",
-        entry="lmforge.export.quantize:run",
+        entry="lmforge.export.quantize_int8:run",
         config=QuantizeConfig,
         inputs=(
             artifact("onnx_model", "Model", "FP32 ONNX model directory from export_onnx."),
@@ -334,7 +334,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
     StageSpec(
         name="build_tensorrt",
         summary="Build a strongly typed TensorRT engine; without TensorRT or a GPU, record an explicit skipped status.",
-        entry="lmforge.export.tensorrt:run",
+        entry="lmforge.export.build_tensorrt:run",
         config=TensorRTConfig,
         inputs=(artifact("int8_qdq", "Model", "Q/DQ ONNX model directory from quantize_int8."),),
         outputs=(
@@ -401,7 +401,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         name="promote",
         summary="Publish the release to <release_root>/models/<model_name>/<version>/ with a lineage manifest; "
         "never overwrites.",
-        entry="lmforge.release:run",
+        entry="lmforge.release.promote:run",
         config=None,
         inputs=(
             artifact("student", "Model", "Distilled student model."),
@@ -422,7 +422,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         name="serve",
         summary="Write the KServe InferenceService for the release (lmforge predictor, or Triton on a GPU) and, with "
         "serve.apply in a cluster, create or update it and wait for Ready; otherwise record why it was skipped.",
-        entry="lmforge.serve.stage:run",
+        entry="lmforge.serve.serve:run",
         config=ServeConfig,
         inputs=(
             param("release", "str", "The release URI <release_root>/models/<name>/<version> (promote's release_uri)."),
@@ -554,7 +554,7 @@ def _preflight(sections: tuple[str, ...]) -> StageSpec:
         name="preflight",
         summary="Check that inputs are readable, the registry writable and the S3 Secret present; fingerprint the "
         "data and the production release.",
-        entry="lmforge.preflight:run",
+        entry="lmforge.preflight.preflight:run",
         config=None,
         inputs=(*_PREFLIGHT_INPUTS, *_overrides(sections)),
         returns=_PREFLIGHT_RETURNS,

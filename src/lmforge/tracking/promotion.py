@@ -42,7 +42,7 @@ def check_alias_baseline(release_root: str, model_name: str, baseline: Mapping[s
         GateBaselineMovedError: the alias names another release (or none) now.
         TrackingError: tracking is off or the alias could not be read.
     """
-    from lmforge.catalog import baseline_identity
+    from lmforge.release.catalog import baseline_identity
 
     if _local(release_root):
         raise ConfigError(

@@ -4,7 +4,7 @@
 (``s3://.../models/<name>/<version>``: the model registry refuses local paths as sources), tagged with the
 release version, its manifest's fingerprint and each artifact's lineage fingerprint, the gate's decision and
 checks, and the evaluation metrics (``metric.<name>``). Then it moves the alias (``production``) by the rule
-:func:`lmforge.release.update_latest` applies to ``latest.json``: only when the gate passed, only forward (to a
+:func:`lmforge.release.promote.update_latest` applies to ``latest.json``: only when the gate passed, only forward (to a
 release whose ``(created_at, version)`` is greater than the one the alias names), and, given the gate's
 baseline, only while the alias still names that baseline.
 
@@ -16,7 +16,7 @@ loses cleanly (``moved=False`` with the reason). A lock older than ``lock_ttl_s`
 died and is removed.
 
 :func:`production_baseline_from_registry` reads the alias back in the shape of
-:func:`lmforge.catalog.production_summary`, for ``evaluate.production_source: mlflow``.
+:func:`lmforge.release.catalog.production_summary`, for ``evaluate.production_source: mlflow``.
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def _version_tags(
     tracker: Tracker,
 ) -> dict[str, str]:
     from lmforge.artifacts import MANIFEST
-    from lmforge.catalog import release_fingerprint
+    from lmforge.release.catalog import release_fingerprint
 
     tags: dict[str, Any] = {
         RELEASE_URI: release_uri,
@@ -320,7 +320,7 @@ def _move_alias(
     session: Session, name: str, alias: str, candidate: Any, baseline: Mapping[str, Any] | None
 ) -> Registration:
     """Under the lock: read where the alias points, decide, move (or not)."""
-    from lmforge.catalog import baseline_identity
+    from lmforge.release.catalog import baseline_identity
 
     release = _identity(candidate)[0]
     current = _alias_target(session, name, alias)

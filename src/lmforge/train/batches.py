@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from lmforge.config import TrainConfig
-from lmforge.data.shards import TokenShards
 from lmforge.data.tokenizer import tokenizer_fingerprint
 from lmforge.errors import InputDataError
+from lmforge.formats.token_shards import TokenShards
 
 IGNORE_INDEX = -100
 

@@ -35,8 +35,8 @@ from transformers import PreTrainedTokenizerBase
 from lmforge.config import TrainConfig
 from lmforge.contracts import QA_HELDOUT_FRACTION
 from lmforge.data.qa import Encoded, Example, QALineage, encode_example, encode_examples, load_examples, split_examples
-from lmforge.data.shards import TokenShards
 from lmforge.errors import ConfigError
+from lmforge.formats.token_shards import TokenShards
 from lmforge.train.batches import IGNORE_INDEX, collate, eval_windows, random_windows
 
 logger = logging.getLogger("lmforge.distill")

@@ -23,8 +23,8 @@ from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from lmforge.artifacts import input_record, write_manifest
 from lmforge.config import PretrainConfig, TrainConfig
-from lmforge.data.shards import TokenShards
 from lmforge.errors import ConfigError, InputDataError
+from lmforge.formats.token_shards import TokenShards
 from lmforge.model.base import (
     align_special_tokens,
     base_problem,

@@ -17,7 +17,7 @@ from lmforge.errors import (
     StorageError,
 )
 from lmforge.exit_codes import EXIT_FAILURE, EXIT_INPUT_ERROR, error_line, exit_code
-from lmforge.preflight import PreflightError
+from lmforge.preflight.preflight import PreflightError
 from lmforge.train.loop import TrainingPreempted
 
 

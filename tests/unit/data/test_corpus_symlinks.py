@@ -9,7 +9,7 @@ import pytest
 
 from lmforge.data.corpus import CorpusReader
 from lmforge.errors import UnsafePathError
-from lmforge.preflight import PreflightError, fingerprint_uri, run_checks
+from lmforge.preflight.preflight import PreflightError, fingerprint_uri, run_checks
 
 SECRET = "root:x:0:0:the secret outside the corpus folder"
 

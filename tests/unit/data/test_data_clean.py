@@ -13,12 +13,12 @@ import pytest
 
 from lmforge.artifacts import read_manifest
 from lmforge.config import CleanConfig
-from lmforge.data import clean
-from lmforge.data.clean import Normalize
-from lmforge.data.cleaned import read_cleaned
+from lmforge.data import clean, clean_shard, cleaning
+from lmforge.data.cleaning import Normalize
 from lmforge.data.corpus import iter_documents, stable_id
 from lmforge.data.rules import MinChars, MinWords
 from lmforge.errors import ArtifactIncompleteError, InputDataError, WorkerLostError
+from lmforge.formats.cleaned import read_cleaned
 from lmforge.results import StageResult
 
 # Rules off so each test turns on only what it checks; RULES_OFF leaves min_chars/min_words at defaults.
@@ -366,7 +366,7 @@ def test_two_worker_processes_write_the_same_shard_as_one(tmp_path):
     outputs = {}
     for workers in (1, 2):
         out = tmp_path / f"workers-{workers}"
-        clean.clean_shard(
+        clean_shard.run(
             cfg.model_copy(update={"workers": workers}),
             corpus_uri="demo://shakespeare",
             shard_index=0,
@@ -405,7 +405,7 @@ def test_chunks_the_pool_has_not_started_are_cleaned_here_when_the_input_ends(ca
     cfg = CleanConfig.model_validate({"language": {"enabled": False}})
     cleaned = {}
     for workers in (1, 2):
-        chunks = list(clean._cleaned_chunks(cfg, iter_documents("demo://shakespeare"), workers))
+        chunks = list(cleaning.cleaned_chunks(cfg, iter_documents("demo://shakespeare"), workers))
         cleaned[workers] = [
             (doc.key, result) for chunk, (results, _) in chunks for doc, result in zip(chunk, results, strict=True)
         ]
@@ -419,10 +419,10 @@ def test_chunks_the_pool_has_not_started_are_cleaned_here_when_the_input_ends(ca
 
 def test_a_shard_stopped_early_drops_the_pools_backlog_instead_of_cleaning_it(cancels):
     cfg = CleanConfig.model_validate({"language": {"enabled": False}})
-    chunks = clean._cleaned_chunks(cfg, iter_documents("demo://shakespeare"), 2)
+    chunks = cleaning.cleaned_chunks(cfg, iter_documents("demo://shakespeare"), 2)
     first, _ = next(chunks)  # as when the reader raises or a write fails while the pool has its backlog
     chunks.close()
-    assert len(first) == clean._CHUNK_DOCS
+    assert len(first) == cleaning._CHUNK_DOCS
     assert sum(cancels) >= 1  # measured here: 5 chunks dropped; the pool had taken 2 more
 
 
@@ -431,7 +431,7 @@ def test_a_worker_process_that_dies_fails_the_shard_naming_the_documents_it_held
     import signal
 
     cfg = CleanConfig.model_validate({"language": {"enabled": False}})
-    chunks = clean._cleaned_chunks(cfg, iter_documents("demo://shakespeare"), 2)
+    chunks = cleaning.cleaned_chunks(cfg, iter_documents("demo://shakespeare"), 2)
     first, _ = next(chunks)  # the pool's process has cleaned its first chunk and holds a backlog
     workers = multiprocessing.active_children()
     assert len(workers) == 1

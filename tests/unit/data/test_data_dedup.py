@@ -12,11 +12,22 @@ import pyarrow.parquet as pq
 import pytest
 
 from lmforge.config import CleanConfig
-from lmforge.data import clean, dedup
-from lmforge.data.cleaned import read_cleaned
+from lmforge.data import (
+    clean,
+    clean_shard,
+    dedup_band_part,
+    dedup_exact_part,
+    dedup_files,
+    dedup_shards,
+    dedup_union,
+    merge_shards,
+    plan_dedup,
+)
 from lmforge.data.demo import shakespeare_documents
-from lmforge.data.signatures import read_removed
 from lmforge.errors import ConfigError, InputDataError
+from lmforge.formats.cleaned import read_cleaned
+from lmforge.formats.dedup import REMOVED, read_removed
+from lmforge.results import StageResult
 
 RULES_OFF = {n: {"enabled": False} for n in ("language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "pii")}
 # FineWeb's profile (word 5-grams, 14 bands x 8 rows, every candidate accepted): it misses pairs below
@@ -69,9 +80,9 @@ def fan_out(cfg: CleanConfig, corpus: Path, root: Path, shards: int) -> Path:
     """What the pipeline does: clean_shard per shard, one global dedup, finalize."""
     shard_dirs = [root / f"shard-{i}" for i in range(shards)]
     for i, shard_dir in enumerate(shard_dirs):
-        clean.clean_shard(cfg, corpus_uri=str(corpus), shard=shard_dir, shard_index=i, shard_count=shards)
-    dedup.run(cfg, shards=shard_dirs, plan=root / "dedup")
-    clean.finalize(cfg, corpus_uri=str(corpus), shards=shard_dirs, plan=root / "dedup", cleaned=root / "cleaned")
+        clean_shard.run(cfg, corpus_uri=str(corpus), shard=shard_dir, shard_index=i, shard_count=shards)
+    dedup_shards.run(cfg, shards=shard_dirs, plan=root / "dedup")
+    merge_shards.run(cfg, corpus_uri=str(corpus), shards=shard_dirs, plan=root / "dedup", cleaned=root / "cleaned")
     return root / "cleaned"
 
 
@@ -127,10 +138,27 @@ def test_overlapping_shards_are_refused(tmp_path):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text(json.dumps({"text": "some words in a document"}) + "\n")
     cfg = CleanConfig.model_validate({**RULES_OFF, "min_words": 0})
-    clean.clean_shard(cfg, corpus_uri=str(corpus), shard_index=0, shard_count=1, shard=tmp_path / "a")
-    clean.clean_shard(cfg, corpus_uri=str(corpus), shard_index=0, shard_count=1, shard=tmp_path / "b")
+    clean_shard.run(cfg, corpus_uri=str(corpus), shard_index=0, shard_count=1, shard=tmp_path / "a")
+    clean_shard.run(cfg, corpus_uri=str(corpus), shard_index=0, shard_count=1, shard=tmp_path / "b")
     with pytest.raises(InputDataError, match="the shards overlap"):
-        dedup.run(cfg, shards=[tmp_path / "a", tmp_path / "b"], plan=tmp_path / "dedup")
+        dedup_shards.run(cfg, shards=[tmp_path / "a", tmp_path / "b"], plan=tmp_path / "dedup")
+
+
+def run_partitioned(
+    cfg: CleanConfig, shard_dirs: list[str | Path], output_dir: str | Path, *, groups: int = 4, parts: int = 1
+) -> StageResult:
+    """``dedup_shards`` as the DAG's fan-out does it (plan, exact parts, band tasks, union), in this process."""
+    planned = plan_dedup.run(cfg, band_groups=groups, parts=parts).summary
+    scratch = Path(output_dir).with_name(Path(output_dir).name + ".parts")
+    exact_dirs = [scratch / f"exact-{p}" for p in planned["exact_parts"]]
+    for p, exact_dir in zip(planned["exact_parts"], exact_dirs, strict=True):
+        dedup_exact_part.run(cfg, shards=shard_dirs, part=p, parts=parts, exact=exact_dir)
+    band_dirs = [scratch / f"bands-{t}" for t in planned["band_tasks"]]
+    for t, band_dir in zip(planned["band_tasks"], band_dirs, strict=True):
+        dedup_band_part.run(
+            cfg, shards=shard_dirs, exact=exact_dirs, band_task=t, band_groups=groups, parts=parts, pairs=band_dir
+        )
+    return dedup_union.run(cfg, shards=shard_dirs, exact=exact_dirs, pairs=band_dirs, plan=output_dir)
 
 
 @pytest.mark.parametrize(("shards", "groups", "parts"), [(1, 1, 1), (4, 4, 1), (3, 5, 3)])
@@ -140,57 +168,57 @@ def test_partitioned_dedup_removes_exactly_what_the_single_pod_dedup_removes(pla
     cfg = CleanConfig.model_validate({**RULES_OFF, "near_dedup": {"min_similarity": 0.2}})
     shard_dirs = [tmp_path / f"shard-{i}" for i in range(shards)]
     for i, shard_dir in enumerate(shard_dirs):
-        clean.clean_shard(cfg, corpus_uri=str(corpus), shard=shard_dir, shard_index=i, shard_count=shards)
-    single = dedup.run(cfg, shards=shard_dirs, plan=tmp_path / "single")
-    partitioned = dedup.run_partitioned(cfg, shard_dirs, tmp_path / "partitioned", groups=groups, parts=parts)
+        clean_shard.run(cfg, corpus_uri=str(corpus), shard=shard_dir, shard_index=i, shard_count=shards)
+    single = dedup_shards.run(cfg, shards=shard_dirs, plan=tmp_path / "single")
+    partitioned = run_partitioned(cfg, shard_dirs, tmp_path / "partitioned", groups=groups, parts=parts)
     assert read_removed(tmp_path / "partitioned") == read_removed(tmp_path / "single")
     assert partitioned.metrics == single.metrics
     assert single.metrics["removed_exact_dedup"] >= 20 and single.metrics["removed_near_dedup"] >= 80
 
 
 def test_band_ranges_cover_every_band_once():
-    assert dedup.band_ranges(20, 3) == [(0, 7), (7, 13), (13, 20)]
-    assert dedup.band_ranges(4, 8) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert dedup_files.band_ranges(20, 3) == [(0, 7), (7, 13), (13, 20)]
+    assert dedup_files.band_ranges(4, 8) == [(0, 1), (1, 2), (2, 3), (3, 4)]
 
 
 def test_plan_gives_one_exact_task_per_part_and_one_band_task_per_group_and_part():
     cfg = CleanConfig()  # 20 bands
-    assert dedup.plan_parts(cfg, band_groups=3, parts=2).summary == {
+    assert plan_dedup.run(cfg, band_groups=3, parts=2).summary == {
         "exact_parts": [0, 1],
         "band_tasks": [0, 1, 2, 3, 4, 5],
     }
-    assert len(dedup.plan_parts(cfg, band_groups=50, parts=1).summary["band_tasks"]) == 20  # one band per group
+    assert len(plan_dedup.run(cfg, band_groups=50, parts=1).summary["band_tasks"]) == 20  # one band per group
     with pytest.raises(ConfigError, match="band_groups: must be at least 1, got 0"):
-        dedup.plan_parts(cfg, band_groups=0, parts=1)
+        plan_dedup.run(cfg, band_groups=0, parts=1)
 
 
 def test_a_fan_out_with_a_part_missing_or_out_of_range_is_refused(planted, tmp_path):
     corpus, _ = planted
     cfg = CleanConfig.model_validate(RULES_OFF)
     shard = tmp_path / "shard"
-    clean.clean_shard(cfg, corpus_uri=str(corpus), shard=shard, shard_index=0, shard_count=1)
+    clean_shard.run(cfg, corpus_uri=str(corpus), shard=shard, shard_index=0, shard_count=1)
     exact = [tmp_path / f"exact-{p}" for p in range(2)]
     for p, exact_dir in enumerate(exact):
-        dedup.exact_part(cfg, shards=[shard], part=p, parts=2, exact=exact_dir)
+        dedup_exact_part.run(cfg, shards=[shard], part=p, parts=2, exact=exact_dir)
     band = {"shards": [shard], "band_groups": 2, "parts": 2}
     with pytest.raises(InputDataError, match=r"do not cover every part .*given: bands \[0, 20\) part 0\)"):
-        dedup.band_part(cfg, **band, exact=exact[:1], band_task=0, pairs=tmp_path / "pairs")
+        dedup_band_part.run(cfg, **band, exact=exact[:1], band_task=0, pairs=tmp_path / "pairs")
     with pytest.raises(ConfigError, match=r"band_task: must be in 0 \.\. 3 \(2 band groups × 2 parts\), got 4"):
-        dedup.band_part(cfg, **band, exact=exact, band_task=4, pairs=tmp_path / "pairs")
+        dedup_band_part.run(cfg, **band, exact=exact, band_task=4, pairs=tmp_path / "pairs")
     pairs = [tmp_path / f"pairs-{t}" for t in range(4)]
     for t, pairs_dir in enumerate(pairs):
-        dedup.band_part(cfg, **band, exact=exact, band_task=t, pairs=pairs_dir)
+        dedup_band_part.run(cfg, **band, exact=exact, band_task=t, pairs=pairs_dir)
     with pytest.raises(InputDataError, match=r"dedup-band-part artifacts do not cover every part"):
-        dedup.union(cfg, shards=[shard], exact=exact, pairs=pairs[:3], plan=tmp_path / "plan")
-    partitioned = dedup.union(cfg, shards=[shard], exact=exact, pairs=pairs, plan=tmp_path / "plan")
-    single = dedup.run(cfg, shards=[shard], plan=tmp_path / "single")
+        dedup_union.run(cfg, shards=[shard], exact=exact, pairs=pairs[:3], plan=tmp_path / "plan")
+    partitioned = dedup_union.run(cfg, shards=[shard], exact=exact, pairs=pairs, plan=tmp_path / "plan")
+    single = dedup_shards.run(cfg, shards=[shard], plan=tmp_path / "single")
     assert partitioned.metrics == single.metrics and single.metrics["removed_near_dedup"] > 0
-    removed = [pq.read_table(tmp_path / name / dedup.REMOVED).to_pydict() for name in ("plan", "single")]
+    removed = [pq.read_table(tmp_path / name / REMOVED).to_pydict() for name in ("plan", "single")]
     assert removed[0] == removed[1]
 
 
 def test_a_bucket_is_a_run_of_two_or_more_equal_band_keys():
-    assert list(dedup._buckets(np.array([1, 2, 2, 3, 4, 4, 4, 5]))) == [(1, 3), (4, 7)]
-    assert list(dedup._buckets(np.array([7, 7]))) == [(0, 2)]
-    assert list(dedup._buckets(np.array([1, 2, 3]))) == []
-    assert list(dedup._buckets(np.array([], dtype=np.int64))) == []
+    assert list(dedup_files.buckets(np.array([1, 2, 2, 3, 4, 4, 4, 5]))) == [(1, 3), (4, 7)]
+    assert list(dedup_files.buckets(np.array([7, 7]))) == [(0, 2)]
+    assert list(dedup_files.buckets(np.array([1, 2, 3]))) == []
+    assert list(dedup_files.buckets(np.array([], dtype=np.int64))) == []

@@ -9,8 +9,8 @@ import zstandard
 
 from lmforge.config import CleanConfig
 from lmforge.data import clean
-from lmforge.data.cleaned import read_cleaned
 from lmforge.data.corpus import iter_documents
+from lmforge.formats.cleaned import read_cleaned
 
 RULES_OFF = {
     n: {"enabled": False}

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from lmforge import preflight
 from lmforge.config import CleanConfig, validate_config
 from lmforge.data import clean
 from lmforge.data.retention import estimate
+from lmforge.preflight import preflight
 
 MODULES = ["json", "csv", "argparse", "logging", "pathlib", "textwrap", "shutil", "tempfile", "zipfile", "tarfile"]
 MODULES += ["gzip", "hashlib", "base64", "struct", "datetime", "calendar", "subprocess", "socket", "selectors", "queue"]

@@ -13,11 +13,11 @@ from lmforge.artifacts import read_manifest, sha256_file
 from lmforge.config import CleanConfig, TokenizeConfig
 from lmforge.contracts import split_bucket
 from lmforge.data import clean, tokenize
-from lmforge.data.cleaned import read_cleaned
-from lmforge.data.shards import TokenShards
 from lmforge.data.tokenize import SplitPlan
 from lmforge.data.tokenizer import tokenizer_fingerprint
 from lmforge.errors import InputDataError
+from lmforge.formats.cleaned import read_cleaned
+from lmforge.formats.token_shards import TokenShards
 from lmforge.model.build import load_tokenizer
 
 CFG = TokenizeConfig(vocab_size=512, val_fraction=0.1, shard_tokens=40_000)

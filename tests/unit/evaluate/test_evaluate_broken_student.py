@@ -19,7 +19,7 @@ from lmforge.config import (
 from lmforge.config.evaluate import HarnessConfig
 from lmforge.data import clean
 from lmforge.evaluate import evaluate
-from lmforge.train import distill, lora
+from lmforge.train import distill, finetune_lora
 
 pytestmark = pytest.mark.slow  # a LoRA teacher worth comparing with: about 40 s on 2 cores
 
@@ -41,7 +41,7 @@ CFG = EvaluateConfig(
 @pytest.fixture(scope="module")
 def evaluated(tmp_path_factory, tiny_model_dir, tiny_shards_dir, qa_jsonl, shakespeare_docs):
     root = tmp_path_factory.mktemp("broken")
-    lora.run(
+    finetune_lora.run(
         LoraConfig(modules_to_save=["wte"], train=TrainConfig(max_steps=80, warmup_steps=2, **TRAIN)),
         base_model=tiny_model_dir, qa_uri=str(qa_jsonl), adapter=root / "adapter", merged_model=root / "teacher",
     )  # fmt: skip

@@ -6,10 +6,10 @@ from __future__ import annotations
 from lmforge.config import EvaluateConfig, GateConfig, TokenizeConfig
 from lmforge.contracts import split_bucket
 from lmforge.data import tokenize
-from lmforge.data.cleaned import read_cleaned
 from lmforge.evaluate.evaluate import held_out_confidence
 from lmforge.evaluate.gate import check_gate, headline, headline_lines
 from lmforge.evaluate.report import markdown_summary
+from lmforge.formats.cleaned import read_cleaned
 
 from ..data.test_data_tokenize import make_cleaned
 from .test_evaluate_gate_relative import check, results

@@ -183,7 +183,7 @@ def test_generation_refuses_more_new_tokens_than_positions(tiny_lm):
 def test_the_served_onnx_decoder_answers_as_the_pytorch_model_it_was_exported_from(tiny_model_dir, tmp_path):
     """evaluate scores the served model's own answers (its KV-cache decoder, left-padded batches)."""
     from lmforge.config import ExportConfig
-    from lmforge.export.onnx_export import run as export_onnx
+    from lmforge.export.export_onnx import run as export_onnx
     from lmforge.model.base import base_tokenizer
     from lmforge.model.build import load_causal_lm
     from lmforge.onnx_runtime import OrtDecoderWithPast

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmforge.data.shards import TokenShards
+from lmforge.formats.token_shards import TokenShards
 from lmforge.metrics.latency import input_batch, latency_profile, measure_latency
 from lmforge.metrics.perplexity import (
     onnx_logits_fn,

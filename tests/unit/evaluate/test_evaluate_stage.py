@@ -13,9 +13,9 @@ from lmforge.artifacts import read_manifest, write_manifest
 from lmforge.config import EvaluateConfig, GateConfig, GenerationEvalConfig
 from lmforge.config.evaluate import HarnessConfig
 from lmforge.contracts import HISTORY_FILE
-from lmforge.data.shards import TokenShards
 from lmforge.errors import InputDataError
 from lmforge.evaluate import evaluate
+from lmforge.formats.token_shards import TokenShards
 from lmforge.metrics.perplexity import perplexity, torch_logits_fn
 from lmforge.model.build import load_causal_lm
 from lmforge.onnx_runtime import NO_PAST_FILE
@@ -267,7 +267,7 @@ def test_engine_dir_without_status_is_refused(tmp_path, artifacts, tiny_shards_d
 
 
 def test_a_candidate_worse_than_production_fails_the_gate(tmp_path, artifacts, tiny_shards_dir):
-    from lmforge.release import promote
+    from lmforge.release.promote import promote
 
     registry = str(tmp_path / "registry")
     # production: a release whose student was far better (bits per byte 0.5) than a random model can be

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from lmforge.config import ExportConfig, ModelConfig, PretrainConfig, QuantizeConfig, TensorRTConfig, TrainConfig
-from lmforge.export import onnx_export, quantize
-from lmforge.export.quantize import PastWindowReader
-from lmforge.export.tensorrt import graph_inputs, optimization_profiles
+from lmforge.export import export_onnx, quantize_int8
+from lmforge.export.build_tensorrt import graph_inputs, optimization_profiles
+from lmforge.export.quantize_int8 import PastWindowReader
 from lmforge.model.build import load_causal_lm, load_tokenizer
 from lmforge.onnx_runtime import WITH_PAST_FILE, OrtDecoderWithPast
 from lmforge.serve.generate import GenerationRequest, generate_batch
@@ -35,7 +35,7 @@ def trained(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir):
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, trained):
     out = tmp_path_factory.mktemp("gqa-export") / "onnx"
-    onnx_export.run(ExportConfig(), model=trained, onnx_model=out)
+    export_onnx.run(ExportConfig(), model=trained, onnx_model=out)
     return out
 
 
@@ -76,7 +76,7 @@ def test_quantize_calibration_feeds_the_cache_graph_its_key_value_heads(exported
 
 def test_both_int8_models_of_the_grouped_query_export_pass_the_quantize_gate(tmp_path, exported, tiny_shards_dir):
     cfg = QuantizeConfig(calibration_sequences=12, calibration_seq_len=32, gate_eval_tokens=2048)
-    result = quantize.run(
+    result = quantize_int8.run(
         cfg, onnx_model=exported, shards=tiny_shards_dir, int8_dynamic=tmp_path / "dynamic", int8_qdq=tmp_path / "qdq"
     )
     assert (result.metrics["dynamic_accepted"], result.metrics["qdq_accepted"]) == (1.0, 1.0)

@@ -16,8 +16,8 @@ from lmforge.artifacts import write_manifest
 from lmforge.config import ExportConfig
 from lmforge.data.tokenizer import tokenizer_fingerprint
 from lmforge.errors import InputDataError
-from lmforge.export import onnx_export
-from lmforge.export.onnx_export import DecoderWithPast, LogitsOnly, ParityError, parity_cases
+from lmforge.export import export_onnx
+from lmforge.export.export_onnx import DecoderWithPast, LogitsOnly, ParityError, parity_cases
 from lmforge.model.build import load_causal_lm, load_tokenizer, save_model_dir
 from lmforge.onnx_runtime import NO_PAST_FILE, WITH_PAST_FILE, OrtCausalLM, OrtDecoderWithPast, external_data_files
 
@@ -41,7 +41,7 @@ def model_dir(tmp_path_factory, tiny_model_dir):
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, model_dir):
     out = tmp_path_factory.mktemp("export") / "onnx"
-    return out, onnx_export.run(ExportConfig(), model=model_dir, onnx_model=out)
+    return out, export_onnx.run(ExportConfig(), model=model_dir, onnx_model=out)
 
 
 def _left_padded(rng, lengths, pad_id):
@@ -155,10 +155,10 @@ def test_parity_above_tolerance_fails_and_leaves_no_output(exported, model_dir, 
         shutil.copy(src / path.name, path)
         return "dynamo"
 
-    monkeypatch.setattr(onnx_export, "_export", reuse_export)
+    monkeypatch.setattr(export_onnx, "_export", reuse_export)
     out = tmp_path / "onnx"
     with pytest.raises(ParityError, match="exceeds parity_tolerance"):
-        onnx_export.run(ExportConfig(parity_tolerance=1e-12), model=model_dir, onnx_model=out)
+        export_onnx.run(ExportConfig(parity_tolerance=1e-12), model=model_dir, onnx_model=out)
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []
 
@@ -168,7 +168,7 @@ def test_bert_model_dir_is_refused_with_its_path(tmp_path):
     config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
     BertModel(config).save_pretrained(model_dir)
     with pytest.raises(InputDataError, match=f"{model_dir}.*not a causal LM"):
-        onnx_export.run(ExportConfig(), model=model_dir, onnx_model=tmp_path / "onnx")
+        export_onnx.run(ExportConfig(), model=model_dir, onnx_model=tmp_path / "onnx")
     assert not (tmp_path / "onnx").exists()
 
 
@@ -177,7 +177,7 @@ def test_model_dir_without_weights_is_refused_with_its_path(tmp_path, tiny_model
     model_dir.mkdir()
     shutil.copy(tiny_model_dir / "config.json", model_dir)
     with pytest.raises(InputDataError, match=f"{model_dir}: no weights"):
-        onnx_export.run(ExportConfig(), model=model_dir, onnx_model=tmp_path / "onnx")
+        export_onnx.run(ExportConfig(), model=model_dir, onnx_model=tmp_path / "onnx")
 
 
 def test_ort_model_refuses_missing_and_corrupt_files(tmp_path):
@@ -210,7 +210,7 @@ def test_dynamo_failure_falls_back_to_torchscript_and_records_it(tiny_model_dir,
     monkeypatch.setattr(torch.onnx, "export", dynamo_fails)
     out = tmp_path / "onnx"
     with caplog.at_level("WARNING", logger="lmforge.export"):
-        result = onnx_export.run(ExportConfig(), model=tiny_model_dir, onnx_model=out)
+        result = export_onnx.run(ExportConfig(), model=tiny_model_dir, onnx_model=out)
     assert "simulated dynamo failure" in caplog.text and "TorchScript" in caplog.text
     assert result.summary["exporter"] == "torchscript"
     assert result.summary["with_past"]["exporter"] == "torchscript"
@@ -301,9 +301,9 @@ def test_greedy_generation_with_the_cache_equals_transformers_for_five_prompts(e
 
 @pytest.mark.slow
 def test_weights_over_the_protobuf_limit_go_to_external_data(model_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 0)  # every model counts as "over 2 GB"
+    monkeypatch.setattr(export_onnx, "EXTERNAL_DATA_BYTES", 0)  # every model counts as "over 2 GB"
     out = tmp_path / "onnx"
-    result = onnx_export.run(ExportConfig(), model=model_dir, onnx_model=out)
+    result = export_onnx.run(ExportConfig(), model=model_dir, onnx_model=out)
     for name in (NO_PAST_FILE, WITH_PAST_FILE):
         data = external_data_files(out / name)
         assert data and all(f.is_file() for f in data), name

@@ -17,11 +17,10 @@ from onnxruntime.quantization.calibrate import TensorData, TensorsData
 from lmforge.artifacts import write_manifest
 from lmforge.config import ExportConfig, ModelConfig, QuantizeConfig
 from lmforge.contracts import gate_decision, gate_result
-from lmforge.data.shards import ShardWriter, TokenShards
 from lmforge.data.tokenizer import tokenizer_fingerprint
 from lmforge.errors import InputDataError
-from lmforge.export import onnx_export, quantize
-from lmforge.export.quantize import (
+from lmforge.export import export_onnx, quantize_int8
+from lmforge.export.quantize_int8 import (
     TokenWindowReader,
     calibration_windows,
     even_batch_size,
@@ -29,6 +28,7 @@ from lmforge.export.quantize import (
     unsafe_tensors,
 )
 from lmforge.export.tied_embedding import find_tied_pairs, share_tied_embedding
+from lmforge.formats.token_shards import ShardWriter, TokenShards
 from lmforge.metrics.perplexity import onnx_logits_fn, perplexity
 from lmforge.model.build import build_model, load_tokenizer, save_model_dir
 from lmforge.onnx_runtime import NO_PAST_FILE, WITH_PAST_FILE, OrtCausalLM, OrtDecoderWithPast
@@ -59,14 +59,14 @@ def onnx_dir(tmp_path_factory, tiny_tokenizer_dir, tiny_shards_dir):
     model_dir = save_model_dir(model, tok, tmp_path_factory.mktemp("model64"))
     write_manifest(model_dir, "model")
     out = tmp_path_factory.mktemp("export64") / "onnx"
-    onnx_export.run(ExportConfig(), model=model_dir, onnx_model=out)
+    export_onnx.run(ExportConfig(), model=model_dir, onnx_model=out)
     return out
 
 
 @pytest.fixture(scope="module")
 def quantized(tmp_path_factory, onnx_dir, tiny_shards_dir):
     root = tmp_path_factory.mktemp("quant")
-    result = quantize.run(
+    result = quantize_int8.run(
         CFG, onnx_model=onnx_dir, shards=tiny_shards_dir, int8_dynamic=root / "dynamic", int8_qdq=root / "qdq"
     )
     return root / "dynamic", root / "qdq", result
@@ -121,7 +121,7 @@ def test_sharing_the_tied_table_moves_the_embedding_by_at_most_half_a_step_and_c
     quantization step of the FP32 row, and the rest of the graph is untouched. How far the logits move is the
     model's sensitivity to that rounding, which the accuracy gate measures; no bound on it follows from the step."""
     cfg = CFG.model_copy(update={"share_tied_embedding": False})
-    quantize.run(
+    quantize_int8.run(
         cfg, onnx_model=onnx_dir, shards=tiny_shards_dir, int8_dynamic=tmp_path / "dynamic", int8_qdq=tmp_path / "qdq"
     )
     separate = onnx.load(str(tmp_path / "dynamic" / NO_PAST_FILE))
@@ -219,7 +219,7 @@ def test_shards_from_another_tokenizer_are_refused(tmp_path, onnx_dir):
     writer.add_document("train", np.arange(200) % 512)
     writer.close()
     with pytest.raises(InputDataError, match="tokenizer 000000000000, but .* uses tokenizer"):
-        quantize.run(
+        quantize_int8.run(
             CFG, onnx_model=onnx_dir, shards=shards, int8_dynamic=tmp_path / "dynamic", int8_qdq=tmp_path / "qdq"
         )
     assert not (tmp_path / "dynamic").exists() and not (tmp_path / "qdq").exists()
@@ -251,7 +251,7 @@ def test_gate_rejects_all_ops_minmax_and_records_why(tmp_path, onnx_dir, tiny_sh
         calibrate_method="minmax",
         exclude_unsafe_nodes=False,
     )
-    result = quantize.run(
+    result = quantize_int8.run(
         bad, onnx_model=onnx_dir, shards=tiny_shards_dir, int8_dynamic=tmp_path / "dynamic", int8_qdq=tmp_path / "qdq"
     )
     assert result.metrics["qdq_accepted"] == 0.0 and result.metrics["qdq_perplexity_delta"] > 0.02
@@ -275,7 +275,7 @@ def test_each_calibrator_yields_an_accurate_qdq_model_all_ops_included(
     cfg = QuantizeConfig(calibration_sequences=8, calibration_seq_len=32, calibrate_method=method, op_types=["all"])
     windows = calibration_windows(TokenShards.open(tiny_shards_dir).tokens("train"), 8, 32)
     src = onnx_dir / NO_PAST_FILE
-    facts = quantize.quantize_qdq(
+    facts = quantize_int8.quantize_qdq(
         src, tmp_path / NO_PAST_FILE, TokenWindowReader(windows, 4), cfg, external=False, workdir=tmp_path / "w"
     )
     assert {n.split("_")[1] for n in facts["excluded_nodes"]} == {"Where", "Add", "Softmax"}
@@ -362,9 +362,9 @@ def test_even_batch_size_divides_the_calibration_count():
 
 def test_the_cache_graph_is_quantized_only_when_the_directory_has_one(tmp_path):
     (tmp_path / NO_PAST_FILE).write_bytes(b"")
-    assert quantize.model_graphs(tmp_path) == [NO_PAST_FILE]
+    assert quantize_int8.model_graphs(tmp_path) == [NO_PAST_FILE]
     (tmp_path / WITH_PAST_FILE).write_bytes(b"")
-    assert quantize.model_graphs(tmp_path) == [NO_PAST_FILE, WITH_PAST_FILE]
+    assert quantize_int8.model_graphs(tmp_path) == [NO_PAST_FILE, WITH_PAST_FILE]
 
 
 def test_gate_metrics_name_each_models_perplexity_delta_and_verdict():
@@ -372,7 +372,7 @@ def test_gate_metrics_name_each_models_perplexity_delta_and_verdict():
         "dynamic": {"perplexity": 101.0, "perplexity_delta": 0.01, "accepted": True, "reason": "accepted"},
         "qdq": {"perplexity": 140.0, "perplexity_delta": 0.4, "accepted": False, "reason": "rejected"},
     }
-    assert quantize.gate_metrics(gates) == {
+    assert quantize_int8.gate_metrics(gates) == {
         "dynamic_perplexity": 101.0,
         "dynamic_perplexity_delta": 0.01,
         "dynamic_accepted": 1.0,

@@ -15,8 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 from lmforge.artifacts import write_manifest
 from lmforge.config import ExportConfig, QuantizeConfig, TensorRTConfig
 from lmforge.errors import InputDataError
-from lmforge.export import onnx_export, quantize, tensorrt
-from lmforge.export.tensorrt import (
+from lmforge.export import build_tensorrt, export_onnx, quantize_int8
+from lmforge.export.build_tensorrt import (
     build_record,
     optimization_profiles,
     parse_trtexec_output,
@@ -234,12 +234,12 @@ def test_build_record_lists_version_gpu_precision_and_profiles():
 def test_unavailable_reason_names_the_missing_package(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorrt" else real(name, *a))
-    assert "tensorrt Python package is not installed" in tensorrt.unavailable_reason()
+    assert "tensorrt Python package is not installed" in build_tensorrt.unavailable_reason()
 
 
 def test_unavailable_reason_names_a_missing_trtexec():
     cfg = TensorRTConfig(builder="trtexec", trtexec="/nonexistent/trtexec")
-    assert tensorrt.unavailable_reason(cfg) == "/nonexistent/trtexec is not on PATH (use the TensorRT image)"
+    assert build_tensorrt.unavailable_reason(cfg) == "/nonexistent/trtexec is not on PATH (use the TensorRT image)"
 
 
 def test_unavailable_reason_names_the_missing_gpu(monkeypatch):
@@ -248,14 +248,16 @@ def test_unavailable_reason_names_the_missing_gpu(monkeypatch):
         importlib.util, "find_spec", lambda name, *a: object() if name == "tensorrt" else real(name, *a)
     )
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert "no CUDA GPU" in tensorrt.unavailable_reason()
+    assert "no CUDA GPU" in build_tensorrt.unavailable_reason()
 
 
 def test_without_tensorrt_run_writes_skipped_status_and_no_engine(tmp_path, monkeypatch):
-    monkeypatch.setattr(tensorrt, "unavailable_reason", lambda cfg: "the tensorrt Python package is not installed")
+    monkeypatch.setattr(
+        build_tensorrt, "unavailable_reason", lambda cfg: "the tensorrt Python package is not installed"
+    )
     qdq_dir = _toy_model_dir(tmp_path / "qdq", with_qdq=True)
     out = tmp_path / "engine"
-    result = tensorrt.run(PROFILE, int8_qdq=qdq_dir, engine=out)
+    result = build_tensorrt.run(PROFILE, int8_qdq=qdq_dir, engine=out)
     assert result.summary == {"status": "skipped", "reason": "the tensorrt Python package is not installed"}
     assert result.metrics == {"built": 0}
     assert json.loads((out / "status.json").read_text()) == result.summary
@@ -265,24 +267,26 @@ def test_without_tensorrt_run_writes_skipped_status_and_no_engine(tmp_path, monk
     assert not list(out.glob("*.plan"))
 
 
-@pytest.mark.skipif(tensorrt.unavailable_reason() is None, reason="this machine can build TensorRT engines")
+@pytest.mark.skipif(build_tensorrt.unavailable_reason() is None, reason="this machine can build TensorRT engines")
 def test_on_this_machine_run_skips_with_the_real_reason(tmp_path):
     out = tmp_path / "engine"
-    result = tensorrt.run(PROFILE, int8_qdq=_toy_model_dir(tmp_path / "qdq", with_qdq=True), engine=out)
-    assert result.summary["status"] == "skipped" and result.summary["reason"] == tensorrt.unavailable_reason(PROFILE)
+    result = build_tensorrt.run(PROFILE, int8_qdq=_toy_model_dir(tmp_path / "qdq", with_qdq=True), engine=out)
+    assert result.summary["status"] == "skipped" and result.summary["reason"] == build_tensorrt.unavailable_reason(
+        PROFILE
+    )
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "status.json"]
 
 
 def test_a_qdq_model_rejected_by_the_accuracy_gate_is_not_built(tmp_path, monkeypatch):
-    monkeypatch.setattr(tensorrt, "unavailable_reason", lambda cfg: None)  # as on a GPU node
-    monkeypatch.setattr(tensorrt, "_build_engine", lambda *a, **k: pytest.fail("must not build"))
+    monkeypatch.setattr(build_tensorrt, "unavailable_reason", lambda cfg: None)  # as on a GPU node
+    monkeypatch.setattr(build_tensorrt, "_build_engine", lambda *a, **k: pytest.fail("must not build"))
     qdq_dir = _toy_model_dir(tmp_path / "qdq", with_qdq=True)
     write_manifest(
         qdq_dir,
         "onnx-model",
         extra={"quantization": "qdq-int8", "accuracy_gate": {"accepted": False, "reason": "rejected: +38%"}},
     )
-    result = tensorrt.run(PROFILE, int8_qdq=qdq_dir, engine=tmp_path / "engine")
+    result = build_tensorrt.run(PROFILE, int8_qdq=qdq_dir, engine=tmp_path / "engine")
     assert result.summary["status"] == "skipped"
     assert result.summary["reason"] == (
         "the Q/DQ INT8 model failed the accuracy gate (rejected: +38%); serve the FP32 model"
@@ -292,11 +296,11 @@ def test_a_qdq_model_rejected_by_the_accuracy_gate_is_not_built(tmp_path, monkey
 def test_int8_build_refuses_a_model_without_qdq_nodes(tmp_path):
     fp32_dir = _toy_model_dir(tmp_path / "fp32", with_qdq=False)
     with pytest.raises(InputDataError, match="no Q/DQ nodes"):
-        tensorrt.run(PROFILE, int8_qdq=fp32_dir, engine=tmp_path / "engine")
+        build_tensorrt.run(PROFILE, int8_qdq=fp32_dir, engine=tmp_path / "engine")
     assert not (tmp_path / "engine").exists()
 
 
-NO_BUILD_REASON = tensorrt.unavailable_reason(PROFILE)
+NO_BUILD_REASON = build_tensorrt.unavailable_reason(PROFILE)
 # The tiny model has 64 positions: past + new tokens must stay within them at every profile shape.
 GPU_PROFILE = PROFILE.model_copy(update={"min_past": 0, "opt_past": 8, "max_past": 32})
 
@@ -307,13 +311,13 @@ def test_builds_an_int8_engine_from_the_qdq_model_and_reuses_the_timing_cache(
     tmp_path, tiny_model_dir, tiny_shards_dir
 ):
     onnx_dir, qdq_dir = tmp_path / "onnx", tmp_path / "qdq"
-    onnx_export.run(ExportConfig(), model=tiny_model_dir, onnx_model=onnx_dir)
+    export_onnx.run(ExportConfig(), model=tiny_model_dir, onnx_model=onnx_dir)
     calibration = QuantizeConfig(calibration_sequences=8, calibration_seq_len=32)
-    quantize.run(
+    quantize_int8.run(
         calibration, onnx_model=onnx_dir, shards=tiny_shards_dir, int8_dynamic=tmp_path / "dynamic", int8_qdq=qdq_dir
     )
     cache = tmp_path / "timing.cache"
-    result = tensorrt.run(GPU_PROFILE, int8_qdq=qdq_dir, engine=tmp_path / "engine", timing_cache=cache)
+    result = build_tensorrt.run(GPU_PROFILE, int8_qdq=qdq_dir, engine=tmp_path / "engine", timing_cache=cache)
     assert result.metrics["built"] == 1
     assert (tmp_path / "engine" / "engine.plan").stat().st_size > 0
     record = json.loads((tmp_path / "engine" / "build_record.json").read_text())
@@ -323,7 +327,7 @@ def test_builds_an_int8_engine_from_the_qdq_model_and_reuses_the_timing_cache(
     assert set(record["profiles"][0]) >= {"input_ids", "attention_mask", "past_key_values.0.key"}
     assert np.isfinite(record["smoke_test"]["max_abs_diff_vs_ort"])
     assert cache.stat().st_size > 0 and record["timing_cache"]["reused"] is False
-    again = tensorrt.run(GPU_PROFILE, int8_qdq=qdq_dir, engine=tmp_path / "engine2", timing_cache=cache)
+    again = build_tensorrt.run(GPU_PROFILE, int8_qdq=qdq_dir, engine=tmp_path / "engine2", timing_cache=cache)
     assert again.summary["build_record"]["timing_cache"]["reused"] is True
 
 
@@ -333,14 +337,14 @@ def gated_qdq_on_a_gpu_node(tmp_path, monkeypatch):
     qdq_dir = _toy_model_dir(tmp_path / "qdq", with_qdq=True)
     gate = {"accepted": True, "reason": "accepted: +0.1%"}
     write_manifest(qdq_dir, "onnx-model", extra={"quantization": "qdq-int8", "accuracy_gate": gate})
-    monkeypatch.setattr(tensorrt, "unavailable_reason", lambda cfg: None)
+    monkeypatch.setattr(build_tensorrt, "unavailable_reason", lambda cfg: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "Fake GPU")
 
     def run_engine(plan, feeds):
         assert plan.startswith(b"PLAN")
-        return tensorrt.cpu_session(qdq_dir / NO_PAST_FILE).run(["logits"], feeds)[0] + 0.5
+        return build_tensorrt.cpu_session(qdq_dir / NO_PAST_FILE).run(["logits"], feeds)[0] + 0.5
 
-    monkeypatch.setattr(tensorrt, "_run_engine", run_engine)
+    monkeypatch.setattr(build_tensorrt, "_run_engine", run_engine)
     return qdq_dir
 
 
@@ -355,9 +359,9 @@ def test_a_built_engine_is_written_with_its_build_record_smoke_test_and_status(
         facts = {"tensorrt_version": "10.9", "strongly_typed": True, "timing_cache": timing_cache_record(timing_cache)}
         return b"PLAN" * 250_000, facts
 
-    monkeypatch.setattr(tensorrt, "_build_engine", build_engine)
+    monkeypatch.setattr(build_tensorrt, "_build_engine", build_engine)
     out, cache = tmp_path / "engine", tmp_path / "timing.cache"
-    result = tensorrt.run(PROFILE, int8_qdq=qdq_dir, engine=out, timing_cache=cache)
+    result = build_tensorrt.run(PROFILE, int8_qdq=qdq_dir, engine=out, timing_cache=cache)
 
     assert built == [(qdq_dir / NO_PAST_FILE, "int8", int(PROFILE.workspace_gib * (1 << 30)), cache)]
     assert (out / "engine.plan").read_bytes() == b"PLAN" * 250_000
@@ -388,16 +392,16 @@ def test_a_built_engine_is_written_with_its_build_record_smoke_test_and_status(
 
 def test_a_trtexec_build_records_what_trtexec_printed(tmp_path, monkeypatch, gated_qdq_on_a_gpu_node):
     qdq_dir = gated_qdq_on_a_gpu_node
-    monkeypatch.setattr(tensorrt.shutil, "which", lambda program: f"/usr/bin/{program}")
+    monkeypatch.setattr(build_tensorrt.shutil, "which", lambda program: f"/usr/bin/{program}")
 
     def trtexec(command):
         engine_file = next(arg.split("=", 1)[1] for arg in command if arg.startswith("--saveEngine="))
         Path(engine_file).write_bytes(b"PLAN" * 10)
         return "[I] TensorRT version: 10.3.0\n[I] Selected Device: Fake GPU\n&&&& PASSED TensorRT.trtexec\n"
 
-    monkeypatch.setattr(tensorrt, "_run_trtexec", trtexec)
+    monkeypatch.setattr(build_tensorrt, "_run_trtexec", trtexec)
     cfg = PROFILE.model_copy(update={"builder": "trtexec"})
-    result = tensorrt.run(cfg, int8_qdq=qdq_dir, engine=tmp_path / "engine")
+    result = build_tensorrt.run(cfg, int8_qdq=qdq_dir, engine=tmp_path / "engine")
 
     record = json.loads((tmp_path / "engine" / "build_record.json").read_text())
     assert record["builder"] == "trtexec" and record["tensorrt_version"] == "10.3.0" and record["strongly_typed"]

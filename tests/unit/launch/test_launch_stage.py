@@ -30,7 +30,7 @@ from lmforge.launch import (
     run_training_stage,
     write_result,
 )
-from lmforge.preflight import PreflightError
+from lmforge.preflight.preflight import PreflightError
 from lmforge.results import StageResult
 from lmforge.run_context import RUN_ID_ENV
 from tests.fakes.k8s_api_server import K8sApiServer

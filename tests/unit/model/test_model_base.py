@@ -15,9 +15,9 @@ from lmforge import storage
 from lmforge.artifacts import read_manifest
 from lmforge.config import CleanConfig, ModelConfig, PretrainConfig, TokenizeConfig, TrainConfig
 from lmforge.data import clean, tokenize
-from lmforge.data.cleaned import read_cleaned
-from lmforge.data.shards import TokenShards
 from lmforge.errors import ConfigError, InputDataError
+from lmforge.formats.cleaned import read_cleaned
+from lmforge.formats.token_shards import TokenShards
 from lmforge.model.base import base_tokenizer, check_base_model
 from lmforge.model.build import load_tokenizer
 from lmforge.train import pretrain

@@ -31,7 +31,7 @@ class EvilModel(GPT2LMHeadModel):
 _LOAD_BASE = """
 import sys
 from lmforge.errors import InputDataError
-from lmforge.train.lora import load_base
+from lmforge.train.finetune_lora import load_base
 try:
     load_base(sys.argv[1], sys.argv[2])
 except InputDataError as exc:

@@ -22,7 +22,7 @@ from lmforge.plan import (
     refuse_oversized,
 )
 from lmforge.stages import resolve_config, resolve_stage_config
-from lmforge.train.lora import peft_config, target_modules
+from lmforge.train.finetune_lora import peft_config, target_modules
 
 
 def test_gpt2_124m_pretrain_matches_a_hand_computation():

@@ -8,7 +8,7 @@ import yaml
 from kfp import dsl
 
 from lmforge import storage
-from lmforge.preflight import PreflightError, check_writable, fingerprint_uri, run_checks
+from lmforge.preflight.preflight import PreflightError, check_writable, fingerprint_uri, run_checks
 from lmforge_kfp.pipelines.compile import REPO_ROOT
 
 
@@ -139,7 +139,7 @@ PREFLIGHT_OUTPUTS = {
 
 def test_a_new_production_release_changes_the_cache_key_of_evaluate(tmp_path):
     """A scheduled run after a new release must re-run the gate against it, not reuse the old decision."""
-    from lmforge.catalog import production_fingerprint
+    from lmforge.release.catalog import production_fingerprint
 
     spec = next(yaml.safe_load_all((REPO_ROOT / "pipelines/compiled/lmforge_pipeline.yaml").read_text()))
     params = {name: p.get("defaultValue") for name, p in spec["root"]["inputDefinitions"]["parameters"].items()}
@@ -182,7 +182,7 @@ def test_training_api_check_passes_when_the_cluster_serves_the_job_kind(backend)
     import kubernetes
 
     from lmforge.config import LaunchConfig
-    from lmforge.preflight import check_training_api
+    from lmforge.preflight.preflight import check_training_api
     from tests.fakes.k8s_api_server import K8sApiServer
 
     with K8sApiServer() as server:
@@ -199,7 +199,7 @@ def test_training_api_check_names_the_missing_operator():
     import kubernetes
 
     from lmforge.config import LaunchConfig
-    from lmforge.preflight import check_training_api
+    from lmforge.preflight.preflight import check_training_api
     from tests.fakes.k8s_api_server import K8sApiServer
 
     with K8sApiServer(served=("TrainJob",)) as server:
@@ -244,8 +244,8 @@ def test_the_pipeline_passes_its_launch_parameter_to_preflight():
 
 
 def test_the_checks_run_in_order_and_an_unreadable_production_release_names_its_source(tmp_path, monkeypatch):
-    from lmforge import catalog
     from lmforge.errors import StorageError
+    from lmforge.release import catalog
 
     corpus, root = _corpus(tmp_path), str(tmp_path / "reg")
     report = run_checks(

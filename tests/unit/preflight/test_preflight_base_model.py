@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmforge import preflight
 from lmforge.config import LaunchConfig
-from lmforge.preflight import PreflightError, fingerprint_uri, run_checks
+from lmforge.preflight import preflight
+from lmforge.preflight.preflight import PreflightError, fingerprint_uri, run_checks
 from lmforge_kfp.pipelines.compile import REPO_ROOT
 from tests.support.foreign_base import gpt2_base, llama_base
 from tests.unit.preflight.test_preflight import PREFLIGHT_OUTPUTS, _cache_keys, _corpus

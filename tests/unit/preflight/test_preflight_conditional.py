@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lmforge import storage
-from lmforge.preflight import PreflightError, check_conditional_writes, run_checks
+from lmforge.preflight.preflight import PreflightError, check_conditional_writes, run_checks
 
 
 def _server_ignoring(*headers: str):

@@ -15,7 +15,7 @@ from lmforge import storage
 from lmforge.config import CleanConfig
 from lmforge.data.corpus import CorpusReader, first_file_uri
 from lmforge.errors import FieldMissingError, InputDataError, StorageError
-from lmforge.preflight import PreflightError, run_checks
+from lmforge.preflight.preflight import PreflightError, run_checks
 
 SCENE = "a scene with enough words in it to be a document"
 

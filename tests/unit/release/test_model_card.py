@@ -11,7 +11,7 @@ from huggingface_hub.repocard_data import model_index_to_eval_results
 from typer.testing import CliRunner
 
 from lmforge.cli import application
-from lmforge.model_card import CARD, write_cards
+from lmforge.release.model_card import CARD, write_cards
 from tests.fakes.hf_hub_server import FakeHub
 
 RESULTS = {

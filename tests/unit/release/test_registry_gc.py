@@ -15,11 +15,11 @@ from typer.testing import CliRunner
 
 from lmforge import storage
 from lmforge.artifacts import PUBLISH_CLAIM, write_manifest
-from lmforge.catalog import latest_release
 from lmforge.cli import application
 from lmforge.errors import StorageError
 from lmforge.launch.stage_runner import publish_artifact
-from lmforge.release import CLAIM, promote
+from lmforge.release.catalog import CLAIM, latest_release
+from lmforge.release.promote import promote
 
 MODEL = "tiny"
 
@@ -107,7 +107,7 @@ _PROMOTE = """
 import sys
 from pathlib import Path
 from lmforge.errors import StorageError
-from lmforge.release import promote
+from lmforge.release.promote import promote
 src = Path(sys.argv[1])
 try:
     promote(model_name="tiny", release_root=sys.argv[2], version="v1", evaluation_dir=src / "evaluation",
@@ -153,7 +153,7 @@ def test_registry_gc_removes_the_stale_claim_of_a_killed_promotion(registry, inp
 
 
 def test_registry_gc_leaves_a_claim_younger_than_the_threshold(registry, inputs):
-    from lmforge.release import _now
+    from lmforge.release.promote import _now
 
     target = storage.join(registry, "models", "tiny", "v1")
     storage.write_bytes(storage.join(target, CLAIM), json.dumps({"claimed_at": _now()}).encode())

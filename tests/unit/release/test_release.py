@@ -14,7 +14,7 @@ import pytest
 from lmforge import storage
 from lmforge.artifacts import fingerprint, read_manifest, write_manifest
 from lmforge.errors import ArtifactIncompleteError, ConfigError, InputDataError, ReleaseExistsError
-from lmforge.release import default_version, promote
+from lmforge.release.promote import default_version, promote
 
 MODEL = "tiny"
 

@@ -10,9 +10,9 @@ import pytest
 
 from lmforge import storage
 from lmforge.artifacts import write_manifest
-from lmforge.catalog import latest_release, list_releases, production_summary
 from lmforge.errors import GateBaselineMovedError
-from lmforge.release import CLAIM, promote
+from lmforge.release.catalog import CLAIM, latest_release, list_releases, production_summary
+from lmforge.release.promote import promote
 
 MODEL = "tiny"
 

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lmforge.naming import default_model_name
-from lmforge.release import VERSION_PATTERN
+from lmforge.release.promote import VERSION_PATTERN
 
 CASES = [
     ("demo://shakespeare", "lmforge-demo"),
@@ -53,7 +53,7 @@ def test_every_derived_name_is_a_valid_release_name(uri):
     [("tickets.jsonl", "", "tickets"), ("demo://shakespeare", "", "lmforge-demo"), ("tickets.jsonl", "bot", "bot")],
 )
 def test_preflight_names_the_release_after_the_corpus_unless_a_name_is_given(tmp_path, corpus, given, expected):
-    from lmforge import preflight
+    from lmforge.preflight import preflight
 
     if not corpus.startswith("demo://"):
         corpus = str(tmp_path / corpus)

@@ -10,9 +10,9 @@ import pytest
 
 from lmforge import storage
 from lmforge.artifacts import read_manifest
-from lmforge.catalog import latest_release, list_releases, production_summary
 from lmforge.errors import ReleaseExistsError
-from lmforge.release import CLAIM, promote, update_latest
+from lmforge.release.catalog import CLAIM, latest_release, list_releases, production_summary
+from lmforge.release.promote import promote, update_latest
 from tests.unit.release.test_release import _artifact, _evaluation
 
 pytestmark = pytest.mark.s3

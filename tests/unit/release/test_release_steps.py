@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lmforge.errors import GateBaselineMovedError, InputDataError
-from lmforge.release import _check_release_names, _gate_baseline
+from lmforge.release.promote import _check_release_names, _gate_baseline
 from lmforge.tracking.promotion import MLFLOW_SOURCE
 
 EVALUATION = Path("/runs/evaluation")

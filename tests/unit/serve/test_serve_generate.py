@@ -13,7 +13,7 @@ import pytest
 from lmforge.artifacts import write_manifest
 from lmforge.config import ExportConfig
 from lmforge.errors import InputDataError
-from lmforge.export.onnx_export import run as export_onnx
+from lmforge.export.export_onnx import run as export_onnx
 from lmforge.onnx_runtime import WITH_PAST_FILE, OrtDecoderWithPast
 from lmforge.serve.batcher import DoneEvent, DynamicBatcher, ErrorEvent, QueueFullError, TokenEvent
 from lmforge.serve.generate import GenerationRequest, drop_rows, generate_batch, left_padded

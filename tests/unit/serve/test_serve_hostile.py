@@ -18,7 +18,7 @@ import pytest
 
 from lmforge.config import ExportConfig
 from lmforge.config.serve import ServeConfig
-from lmforge.export.onnx_export import run as export_onnx
+from lmforge.export.export_onnx import run as export_onnx
 from lmforge.serve.batcher import QueueFullError
 from lmforge.serve.model_dir import resolve_served_model
 from lmforge.serve.predictor import Ask, LmforgePredictor

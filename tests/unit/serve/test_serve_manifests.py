@@ -18,7 +18,7 @@ from lmforge.config import ExportConfig
 from lmforge.config.base import validate_config
 from lmforge.config.serve import ServeConfig
 from lmforge.errors import ConfigError, InputDataError
-from lmforge.export.onnx_export import run as export_onnx
+from lmforge.export.export_onnx import run as export_onnx
 from lmforge.onnx_runtime import NO_PAST_FILE, WITH_PAST_FILE
 from lmforge.serve.manifests import (
     LMFORGE_FORMAT,

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from lmforge.config import ExportConfig
-from lmforge.export.onnx_export import run as export_onnx
+from lmforge.export.export_onnx import run as export_onnx
 from lmforge.model.build import load_causal_lm, load_tokenizer
 from tests.support.serve_helpers import redraw_weights, serving
 

@@ -14,10 +14,10 @@ from lmforge.config import ExportConfig
 from lmforge.config.base import validate_config
 from lmforge.config.serve import ServeConfig
 from lmforge.errors import ConfigError, InputDataError
-from lmforge.export.onnx_export import run as export_onnx
-from lmforge.release import promote
-from lmforge.serve.stage import placed
-from lmforge.serve.stage import run as serve
+from lmforge.export.export_onnx import run as export_onnx
+from lmforge.release.promote import promote
+from lmforge.serve.serve import placed
+from lmforge.serve.serve import run as serve
 from tests.support.crd_schema import CRDS, strict_validator
 from tests.support.serve_helpers import serving
 

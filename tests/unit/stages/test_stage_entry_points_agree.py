@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from lmforge.artifacts import write_manifest
 from lmforge.cli import application
-from lmforge.release import promote
+from lmforge.release.promote import promote
 from lmforge_kfp.components import load_component
 
 runner = CliRunner()

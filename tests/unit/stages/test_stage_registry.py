@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 
 import pytest
 from kfp import dsl
@@ -53,6 +54,12 @@ def test_component_signature_equals_its_registry_entry(stage):
     returns = STAGES[stage].returns
     outputs = {name for name, out in (compiled.outputs or {}).items() if not out.type.startswith("system.")}
     assert outputs == ({"Output"} if len(returns) == 1 else {port.name for port in returns})
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_every_entry_point_is_the_run_function_of_a_module_named_after_its_stage(stage):
+    # lmforge.<family>.<stage>:run: a stage's code is found from its name, and a module holds one stage
+    assert re.fullmatch(rf"lmforge\.[a-z_]+\.{stage}:run", STAGES[stage].entry), STAGES[stage].entry
 
 
 @pytest.mark.parametrize("stage", sorted(STAGES))

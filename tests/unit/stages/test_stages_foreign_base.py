@@ -24,9 +24,9 @@ from lmforge.config import (
     TrainConfig,
 )
 from lmforge.data import clean, tokenize
-from lmforge.export import onnx_export
+from lmforge.export import export_onnx
 from lmforge.onnx_runtime import OrtCausalLM
-from lmforge.train import distill, lora, pretrain
+from lmforge.train import distill, finetune_lora, pretrain
 from tests.support.foreign_base import gpt2_base, llama_base
 
 pytestmark = pytest.mark.slow  # six stages per family, ONNX export included: about a minute each on 2 cores
@@ -50,7 +50,7 @@ def _chain(root: Path, base: str, qa_jsonl: Path, shakespeare_docs: list[dict]) 
     for name, steps in (("pre", 4), ("passed", 0)):
         cfg = PretrainConfig(train=TrainConfig(max_steps=steps, **TRAIN))
         pretrain.run(cfg, shards=out["shards"], tokenizer=out["tok"], model=out[name], base_model=base)
-    lora.run(
+    finetune_lora.run(
         LoraConfig(train=TrainConfig(max_steps=4, **TRAIN)), base_model=out["pre"], qa_uri=str(qa_jsonl),
         adapter=out["adapter"], merged_model=out["merged"],
     )  # fmt: skip
@@ -59,7 +59,7 @@ def _chain(root: Path, base: str, qa_jsonl: Path, shakespeare_docs: list[dict]) 
         student=out["student"],
     )  # fmt: skip
     out["onnx"] = root / "onnx"
-    onnx_export.run(ExportConfig(), model=out["student"], onnx_model=out["onnx"])
+    export_onnx.run(ExportConfig(), model=out["student"], onnx_model=out["onnx"])
     return out
 
 

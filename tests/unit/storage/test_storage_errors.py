@@ -80,7 +80,7 @@ _KILLED_IN = """
 import os, signal, sys
 from pathlib import Path
 from lmforge.config import CleanConfig
-from lmforge.data import clean, dedup
+from lmforge.data import clean, dedup_shards
 
 def stop_here(*args, **kwargs):
     Path(sys.argv[3]).write_text("ready")
@@ -88,7 +88,7 @@ def stop_here(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
     signal.pause()
 
-dedup.run = stop_here
+dedup_shards.run = stop_here
 clean.run(CleanConfig(), corpus_uri=sys.argv[1], cleaned=sys.argv[2])
 """
 

@@ -11,10 +11,10 @@ import pytest
 
 from lmforge import storage
 from lmforge.artifacts import write_manifest
-from lmforge.catalog import release_fingerprint
 from lmforge.config.tracking import TrackingConfig
 from lmforge.errors import TrackingError
-from lmforge.release import promote
+from lmforge.release.catalog import release_fingerprint
+from lmforge.release.promote import promote
 from lmforge.tracking import PipelineRun, Tracker, production_baseline_from_registry, register_release
 from lmforge.tracking.registry import FINGERPRINT
 

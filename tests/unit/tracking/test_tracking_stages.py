@@ -18,10 +18,10 @@ from typer.testing import CliRunner
 
 from lmforge import storage
 from lmforge.artifacts import write_manifest
-from lmforge.catalog import production_baseline, production_fingerprint, production_summary
 from lmforge.cli import application
 from lmforge.config import CheckpointConfig, ModelConfig, PretrainConfig, TrainConfig
 from lmforge.errors import ConfigError, GateBaselineMovedError, InputDataError, TrackingError
+from lmforge.release.catalog import production_baseline, production_fingerprint, production_summary
 from lmforge.results import StageResult
 from lmforge.stages import StageSpec, artifact, register, resolve_stage_config, run_stage, unregister
 from lmforge.tracking import PipelineRun, Tracker

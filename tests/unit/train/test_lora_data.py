@@ -19,7 +19,7 @@ from lmforge.data.qa import (
 )
 from lmforge.errors import InputDataError
 from lmforge.model.build import load_tokenizer
-from lmforge.train import lora
+from lmforge.train import finetune_lora
 from lmforge.train.batches import collate
 
 # ChatML, the template of many instruction-tuned models (Qwen, ...).
@@ -105,14 +105,14 @@ def test_chat_template_that_rewrites_earlier_turns_is_refused(tok):
 
 def test_packing_fills_rows_with_whole_stream_and_keeps_labels_aligned():
     examples = [([1, 2, 3], [-100, 2, 3]), ([4, 5], [-100, 5]), ([6, 7, 8, 9], [-100, -100, 8, 9])]
-    rows = lora.pack(examples, width=4, seed=0)
+    rows = finetune_lora.pack(examples, width=4, seed=0)
     assert len(rows) == 2 and all(len(ids) == len(labels) == 4 for ids, labels in rows)
     stream = [t for ids, _ in rows for t in ids]
     label_of = {ids: labels for ex in examples for ids, labels in zip(*ex, strict=True)}
     assert all(label_of[t] == lab for ids, labels in rows for t, lab in zip(ids, labels, strict=True))
     assert len(set(stream)) == 8  # 9 tokens in all, the one-token tail is dropped
     with pytest.raises(Exception, match="fewer than one row of 40 tokens"):
-        lora.pack(examples, width=40, seed=0)
+        finetune_lora.pack(examples, width=40, seed=0)
 
 
 def test_jsonl_with_messages_and_pairs_loads_and_splits_by_prompt(tmp_path):

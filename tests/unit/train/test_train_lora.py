@@ -14,7 +14,7 @@ from lmforge.artifacts import read_manifest, write_manifest
 from lmforge.config import LoraConfig, ModelConfig, TrainConfig
 from lmforge.errors import ConfigError, InputDataError
 from lmforge.model.build import build_model, load_causal_lm
-from lmforge.train import lora
+from lmforge.train import finetune_lora
 
 CFG = LoraConfig(
     r=4,
@@ -39,7 +39,9 @@ def base_dir(tmp_path_factory, tiny_model_dir) -> Path:
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory, base_dir, qa_jsonl):
     root = tmp_path_factory.mktemp("lora")
-    result = lora.run(CFG, base_model=base_dir, qa_uri=qa_jsonl, adapter=root / "adapter", merged_model=root / "merged")
+    result = finetune_lora.run(
+        CFG, base_model=base_dir, qa_uri=qa_jsonl, adapter=root / "adapter", merged_model=root / "merged"
+    )
     return result, root / "adapter", root / "merged"
 
 
@@ -73,7 +75,7 @@ def test_finetuning_lowers_heldout_answer_loss_and_writes_manifests(tuned, base_
 def test_unknown_target_module_is_named_in_the_error(tmp_path, base_dir, qa_jsonl):
     cfg = CFG.model_copy(update={"target_modules": ["c_attn", "q_proj"]})
     with pytest.raises(ConfigError, match=r"'q_proj' matches no module of the gpt2 model") as info:
-        lora.run(
+        finetune_lora.run(
             cfg, base_model=base_dir, qa_uri=qa_jsonl, adapter=tmp_path / "adapter", merged_model=tmp_path / "merged"
         )
     assert "\n" not in str(info.value)
@@ -82,7 +84,7 @@ def test_unknown_target_module_is_named_in_the_error(tmp_path, base_dir, qa_json
 def test_seq_len_that_cuts_off_every_answer_is_refused(tmp_path, base_dir, qa_jsonl):
     cfg = CFG.model_copy(update={"train": CFG.train.model_copy(update={"seq_len": 3})})
     with pytest.raises(ConfigError, match=r"seq_len \(3\) cuts off every held-out answer"):
-        lora.run(
+        finetune_lora.run(
             cfg, base_model=base_dir, qa_uri=qa_jsonl, adapter=tmp_path / "adapter", merged_model=tmp_path / "merged"
         )
 
@@ -131,7 +133,9 @@ def test_rslora_bias_and_modules_to_save_adapter_still_equals_merged(tmp_path, b
             "train": CFG.train.model_copy(update={"max_steps": 4, "eval_interval": 4}),
         }
     )
-    lora.run(cfg, base_model=base_dir, qa_uri=qa_jsonl, adapter=tmp_path / "adapter", merged_model=tmp_path / "merged")
+    finetune_lora.run(
+        cfg, base_model=base_dir, qa_uri=qa_jsonl, adapter=tmp_path / "adapter", merged_model=tmp_path / "merged"
+    )
     adapter_cfg = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert adapter_cfg["use_rslora"] and adapter_cfg["bias"] == "all" and adapter_cfg["layers_to_transform"] == [1]
     adapted = peft.PeftModel.from_pretrained(load_causal_lm(base_dir), tmp_path / "adapter").eval()
@@ -152,7 +156,9 @@ def test_tied_embedding_in_modules_to_save_trains_the_head_with_it_and_stays_tie
             "train": CFG.train.model_copy(update={"max_steps": 3, "eval_interval": 3}),
         }
     )
-    lora.run(cfg, base_model=base_dir, qa_uri=qa_jsonl, adapter=tmp_path / "adapter", merged_model=tmp_path / "merged")
+    finetune_lora.run(
+        cfg, base_model=base_dir, qa_uri=qa_jsonl, adapter=tmp_path / "adapter", merged_model=tmp_path / "merged"
+    )
     base, merged = load_causal_lm(base_dir), load_causal_lm(tmp_path / "merged")
     assert merged.config.tie_word_embeddings
     assert merged.lm_head.weight is merged.transformer.wte.weight
@@ -167,7 +173,7 @@ def test_tied_embedding_as_lora_target_is_refused(base_dir):
     model = load_causal_lm(base_dir)
     cfg = LoraConfig(target_modules=["c_attn", "wte"])
     with pytest.raises(ConfigError, match=r"wte/lm_head is the token embedding tied to the output head"):
-        lora.peft_config(cfg, model, lora.target_modules(model, cfg.target_modules))
+        finetune_lora.peft_config(cfg, model, finetune_lora.target_modules(model, cfg.target_modules))
 
 
 @pytest.mark.s3
@@ -179,13 +185,15 @@ def test_base_from_s3_and_adapter_and_merged_reload_from_s3_agree(tmp_path, s3_e
     qa_uri = f"s3://{s3_env}/data/qa.jsonl"
     storage.upload_file(qa_jsonl, qa_uri)
     cfg = CFG.model_copy(update={"train": CFG.train.model_copy(update={"max_steps": 3, "eval_interval": 3})})
-    lora.run(cfg, base_model=base_uri, qa_uri=qa_uri, adapter=tmp_path / "adapter", merged_model=tmp_path / "merged")
+    finetune_lora.run(
+        cfg, base_model=base_uri, qa_uri=qa_uri, adapter=tmp_path / "adapter", merged_model=tmp_path / "merged"
+    )
     assert read_manifest(tmp_path / "merged")["inputs"]["base_model"]["uri"] == base_uri
     storage.copy_tree(str(tmp_path / "adapter"), f"s3://{s3_env}/models/adapter")
     storage.copy_tree(str(tmp_path / "merged"), f"s3://{s3_env}/models/merged")
 
-    adapted = lora.load_adapted(base_uri, f"s3://{s3_env}/models/adapter", tmp_path / "dl")
-    _, _, merged = lora.load_base(f"s3://{s3_env}/models/merged", tmp_path / "dl-merged")
+    adapted = finetune_lora.load_adapted(base_uri, f"s3://{s3_env}/models/adapter", tmp_path / "dl")
+    _, _, merged = finetune_lora.load_base(f"s3://{s3_env}/models/merged", tmp_path / "dl-merged")
     local = peft.PeftModel.from_pretrained(load_causal_lm(base_dir), tmp_path / "adapter").eval()
     vocab = merged.config.vocab_size
     expected = _logits(local, vocab)
@@ -197,7 +205,7 @@ def test_base_directory_without_weights_is_a_one_line_error(tmp_path, base_dir, 
     broken = shutil.copytree(base_dir, tmp_path / "noweights")
     (broken / "model.safetensors").unlink()
     with pytest.raises(InputDataError, match=r"noweights: no weights \(model\.safetensors") as info:
-        lora.run(
+        finetune_lora.run(
             CFG, base_model=broken, qa_uri=qa_jsonl, adapter=tmp_path / "adapter", merged_model=tmp_path / "merged"
         )
     assert "\n" not in str(info.value)
@@ -207,7 +215,7 @@ def test_base_directory_without_weights_is_a_one_line_error(tmp_path, base_dir, 
 def test_target_module_that_cannot_take_lora_is_named(tmp_path, base_dir, qa_jsonl):
     cfg = CFG.model_copy(update={"target_modules": ["ln_1"]})
     with pytest.raises(ConfigError, match=r"'ln_1' is a LayerNorm; LoRA adapts Linear") as info:
-        lora.run(
+        finetune_lora.run(
             cfg, base_model=base_dir, qa_uri=qa_jsonl, adapter=tmp_path / "adapter", merged_model=tmp_path / "merged"
         )
     assert "\n" not in str(info.value)
@@ -215,11 +223,11 @@ def test_target_module_that_cannot_take_lora_is_named(tmp_path, base_dir, qa_jso
 
 def test_out_of_range_layers_and_unknown_modules_to_save_are_named(base_dir):
     model = load_causal_lm(base_dir)
-    targets = lora.target_modules(model, None)
+    targets = finetune_lora.target_modules(model, None)
     with pytest.raises(ConfigError, match=r"layers_to_transform: 5 is out of range; the model has blocks 0\.\.1"):
-        lora.peft_config(LoraConfig(layers_to_transform=[5]), model, targets)
+        finetune_lora.peft_config(LoraConfig(layers_to_transform=[5]), model, targets)
     with pytest.raises(ConfigError, match=r"modules_to_save: 'score' matches no module"):
-        lora.peft_config(LoraConfig(modules_to_save=["score"]), model, targets)
+        finetune_lora.peft_config(LoraConfig(modules_to_save=["score"]), model, targets)
 
 
 _ARCH_CONFIGS = {
@@ -245,9 +253,9 @@ def test_default_targets_exist_and_take_lora_in_each_architecture(arch):
             common |= {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2}
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(arch, **common, **_ARCH_CONFIGS[arch]))
-    targets = lora.target_modules(model, None)
-    assert targets == lora.DEFAULT_TARGETS[arch]
-    adapted = peft.get_peft_model(model, lora.peft_config(LoraConfig(r=2), model, targets))
+    targets = finetune_lora.target_modules(model, None)
+    assert targets == finetune_lora.DEFAULT_TARGETS[arch]
+    adapted = peft.get_peft_model(model, finetune_lora.peft_config(LoraConfig(r=2), model, targets))
     adapted_names = {n.rsplit(".", 4)[-4] for n, p in adapted.named_parameters() if p.requires_grad}
     assert adapted_names == set(targets)
 
@@ -257,7 +265,7 @@ def test_architecture_without_default_targets_asks_for_them():
     model = build_model(shape, 64, eos_id=0, pad_id=1, seed=0)
     model.config.model_type = "mystery"
     with pytest.raises(ConfigError, match=r"no default for architecture 'mystery'.*set it explicitly"):
-        lora.target_modules(model, None)
+        finetune_lora.target_modules(model, None)
 
 
 def test_chat_jsonl_with_packing_trains(tmp_path, base_dir):
@@ -269,7 +277,7 @@ def test_chat_jsonl_with_packing_trains(tmp_path, base_dir):
     cfg = CFG.model_copy(
         update={"packing": True, "train": CFG.train.model_copy(update={"max_steps": 6, "eval_interval": 6})}
     )
-    result = lora.run(
+    result = finetune_lora.run(
         cfg, base_model=base_dir, qa_uri=path, adapter=tmp_path / "adapter", merged_model=tmp_path / "merged"
     )
     assert result.metrics["tuned_heldout_loss"] < result.metrics["base_heldout_loss"]

@@ -11,8 +11,8 @@ import torch
 from lmforge.artifacts import read_manifest, write_manifest
 from lmforge.config import DistillConfig, TrainConfig
 from lmforge.data.qa import QALineage, load_examples, split_examples
-from lmforge.data.shards import TokenShards
 from lmforge.errors import ConfigError
+from lmforge.formats.token_shards import TokenShards
 from lmforge.model.build import load_tokenizer
 from lmforge.train import distill
 from lmforge.train.batches import IGNORE_INDEX

@@ -10,7 +10,7 @@ import pytest
 from lmforge.config import TrainConfig
 from lmforge.contracts import HISTORY_FILE
 from lmforge.stages import resolve_config, resolve_stage_config
-from lmforge.train import distill, lora, pretrain
+from lmforge.train import distill, finetune_lora, pretrain
 from lmforge.train.loop import lr_at
 
 
@@ -60,7 +60,7 @@ def test_one_step_pretrain_lora_and_distill_run_with_only_max_steps_set(
     assert _steps(tmp_path / "base")[-1] == 1
 
     tuned = resolve_stage_config("finetune_lora", "tiny-cpu", one)
-    lora.run(
+    finetune_lora.run(
         tuned,
         base_model=tmp_path / "base",
         qa_uri=str(qa_jsonl),

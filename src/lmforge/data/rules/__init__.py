@@ -9,7 +9,7 @@ in ``removed`` and per reason in ``reasons`` (:mod:`.base`).
 
 Thresholds and their defaults are the published ones: Gopher quality and repetition (Rae et al. 2021),
 C4 (Raffel et al. 2020) and FineWeb's line rules (Penedo et al. 2024), as configured in datatrove's
-FineWeb pipeline. :func:`lmforge.data.clean.build_rules` puts them in the order they run.
+FineWeb pipeline. :func:`lmforge.data.cleaning.build_rules` puts them in the order they run.
 """
 
 from lmforge.data.rules.base import Rule

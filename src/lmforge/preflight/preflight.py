@@ -37,7 +37,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from lmforge import catalog, storage
+from lmforge import storage
 from lmforge.artifacts import sha256_file
 from lmforge.config import CleanConfig, EvaluateConfig, GateConfig, StrictModel
 from lmforge.data.corpus import CorpusReader, first_file_uri
@@ -45,6 +45,7 @@ from lmforge.data.demo import is_demo, materialize
 from lmforge.errors import ConfigError, FieldMissingError, LmforgeError, PreflightError, StorageError, did_you_mean
 from lmforge.launch import check_training_api, parse_launch
 from lmforge.naming import default_model_name
+from lmforge.release import catalog
 from lmforge.results import StageResult
 from lmforge.stages.configs import resolve_stage_config, sections
 

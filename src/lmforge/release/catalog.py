@@ -1,6 +1,6 @@
 """The release registry's read side: which releases exist, which one is production, and its fingerprint.
 
-Layout and protocol: :mod:`lmforge.release` (the write side, the ``promote`` stage). Readers never report a
+Layout and protocol: :mod:`lmforge.release.promote` (the write side, the ``promote`` stage). Readers never report a
 release without its ``manifest.json``: a ``latest.json`` naming one is ignored in favour of the newest complete
 release. ``preflight`` fingerprints the production release (``evaluate``'s cache key), ``evaluate`` records it as
 the gate's baseline, ``promote`` re-checks it, serving reads the release it serves.
@@ -17,9 +17,10 @@ from typing import Any
 from lmforge import storage
 from lmforge.artifacts import MANIFEST
 
-log = logging.getLogger("lmforge.catalog")
+log = logging.getLogger("lmforge.release.catalog")
 
 LATEST = "latest.json"
+CLAIM = ".promotion.json"  # a promotion's claim on its version, written first
 
 
 def release_order(entry: Mapping[str, Any]) -> tuple[str, str]:

@@ -54,10 +54,10 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 from lmforge.artifacts import input_record, staged_output, write_manifest
 from lmforge.config import QuantizeConfig
 from lmforge.contracts import GATE_KEY, gate_decision, max_positions
-from lmforge.data.shards import TokenShards
 from lmforge.data.tokenizer import TOKENIZER_FILE, tokenizer_fingerprint
 from lmforge.errors import InputDataError, LmforgeError
 from lmforge.export.tied_embedding import share_tied_embedding_file
+from lmforge.formats.token_shards import TokenShards
 from lmforge.metrics.perplexity import onnx_logits_fn, perplexity
 from lmforge.onnx_runtime import (
     EXTERNAL_DATA_BYTES,
