@@ -21,6 +21,9 @@ RUN_ID_ENV = "LMFORGE_RUN_ID"
 RUN_ROOT_ENV = "LMFORGE_RUN_ROOT"
 # The content tag of the code a step runs, which tags the stage's MLflow run.
 PIPELINE_VERSION_ENV = "LMFORGE_PIPELINE_VERSION"
+# Set by a runner that runs each stage in its image (lmforge run --runner docker|podman): JSON
+# {runtime: {"reference", "id", "digest"}}; the release manifest records, per stage, the image its runtime ran in.
+IMAGES_ENV = "LMFORGE_IMAGES"
 
 
 @dataclass(frozen=True)

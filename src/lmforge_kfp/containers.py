@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 
 from lmforge.errors import LmforgeError
-from lmforge.release.promote import IMAGES_ENV
+from lmforge.run_context import IMAGES_ENV
 
 log = logging.getLogger(__name__)
 

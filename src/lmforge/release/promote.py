@@ -84,6 +84,7 @@ from lmforge.release.catalog import (
 )
 from lmforge.release.model_card import write_cards
 from lmforge.results import StageResult
+from lmforge.run_context import IMAGES_ENV
 from lmforge.tracking.promotion import check_alias_baseline, from_alias, register_promoted
 
 log = logging.getLogger("lmforge.promote")
@@ -91,9 +92,6 @@ log = logging.getLogger("lmforge.promote")
 VERSION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 EVALUATION = "evaluation"
 _CAS_ATTEMPTS = 20
-# Set by a runner that runs each stage in its image (lmforge run --runner docker|podman): JSON
-# {runtime: {"reference", "id", "digest"}}; the release manifest records, per stage, the image its runtime ran in.
-IMAGES_ENV = "LMFORGE_IMAGES"
 HOST = "host"
 
 

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from lmforge.errors import ConfigError
-from lmforge.release.promote import IMAGES_ENV, stage_images
+from lmforge.release.promote import stage_images
+from lmforge.run_context import IMAGES_ENV
 from lmforge.stages import STAGES
 from lmforge_kfp.components.images import image_for
 from lmforge_kfp.containers import pipeline_images
