@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import load_average, machine_facts, text_table, write_results
+from lmforge_kfp.containers import IMAGE_UID
 
 REPO = Path(__file__).resolve().parents[1]
-IMAGE_UID = 10001  # the images' user (images/*/Dockerfile)
 PRETRAIN_STEPS = 40
 
 
