@@ -6,17 +6,21 @@ not, its requests) follows its stage's registry entry (:func:`_place`). Every st
 component and the ``lmforge`` library.
 """
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from functools import partial
+from types import SimpleNamespace
 from typing import Any
 
 from kfp import dsl, kubernetes
-from kfp.dsl import Artifact, Dataset, Input, Model, pipeline_context
+from kfp.dsl import pipeline_context
 
 from lmforge.cluster import GPU_POOL_NODE_SELECTOR, GPU_POOL_TOLERATION, GPU_RESOURCE
 from lmforge.run_context import RUN_ID_ENV
 from lmforge.stages import STAGES, get_stage, overrides_help
 from lmforge_kfp.components import load_component
 from lmforge_kfp.components.images import image_for, service_image
+from lmforge_kfp.pipelines.signatures import NESTED_STEP_INPUTS, documented_parameters, fan_out, nested_step, pipeline
 
 preflight = load_component("preflight")
 plan_shards = load_component("plan_shards")
@@ -145,269 +149,33 @@ def _stage_tasks() -> list[dsl.PipelineTask]:
     return [task for task in tasks if _stage_of(task) in STAGES]
 
 
-@dsl.pipeline(name="clean-one-shard")
-def clean_one_shard(
-    corpus_uri: str,
-    shard_index: int,
-    shard_count: int,
-    corpus_fingerprint: str,
-    preset: str,
-    overrides: str,
-    cpu_request: str,
-    memory_request: str,
-    s3_secret_name: str,
-    mlflow_secret_name: str,
-) -> Dataset:
-    """One iteration of the cleaning fan-out: ``clean_shard`` with its requests and credentials.
-
-    A sub-pipeline because KFP's SDK does not pass a pipeline parameter that only a task's *resources* use
-    into a ``ParallelFor`` DAG: the backend's driver then fails to resolve it (``parent DAG does not have input
-    parameter``). As inputs of this sub-pipeline the requests reach the step inside the loop.
-    """
-    shard = clean_shard(
-        corpus_uri=corpus_uri,
-        shard_index=shard_index,
-        shard_count=shard_count,
-        corpus_fingerprint=corpus_fingerprint,
-        preset=preset,
-        overrides=overrides,
-    )
-    shard.set_display_name("clean shard").set_retry(num_retries=2, backoff_duration="30s")
-    _as_nested_step(shard, cpu_request, memory_request, s3_secret_name, mlflow_secret_name)
-    return shard.outputs["shard"]
+# The steps inside a ParallelFor or the gate's If, each in a sub-pipeline that takes its placement as inputs
+# (lmforge_kfp.pipelines.signatures says why).
+clean_one_shard = nested_step(clean_shard, "clean-one-shard", "clean shard", "shard", _as_nested_step)
+dedup_exact_one_part = nested_step(
+    dedup_exact_part, "dedup-exact-one-part", "exact dedup part", "exact", _as_nested_step
+)
+dedup_band_one_part = nested_step(dedup_band_part, "dedup-band-one-part", "LSH band part", "pairs", _as_nested_step)
+dedup_exact_fan_out = fan_out(dedup_exact_one_part, "dedup-exact-fan-out", "part", "exact_parts", "exact-dedup-fan-out")
+dedup_band_fan_out = fan_out(dedup_band_one_part, "dedup-band-fan-out", "band_task", "band_tasks", "band-dedup-fan-out")
+promote_release = nested_step(promote, "promote-release", "promote", "Output", _as_nested_step, cached=False)
+serve_release = nested_step(serve, "serve-release", "serve", "serving", _as_nested_step, cached=False)
 
 
-@dsl.pipeline(name="dedup-exact-one-part")
-def dedup_exact_one_part(
-    shards: Input[list[Dataset]],
-    part: int,
-    parts: int,
-    preset: str,
-    overrides: str,
-    cpu_request: str,
-    memory_request: str,
-    s3_secret_name: str,
-    mlflow_secret_name: str,
-) -> Artifact:
-    """One iteration of the exact-dedup fan-out: ``dedup_exact_part`` with its requests and credentials (a
-    sub-pipeline for the reason given in :func:`clean_one_shard`)."""
-    exact = dedup_exact_part(shards=shards, part=part, parts=parts, preset=preset, overrides=overrides)
-    exact.set_display_name("exact dedup part").set_retry(num_retries=2, backoff_duration="30s")
-    _as_nested_step(exact, cpu_request, memory_request, s3_secret_name, mlflow_secret_name)
-    return exact.outputs["exact"]
-
-
-@dsl.pipeline(name="dedup-exact-fan-out")
-def dedup_exact_fan_out(
-    shards: Input[list[Dataset]],
-    exact_parts: list[int],
-    parts: int,
-    preset: str,
-    overrides: str,
-    cpu_request: str,
-    memory_request: str,
-    s3_secret_name: str,
-    mlflow_secret_name: str,
-) -> list[Artifact]:
-    """``dedup_exact_part`` for every exact part (``dsl.ParallelFor``), collected.
-
-    A sub-pipeline because the SDK cannot pass a ``dsl.Collected`` (the cleaned shards, the exact parts) into a
-    ``ParallelFor`` DAG (its compiler types it as a parameter and fails); as an input of this sub-pipeline it is a
-    plain artifact list the loop can read.
-    """
-    with dsl.ParallelFor(exact_parts, name="exact-dedup-fan-out") as part:
-        exact = dedup_exact_one_part(
-            shards=shards,
-            part=part,
-            parts=parts,
-            preset=preset,
-            overrides=overrides,
-            cpu_request=cpu_request,
-            memory_request=memory_request,
-            s3_secret_name=s3_secret_name,
-            mlflow_secret_name=mlflow_secret_name,
-        )
-    return dsl.Collected(exact.output)
-
-
-@dsl.pipeline(name="dedup-band-one-part")
-def dedup_band_one_part(
-    shards: Input[list[Dataset]],
-    exact: Input[list[Artifact]],
-    band_task: int,
-    band_groups: int,
-    parts: int,
-    preset: str,
-    overrides: str,
-    cpu_request: str,
-    memory_request: str,
-    s3_secret_name: str,
-    mlflow_secret_name: str,
-) -> Artifact:
-    """One iteration of the LSH band fan-out: ``dedup_band_part`` with its requests and credentials (a sub-pipeline
-    for the reason given in :func:`clean_one_shard`)."""
-    pairs = dedup_band_part(
-        shards=shards,
-        exact=exact,
-        band_task=band_task,
-        band_groups=band_groups,
-        parts=parts,
-        preset=preset,
-        overrides=overrides,
-    )
-    pairs.set_display_name("LSH band part").set_retry(num_retries=2, backoff_duration="30s")
-    _as_nested_step(pairs, cpu_request, memory_request, s3_secret_name, mlflow_secret_name)
-    return pairs.outputs["pairs"]
-
-
-@dsl.pipeline(name="dedup-band-fan-out")
-def dedup_band_fan_out(
-    shards: Input[list[Dataset]],
-    exact: Input[list[Artifact]],
-    band_tasks: list[int],
-    band_groups: int,
-    parts: int,
-    preset: str,
-    overrides: str,
-    cpu_request: str,
-    memory_request: str,
-    s3_secret_name: str,
-    mlflow_secret_name: str,
-) -> list[Artifact]:
-    """``dedup_band_part`` for every band task (band group × part, ``dsl.ParallelFor``), collected; a sub-pipeline
-    for the reason given in :func:`dedup_exact_fan_out`."""
-    with dsl.ParallelFor(band_tasks, name="band-dedup-fan-out") as band_task:
-        pairs = dedup_band_one_part(
-            shards=shards,
-            exact=exact,
-            band_task=band_task,
-            band_groups=band_groups,
-            parts=parts,
-            preset=preset,
-            overrides=overrides,
-            cpu_request=cpu_request,
-            memory_request=memory_request,
-            s3_secret_name=s3_secret_name,
-            mlflow_secret_name=mlflow_secret_name,
-        )
-    return dsl.Collected(pairs.output)
-
-
-@dsl.pipeline(name="promote-release")
-def promote_release(
-    student: Input[Model],
-    onnx_fp32: Input[Model],
-    int8_dynamic: Input[Model],
-    int8_qdq: Input[Model],
-    engine: Input[Artifact],
-    evaluation: Input[Artifact],
-    release_root: str,
-    model_name: str,
-    version: str,
-    cpu_request: str,
-    memory_request: str,
-    s3_secret_name: str,
-    mlflow_secret_name: str,
-) -> str:
-    """``promote`` with its requests and credentials, as a sub-pipeline for the reason given in
-    :func:`clean_one_shard`: it runs inside the gate's ``dsl.If``, another DAG that the SDK would not pass the
-    request parameters into."""
-    released = promote(
-        student=student,
-        onnx_fp32=onnx_fp32,
-        int8_dynamic=int8_dynamic,
-        int8_qdq=int8_qdq,
-        engine=engine,
-        evaluation=evaluation,
-        release_root=release_root,
-        model_name=model_name,
-        version=version,
-    )
-    released.set_display_name("promote").set_caching_options(False).set_retry(num_retries=2, backoff_duration="30s")
-    _as_nested_step(released, cpu_request, memory_request, s3_secret_name, mlflow_secret_name)
-    return released.outputs["Output"]
-
-
-@dsl.pipeline(name="serve-release")
-def serve_release(
-    release: str,
-    predictor_image: str,
-    gpu_node_selector: dict,
-    gpu_tolerations: list,
-    preset: str,
-    overrides: str,
-    cpu_request: str,
-    memory_request: str,
-    s3_secret_name: str,
-    mlflow_secret_name: str,
-) -> Artifact:
-    """``serve`` with its requests and credentials, a sub-pipeline inside the gate's ``dsl.If`` for the reason given
-    in :func:`clean_one_shard`. The step itself needs no GPU: a GPU predictor's placement goes into the
-    InferenceService it writes (``gpu_node_selector``, ``gpu_tolerations``)."""
-    served = serve(
-        release=release,
-        predictor_image=predictor_image,
-        gpu_node_selector=gpu_node_selector,
-        gpu_tolerations=gpu_tolerations,
-        preset=preset,
-        overrides=overrides,
-    )
-    served.set_display_name("serve").set_caching_options(False).set_retry(num_retries=2, backoff_duration="30s")
-    _as_nested_step(served, cpu_request, memory_request, s3_secret_name, mlflow_secret_name)
-    return served.outputs["serving"]
-
-
-def _with_fields_in_overrides_help(func):
+def _with_fields_in_overrides_help(doc: str) -> str:
     """Append every field (type, default) of a section to its ``<section>_overrides`` parameter's description, so
     the Kubeflow UI shows what each JSON object may hold (the field help itself: ``lmforge config --explain``)."""
     lines = []
-    for line in (func.__doc__ or "").split("\n"):
+    for line in doc.split("\n"):
         name = line.strip().partition(":")[0]
         lines.append(line)
         if name.endswith("_overrides"):
             lines.append(f"            Fields: {overrides_help(name.removesuffix('_overrides'))}.")
-    func.__doc__ = "\n".join(lines)
-    return func
+    return "\n".join(lines)
 
 
-@dsl.pipeline(name=PIPELINE_NAME)
-@_with_fields_in_overrides_help
-def lmforge_pipeline(
-    corpus_uri: str = "demo://shakespeare",
-    qa_uri: str = "demo://chatterbot",
-    base_model_uri: str = "",
-    student_base_uri: str = "",
-    preset: str = "tiny-cpu",
-    release_root: str = "s3://lmforge/releases",
-    release_version: str = "",
-    clean_shards: int = 1,
-    dedup_band_groups: int = 1,
-    dedup_parts: int = 1,
-    clean_overrides: str = "{}",
-    tokenize_overrides: str = "{}",
-    pretrain_overrides: str = "{}",
-    finetune_lora_overrides: str = "{}",
-    distill_overrides: str = "{}",
-    export_onnx_overrides: str = "{}",
-    quantize_int8_overrides: str = "{}",
-    build_tensorrt_overrides: str = "{}",
-    evaluate_overrides: str = "{}",
-    serve_overrides: str = "{}",
-    model_name: str = "",
-    gpu_accelerator_type: str = GPU_RESOURCE,
-    gpu_count: int = 1,
-    gpu_node_selector: dict = DEFAULT_GPU_NODE_SELECTOR,
-    gpu_tolerations: list = DEFAULT_GPU_TOLERATIONS,
-    cpu_request: str = "2",
-    memory_request: str = "8Gi",
-    gpu_step_cpu_request: str = "8",
-    gpu_step_memory_request: str = "48Gi",
-    launch: str = "{}",
-    staging_uri: str = "",
-    s3_secret_name: str = "lmforge-s3",
-    mlflow_secret_name: str = "lmforge-mlflow",
-):
-    """Raw text to a cleaned corpus, pretrained, LoRA-tuned, distilled, INT8 and TensorRT model, evaluated and gated.
+PIPELINE_DOC = """\
+Raw text to a cleaned corpus, pretrained, LoRA-tuned, distilled, INT8 and TensorRT model, evaluated and gated.
 
     Args:
         corpus_uri: Raw corpus: local path, glob, s3:// URI, or demo://shakespeare (packaged demo text).
@@ -462,59 +230,83 @@ def lmforge_pipeline(
             MLFLOW_EXPERIMENT_NAME): every step logs to that MLflow server and promote registers the release; no
             such Secret: no tracking.
     """
-    arguments = dict(locals())  # the pipeline's parameters: preflight's inputs are named after them
+
+# The pipeline's parameters that preflight does not take: type and default. Preflight's inputs are typed and
+# defaulted by its registry entry (through its component), but for the three it requires. The docstring's Args
+# order them and give their help.
+OWN_PARAMETERS: dict[str, tuple[Any, Any]] = {
+    "release_version": (str, ""),
+    "clean_shards": (int, 1),
+    "dedup_band_groups": (int, 1),
+    "dedup_parts": (int, 1),
+    "gpu_accelerator_type": (str, GPU_RESOURCE),
+    "gpu_node_selector": (dict, DEFAULT_GPU_NODE_SELECTOR),
+    "gpu_tolerations": (list, DEFAULT_GPU_TOLERATIONS),
+    "cpu_request": (str, "2"),
+    "memory_request": (str, "8Gi"),
+    "gpu_step_cpu_request": (str, "8"),
+    "gpu_step_memory_request": (str, "48Gi"),
+    "mlflow_secret_name": (str, "lmforge-mlflow"),
+}
+REQUIRED_INPUT_DEFAULTS = {
+    "corpus_uri": "demo://shakespeare",
+    "qa_uri": "demo://chatterbot",
+    "release_root": "s3://lmforge/releases",
+}
+
+
+def _settings(
+    stage: str, arguments: Mapping[str, Any], launch_args: Mapping[str, Any], checked: dsl.PipelineTask
+) -> dict[str, Any]:
+    """What a stage's task takes from the pipeline besides its data: its cache keys (preflight's fingerprints of the
+    same names), the preset and its section's overrides (a stage with settings), and its job image and the launch
+    parameters (a distributed stage)."""
+    spec = get_stage(stage)
+    taken: dict[str, Any] = {key.name: checked.outputs[key.name] for key in spec.cache_keys}
+    if spec.config:
+        taken |= {"preset": arguments["preset"], "overrides": arguments[f"{spec.section}_overrides"]}
+    if spec.distributed:
+        taken |= {"job_image": image_for(stage), **launch_args}
+    return taken
+
+
+def _lmforge_dag(arguments: dict[str, Any]) -> None:
+    """The DAG, from the pipeline's arguments by name."""
+    p = SimpleNamespace(**arguments)
     checked = preflight(**{port.name: arguments[port.name] for port in get_stage("preflight").inputs})
     checked.set_display_name("0 preflight checks").set_caching_options(False)
     placement = _Placement(
-        cpu_request=cpu_request,
-        memory_request=memory_request,
-        gpu_step_cpu_request=gpu_step_cpu_request,
-        gpu_step_memory_request=gpu_step_memory_request,
-        gpu_accelerator_type=gpu_accelerator_type,
-        gpu_count=checked.outputs["gpu_limit"],
-        gpu_node_selector=gpu_node_selector,
-        gpu_tolerations=gpu_tolerations,
-        s3_secret_name=s3_secret_name,
-        mlflow_secret_name=mlflow_secret_name,
+        **{field.name: arguments[field.name] for field in fields(_Placement)}
+        | {"gpu_count": checked.outputs["gpu_limit"]}
     )
     launch_args = {
-        "launch": launch,
-        "staging_uri": staging_uri,
-        "gpu_count": gpu_count,
+        "launch": p.launch,
+        "staging_uri": p.staging_uri,
+        "gpu_count": p.gpu_count,
         "run_root": checked.outputs["run_root"],
     }
+    settings = partial(_settings, arguments=arguments, launch_args=launch_args, checked=checked)
+    requests = {name: arguments[name] for name in NESTED_STEP_INPUTS}
 
-    shard_indices = plan_shards(shard_count=clean_shards)
+    shard_indices = plan_shards(shard_count=p.clean_shards)
     shard_indices.set_display_name("1a plan corpus shards")
     shard_indices.after(checked)  # nothing starts before preflight, which also creates the run's MLflow parent run
     with dsl.ParallelFor(shard_indices.outputs["Output"], name="clean-fan-out") as shard_index:
         shard = clean_one_shard(
-            corpus_uri=corpus_uri,
+            corpus_uri=p.corpus_uri,
             shard_index=shard_index,
-            shard_count=clean_shards,
-            corpus_fingerprint=checked.outputs["corpus_fingerprint"],
-            preset=preset,
-            overrides=clean_overrides,
-            cpu_request=cpu_request,
-            memory_request=memory_request,
-            s3_secret_name=s3_secret_name,
-            mlflow_secret_name=mlflow_secret_name,
+            shard_count=p.clean_shards,
+            **settings("clean_shard"),
+            **requests,
         )
         shard.set_display_name("1b clean shard")
-    dedup_plan = plan_dedup(band_groups=dedup_band_groups, parts=dedup_parts, preset=preset, overrides=clean_overrides)
+    dedup_plan = plan_dedup(band_groups=p.dedup_band_groups, parts=p.dedup_parts, **settings("plan_dedup"))
     dedup_plan.set_display_name("1c.1 plan dedup parts").after(checked)
-    requests = {
-        "cpu_request": cpu_request,
-        "memory_request": memory_request,
-        "s3_secret_name": s3_secret_name,
-        "mlflow_secret_name": mlflow_secret_name,
-    }
     exact = dedup_exact_fan_out(
         shards=dsl.Collected(shard.output),
         exact_parts=dedup_plan.outputs["exact_parts"],
-        parts=dedup_parts,
-        preset=preset,
-        overrides=clean_overrides,
+        parts=p.dedup_parts,
+        **settings("dedup_exact_part"),
         **requests,
     )
     exact.set_display_name("1c.2 exact dedup (digest parts)")
@@ -522,10 +314,9 @@ def lmforge_pipeline(
         shards=dsl.Collected(shard.output),
         exact=exact.output,
         band_tasks=dedup_plan.outputs["band_tasks"],
-        band_groups=dedup_band_groups,
-        parts=dedup_parts,
-        preset=preset,
-        overrides=clean_overrides,
+        band_groups=p.dedup_band_groups,
+        parts=p.dedup_parts,
+        **settings("dedup_band_part"),
         **requests,
     )
     pairs.set_display_name("1c.3 near dedup (MinHash LSH band parts)")
@@ -533,95 +324,78 @@ def lmforge_pipeline(
         shards=dsl.Collected(shard.output),
         exact=exact.output,
         pairs=pairs.output,
-        preset=preset,
-        overrides=clean_overrides,
+        **settings("dedup_union"),
     )
     deduped.set_display_name("1c.4 dedup union (removal plan)")
     cleaned = merge_shards(
-        corpus_uri=corpus_uri,
+        corpus_uri=p.corpus_uri,
         shards=dsl.Collected(shard.output),
         plan=deduped.outputs["plan"],
-        preset=preset,
-        overrides=clean_overrides,
+        **settings("merge_shards"),
     )
     cleaned.set_display_name("1d merge cleaned shards")
 
     tokens = tokenize(
         cleaned=cleaned.outputs["cleaned"],
-        base_model=base_model_uri,
-        base_model_fingerprint=checked.outputs["base_model_fingerprint"],
-        preset=preset,
-        overrides=tokenize_overrides,
+        base_model=p.base_model_uri,
+        **settings("tokenize"),
     )
     tokens.set_display_name("2 tokenize + pack shards")
 
     base = pretrain(
         shards=tokens.outputs["shards"],
         tokenizer=tokens.outputs["tokenizer"],
-        base_model=base_model_uri,
-        base_model_fingerprint=checked.outputs["base_model_fingerprint"],
-        preset=preset,
-        overrides=pretrain_overrides,
-        job_image=image_for("pretrain"),
-        **launch_args,
+        base_model=p.base_model_uri,
+        **settings("pretrain"),
     )
     base.set_display_name("3 pretrain").set_retry(num_retries=2, backoff_duration="60s")
 
     tuned = finetune_lora(
         base_model=base.outputs["model"],
-        qa_uri=qa_uri,
-        qa_fingerprint=checked.outputs["qa_fingerprint"],
-        preset=preset,
-        overrides=finetune_lora_overrides,
-        job_image=image_for("finetune_lora"),
-        **launch_args,
+        qa_uri=p.qa_uri,
+        **settings("finetune_lora"),
     )
     tuned.set_display_name("4 LoRA fine-tune").set_retry(num_retries=2, backoff_duration="60s")
 
     student = distill(
         teacher=tuned.outputs["merged_model"],
         shards=tokens.outputs["shards"],
-        qa_uri=qa_uri,
-        student_base=student_base_uri,
-        qa_fingerprint=checked.outputs["qa_fingerprint"],
-        student_base_fingerprint=checked.outputs["student_base_fingerprint"],
-        preset=preset,
-        overrides=distill_overrides,
-        job_image=image_for("distill"),
-        **launch_args,
+        qa_uri=p.qa_uri,
+        student_base=p.student_base_uri,
+        **settings("distill"),
     )
     student.set_display_name("5 distill").set_retry(num_retries=2, backoff_duration="60s")
 
-    exported = export_onnx(model=student.outputs["student"], preset=preset, overrides=export_onnx_overrides)
+    exported = export_onnx(model=student.outputs["student"], **settings("export_onnx"))
     exported.set_display_name("6 export ONNX")
 
     quantized = quantize_int8(
         onnx_model=exported.outputs["onnx_model"],
         shards=tokens.outputs["shards"],
-        preset=preset,
-        overrides=quantize_int8_overrides,
+        **settings("quantize_int8"),
     )
     quantized.set_display_name("7 quantize INT8")
 
-    engine = build_tensorrt(int8_qdq=quantized.outputs["int8_qdq"], preset=preset, overrides=build_tensorrt_overrides)
+    engine = build_tensorrt(int8_qdq=quantized.outputs["int8_qdq"], **settings("build_tensorrt"))
     engine.set_display_name("8 build TensorRT engine")
 
+    released_models = {  # what a release holds: evaluate scores them, promote publishes them
+        "student": student.outputs["student"],
+        "onnx_fp32": exported.outputs["onnx_model"],
+        "int8_dynamic": quantized.outputs["int8_dynamic"],
+        "int8_qdq": quantized.outputs["int8_qdq"],
+        "engine": engine.outputs["engine"],
+    }
     evaluated = evaluate(
         shards=tokens.outputs["shards"],
         teacher=tuned.outputs["merged_model"],
-        student=student.outputs["student"],
-        onnx_fp32=exported.outputs["onnx_model"],
-        int8_dynamic=quantized.outputs["int8_dynamic"],
-        int8_qdq=quantized.outputs["int8_qdq"],
-        engine=engine.outputs["engine"],
+        **released_models,
         cleaned=cleaned.outputs["cleaned"],
         base=base.outputs["model"],
-        qa_uri=qa_uri,
-        release_root=release_root,
-        preset=preset,
-        overrides=evaluate_overrides,
+        qa_uri=p.qa_uri,
+        release_root=p.release_root,
+        **settings("evaluate"),
         model_name=checked.outputs["model_name"],
-        production_fingerprint=checked.outputs["production_fingerprint"],
     )
     evaluated.set_display_name("9 evaluate + gate")
 
@@ -629,34 +403,31 @@ def lmforge_pipeline(
     # output, so evaluate returns the gate decision as its only parameter output.
     with dsl.If(evaluated.outputs["Output"] == True, name="gate-passed"):  # noqa: E712 - KFP condition
         released = promote_release(
-            student=student.outputs["student"],
-            onnx_fp32=exported.outputs["onnx_model"],
-            int8_dynamic=quantized.outputs["int8_dynamic"],
-            int8_qdq=quantized.outputs["int8_qdq"],
-            engine=engine.outputs["engine"],
+            **released_models,
             evaluation=evaluated.outputs["evaluation"],
-            release_root=release_root,
+            release_root=p.release_root,
             model_name=checked.outputs["model_name"],
-            version=release_version,
-            cpu_request=cpu_request,
-            memory_request=memory_request,
-            s3_secret_name=s3_secret_name,
-            mlflow_secret_name=mlflow_secret_name,
+            version=p.release_version,
+            **requests,
         )
         released.set_display_name("10 promote release").set_caching_options(False)
         served = serve_release(
             release=released.output,
             predictor_image=service_image("serve"),
-            gpu_node_selector=gpu_node_selector,
-            gpu_tolerations=gpu_tolerations,
-            preset=preset,
-            overrides=serve_overrides,
-            cpu_request=cpu_request,
-            memory_request=memory_request,
-            s3_secret_name=s3_secret_name,
-            mlflow_secret_name=mlflow_secret_name,
+            gpu_node_selector=p.gpu_node_selector,
+            gpu_tolerations=p.gpu_tolerations,
+            **settings("serve"),
+            **requests,
         )
         served.set_display_name("11 serve release").set_caching_options(False)
 
     for task in _stage_tasks():  # the sub-pipelines place their own steps (_as_nested_step)
         _place(task, placement)
+
+
+lmforge_pipeline = pipeline(
+    PIPELINE_NAME,
+    _with_fields_in_overrides_help(PIPELINE_DOC),
+    documented_parameters(PIPELINE_DOC, preflight, OWN_PARAMETERS, REQUIRED_INPUT_DEFAULTS),
+    _lmforge_dag,
+)

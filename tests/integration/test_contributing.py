@@ -78,10 +78,9 @@ def test_shout_repeats_every_document_upper_cased(tmp_path):
     assert (tmp_path / "loud" / "loud.txt").read_text() == "TO BE TO BE\\nOR NOT OR NOT"
 '''
 
-# The pipeline's edits: load the component, take (and document) the section's overrides, add the task.
+# The pipeline's edits: load the component, document the section's overrides parameter, add the task.
 PIPELINE_EDITS = (
     ('serve = load_component("serve")\n', 'serve = load_component("serve")\nshout = load_component("shout")\n'),
-    ('    serve_overrides: str = "{}",\n', '    serve_overrides: str = "{}",\n    shout_overrides: str = "{}",\n'),
     (
         "        model_name: Release name:",
         '        shout_overrides: JSON object of shout settings, e.g. {"times": 3}.\n        model_name: Release name:',
@@ -89,7 +88,7 @@ PIPELINE_EDITS = (
     (
         '    cleaned.set_display_name("1d merge cleaned shards")\n',
         '    cleaned.set_display_name("1d merge cleaned shards")\n'
-        '    loud = shout(cleaned=cleaned.outputs["cleaned"], preset=preset, overrides=shout_overrides)\n'
+        '    loud = shout(cleaned=cleaned.outputs["cleaned"], **settings("shout"))\n'
         '    loud.set_display_name("1e shout")\n',
     ),
 )
