@@ -24,13 +24,16 @@ from lmforge.errors import ConfigError, did_you_mean
 from lmforge.stages.spec import Port, StageSpec, artifact, param
 
 CORPUS_URI = param("corpus_uri", "str", "Raw corpus: local path, glob, s3:// URI or demo://shakespeare.")
-CORPUS_FINGERPRINT = param(
-    "corpus_fingerprint",
-    "str",
-    "Content hash of the corpus from preflight: part of the cache key, so changed data behind an unchanged URI "
-    "is never served from cache.",
-    default="",
-)
+
+
+def _fingerprint(
+    name: str, of: str, why: str = "so changed data behind an unchanged URI is never served from cache"
+) -> Port:
+    """A cache key: preflight's output ``name``, the content hash of ``of``."""
+    return param(name, "str", f"Content hash of {of} from preflight: part of the cache key, {why}.", default="")
+
+
+CORPUS_FINGERPRINT = _fingerprint("corpus_fingerprint", "the corpus")
 QA_URI = param("qa_uri", "str", "Q&A JSONL (prompt/response or chat messages per line): local, s3:// or demo://.")
 RELEASE_ROOT = param("release_root", "str", "Release registry root: a local path or s3://bucket/prefix.")
 MODEL_NAME = param("model_name", "str", "Release name: releases live under <release_root>/models/<model_name>/.")
@@ -56,20 +59,12 @@ BASE_MODEL = param(
     "tokenizer files), e.g. from plain save_pretrained; empty: train from scratch with a tokenizer trained here.",
     default="",
 )
-BASE_MODEL_FINGERPRINT = param(
-    "base_model_fingerprint",
-    "str",
-    "Content hash of the base model from preflight: part of the cache key, so a changed model behind an unchanged "
-    "URI is never served from cache.",
-    default="",
+BASE_MODEL_FINGERPRINT = _fingerprint(
+    "base_model_fingerprint", "the base model", "so a changed model behind an unchanged URI is never served from cache"
 )
-QA_FINGERPRINT = param(
-    "qa_fingerprint",
-    "str",
-    "Content hash of the Q&A data from preflight: part of the cache key, so changed data behind an unchanged URI "
-    "is never served from cache.",
-    default="",
-)
+QA_FINGERPRINT = _fingerprint("qa_fingerprint", "the Q&A data")
+CLEANED = artifact("cleaned", "Dataset", "Parquet shards (id, text, source, lang), quarantine sample and stats.")
+DEDUP_PLAN = artifact("plan", "Artifact", "The corpus keys to remove, with the rule and the kept duplicate.")
 
 _DAG_STAGES: tuple[StageSpec, ...] = (
     StageSpec(
@@ -109,8 +104,8 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         entry="lmforge.data.dedup_shards:run",
         config=CleanConfig,
         section="clean",
-        inputs=(artifact("shards", "Dataset", "Cleaned shards from clean_shard (the whole fan-out).", many=True),),
-        outputs=(artifact("plan", "Artifact", "The corpus keys to remove, with the rule and the kept duplicate."),),
+        inputs=(DEDUP_SHARDS,),
+        outputs=(DEDUP_PLAN,),
         headline=("removed_exact_dedup", "removed_near_dedup"),
     ),
     StageSpec(
@@ -176,7 +171,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
             EXACT_PARTS,
             artifact("pairs", "Artifact", "Every band task's pairs from dedup_band_part (whole fan-out).", many=True),
         ),
-        outputs=(artifact("plan", "Artifact", "The corpus keys to remove, with the rule and the kept duplicate."),),
+        outputs=(DEDUP_PLAN,),
         headline=("removed_exact_dedup", "removed_near_dedup"),
     ),
     StageSpec(
@@ -187,12 +182,10 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         section="clean",
         inputs=(
             param("corpus_uri", "str", "The raw corpus URI (recorded in the manifest)."),
-            artifact("shards", "Dataset", "Cleaned shards from clean_shard (the whole fan-out).", many=True),
+            DEDUP_SHARDS,
             artifact("plan", "Artifact", "Removal plan from dedup_union (or dedup_shards)."),
         ),
-        outputs=(
-            artifact("cleaned", "Dataset", "Parquet shards (id, text, source, lang), quarantine sample and stats."),
-        ),
+        outputs=(CLEANED,),
         html="report",
         headline=("docs_in", "docs_out"),
     ),
@@ -203,9 +196,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
         entry="lmforge.data.clean:run",
         config=CleanConfig,
         inputs=(CORPUS_URI,),
-        outputs=(
-            artifact("cleaned", "Dataset", "Parquet shards (id, text, source, lang), quarantine sample and stats."),
-        ),
+        outputs=(CLEANED,),
         cache_keys=(CORPUS_FINGERPRINT,),
         html="report",
         headline=("docs_in", "docs_out"),
@@ -253,15 +244,7 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
             artifact("adapter", "Model", "PEFT adapter directory."),
             artifact("merged_model", "Model", "Standalone model with the adapter merged in (the teacher)."),
         ),
-        cache_keys=(
-            param(
-                "qa_fingerprint",
-                "str",
-                "Content hash of the Q&A data from preflight: part of the cache key, so changed data behind an "
-                "unchanged URI is never served from cache.",
-                default="",
-            ),
-        ),
+        cache_keys=(QA_FINGERPRINT,),
         html="curves",
         runtime="train",
         distributed=True,
