@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import sys
 import time
 import uuid
@@ -27,7 +26,7 @@ from kfp import local
 from kfp.components import load_component_from_file
 
 from lmforge.errors import LmforgeError
-from lmforge.run_context import RUN_ID_ENV
+from lmforge.run_context import RUN_ID_ENV, environ_set
 from lmforge_kfp.components.images import content_tag, with_tag
 from lmforge_kfp.containers import ContainerSettings, container_runner
 from lmforge_kfp.pipelines.console import ANSI, RunConsole
@@ -113,20 +112,6 @@ def _logs_to(stream: TextIO) -> Iterator[None]:
         root.handlers = saved
 
 
-@contextlib.contextmanager
-def _run_id_in_env(run_id: str) -> Iterator[None]:
-    """``$LMFORGE_RUN_ID`` for the tasks (kfp.local passes no pod label): the run id the reports name."""
-    previous = os.environ.get(RUN_ID_ENV)
-    os.environ[RUN_ID_ENV] = run_id
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(RUN_ID_ENV, None)
-        else:
-            os.environ[RUN_ID_ENV] = previous
-
-
 def run_pipeline_locally(
     params: dict[str, Any],
     pipeline_root: Path,
@@ -198,7 +183,12 @@ def _start_local(
 
 def _run(pipeline: Any, params: dict[str, Any], run_id: str, run_root: Path, router: RunConsole) -> None:
     """Run ``pipeline`` under kfp.local (initialized), its output routed to ``router``; raise if a task fails."""
-    with warnings.catch_warnings(), _run_id_in_env(run_id), contextlib.redirect_stdout(router), _logs_to(router):
+    with (
+        warnings.catch_warnings(),
+        environ_set({RUN_ID_ENV: run_id}),
+        contextlib.redirect_stdout(router),
+        _logs_to(router),
+    ):
         # Resource, placement and image settings are for the cluster; kfp.local says so once per task.
         warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
         warnings.filterwarnings("ignore", message=".*custom or non-Python base image.*")

@@ -8,8 +8,9 @@ stage's MLflow run is tagged with them (:mod:`lmforge.tracking.stages`).
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 
 # The pipeline sets this from the step pod's `pipeline/runid` label (Downward API): the run id names a multi-node
@@ -50,3 +51,19 @@ class RunContext:
 
 ENV_NAMES = {"run_id": RUN_ID_ENV, "run_root": RUN_ROOT_ENV, "pipeline_version": PIPELINE_VERSION_ENV}
 """The environment variable of each :class:`RunContext` field."""
+
+
+@contextlib.contextmanager
+def environ_set(settings: Mapping[str, str]) -> Iterator[None]:
+    """Set ``settings`` in this process's environment for the block, then restore what was there (unset stays
+    unset). Not for threads that read the environment meanwhile."""
+    previous = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 
 from lmforge.errors import LmforgeError
-from lmforge.run_context import IMAGES_ENV
+from lmforge.run_context import IMAGES_ENV, environ_set
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def docker_api(engine: str) -> Iterator[None]:
                 [podman, "system", "service", "--time=0", socket], stdout=log_file, stderr=subprocess.STDOUT
             )
         try:
-            with _environ("DOCKER_HOST", socket):
+            with environ_set({"DOCKER_HOST": socket}):
                 _wait_for_service(service, service_log)
                 yield
         finally:
@@ -131,19 +131,6 @@ def _ping() -> None:
     except docker.errors.DockerException as exc:
         where = os.environ.get("DOCKER_HOST") or "Docker's default socket"
         raise ContainerEngineError(f"no Docker API at {where}: {exc}") from exc
-
-
-@contextlib.contextmanager
-def _environ(name: str, value: str) -> Iterator[None]:
-    previous = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = previous
 
 
 def pipeline_images(pipeline_yaml: Path) -> dict[str, str]:

@@ -8,7 +8,7 @@ import pytest
 
 from lmforge.config import LaunchConfig
 from lmforge.launch.stage_runner import job_run_id, with_run_env
-from lmforge.run_context import PIPELINE_VERSION_ENV, RUN_ID_ENV, RUN_ROOT_ENV, RunContext
+from lmforge.run_context import PIPELINE_VERSION_ENV, RUN_ID_ENV, RUN_ROOT_ENV, RunContext, environ_set
 from lmforge.tracking.stages import pipeline_run
 
 FULL = RunContext(run_id="run-42", run_root="s3://bucket/staging", pipeline_version="c0ffee")
@@ -81,3 +81,12 @@ def test_a_step_exports_its_run_root_and_keeps_the_version_it_was_given(env):
     context = _context({"preset": "tiny-cpu", "run_root": "s3://bucket/releases"})
     assert context == {"preset": "tiny-cpu", "run_id": "run-3", "pipeline_version": "c0ffee"}
     assert RunContext.from_env(os.environ) == RunContext("run-3", "s3://bucket/releases", "c0ffee")
+
+
+def test_environ_set_restores_a_set_variable_and_unsets_a_new_one_even_on_error(env):
+    env.setenv(RUN_ID_ENV, "outer")
+    env.delenv(RUN_ROOT_ENV, raising=False)
+    with pytest.raises(RuntimeError), environ_set({RUN_ID_ENV: "inner", RUN_ROOT_ENV: "s3://b/r"}):
+        assert (os.environ[RUN_ID_ENV], os.environ[RUN_ROOT_ENV]) == ("inner", "s3://b/r")
+        raise RuntimeError
+    assert os.environ[RUN_ID_ENV] == "outer" and RUN_ROOT_ENV not in os.environ
