@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from lmforge import __version__
 from lmforge.config.tracking import TrackingConfig
@@ -110,6 +110,21 @@ class PipelineRun:
         return tags | {k: v for k, v in extra.items() if v}
 
 
+class StageLog(TypedDict, total=False):
+    """What a stage's run logs besides its config and result (every key optional).
+
+    Attributes:
+        outputs: the stage's output directories by artifact name; their small files are uploaded, and a
+            ``training_history.json`` in one of them gives the per-step metrics.
+        history: the training history, when not in ``outputs``.
+        task: the KFP task name (``kfp.task_name``; default the stage name).
+    """
+
+    outputs: Mapping[str, str | Path] | None
+    history: Mapping[str, Any] | None
+    task: str | None
+
+
 @dataclass
 class TrackedStage:
     """A stage's MLflow run while the stage runs; set :attr:`result` before the ``with`` block ends."""
@@ -158,15 +173,7 @@ class Tracker:
             return None
 
     def track_stage(
-        self,
-        stage: str,
-        cfg: Any,
-        result: StageResult,
-        *,
-        run: PipelineRun,
-        outputs: Mapping[str, str | Path] | None = None,
-        history: Mapping[str, Any] | None = None,
-        task: str | None = None,
+        self, stage: str, cfg: Any, result: StageResult, *, run: PipelineRun, **logged: Unpack[StageLog]
     ) -> str | None:
         """Log a finished stage: one call after the stage's ``run`` returns. Returns its MLflow run id or ``None``.
 
@@ -175,12 +182,9 @@ class Tracker:
             cfg: the stage's resolved config (a pydantic model or a mapping), logged as params.
             result: what the stage's ``run`` returned.
             run: the pipeline run the stage belongs to.
-            outputs: the stage's output directories by artifact name; their small files are uploaded, and a
-                ``training_history.json`` in one of them gives the per-step metrics.
-            history: the training history, when not in ``outputs``.
-            task: the KFP task name (``kfp.task_name``; default ``stage``).
+            logged: what else the run logs (:class:`StageLog`).
         """
-        with self.stage_run(stage, cfg, run=run, outputs=outputs, history=history, task=task) as tracked:
+        with self.stage_run(stage, cfg, run=run, **logged) as tracked:
             tracked.result = result
         return tracked.run_id
 
