@@ -229,7 +229,7 @@ class Tracker:
         if not _RUN_KEY.match(run.run_id):
             session.give_up(f"pipeline run id {run.run_id!r} is not usable as a search key (letters, digits, ._:@/-)")
         experiment = session.experiment_id()
-        found = self._find_parents(session, experiment, run.run_id)
+        found = self._find_parents(session, run.run_id)
         if not found and not create:
             return None
         created = None
@@ -239,12 +239,12 @@ class Tracker:
                 "create the pipeline run",
                 lambda c: c.create_run(experiment, run_name=name, tags=self._tags(run.tags())),
             ).info.run_id
-            found = self._find_parents(session, experiment, run.run_id) or [(created, _now_ms())]
+            found = self._find_parents(session, run.run_id) or [(created, _now_ms())]
         if found[0][1] > _now_ms() - PARENT_SETTLE_S * 1000:
             # Stages racing to create the parent converge on the oldest (start time, then id). A start time is its
             # creator's clock, so a racer's older run can become visible after this search: look again once.
             time.sleep(PARENT_SETTLE_S)
-            found = self._find_parents(session, experiment, run.run_id) or found
+            found = self._find_parents(session, run.run_id) or found
         parent = found[0][0]
         if created is not None and created != parent:
             log.info("pipeline run %s already had MLflow run %s; deleting the duplicate", run.run_id, parent)
@@ -258,19 +258,9 @@ class Tracker:
         return parent
 
     @staticmethod
-    def _find_parents(session: Session, experiment: str, key: str) -> list[tuple[str, int]]:
+    def _find_parents(session: Session, key: str) -> list[tuple[str, int]]:
         """Top-level runs tagged with ``key`` as (run id, start time in ms), oldest first (start time, then id)."""
-        from mlflow.entities import ViewType
-
-        found = session.call(
-            "find the pipeline run",
-            lambda c: c.search_runs(
-                [experiment],
-                filter_string=f"tags.`{KFP_RUN_ID}` = '{key}'",
-                run_view_type=ViewType.ACTIVE_ONLY,
-                max_results=100,
-            ),
-        )
+        found = session.search_runs("find the pipeline run", f"tags.`{KFP_RUN_ID}` = '{key}'", max_results=100)
         tops = [(r.info.run_id, r.info.start_time or 0) for r in found if PARENT_TAG not in r.data.tags]
         return sorted(tops, key=lambda top: (top[1], top[0]))
 
