@@ -38,7 +38,7 @@ from lmforge.data.tokenizer import save_tokenizer, tokenizer_fingerprint, train_
 from lmforge.errors import InputDataError
 from lmforge.formats.cleaned import read_cleaned
 from lmforge.formats.token_shards import INDEX, ShardWriter, token_dtype
-from lmforge.model.base import TOKENIZER_FILES, base_problem, base_tokenizer, fetch_metadata
+from lmforge.model.base import TOKENIZER_FILES, base_tokenizer, fetch_metadata, refuse_unusable_base
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.tokenize")
@@ -231,8 +231,7 @@ def _tokenizer_for(
         )
         return bpe, "trained"
     local = fetch_metadata(base_model, workdir)
-    if problem := base_problem(local):
-        raise InputDataError(f"base model {base_model}: {problem}")
+    refuse_unusable_base(local, base_model)
     bpe = base_tokenizer(local)
     for _ in texts:  # the split plan still needs one pass
         pass

@@ -198,7 +198,7 @@ def _generate(
         "bleu": scores.bleu,
         "rouge_l": scores.rouge_l,
         "empty_answer_fraction": scores.empty_predictions / scores.prompts,
-        "generation": scores.to_dict(),
+        "generation": asdict(scores),
     }
     return figures, answers
 

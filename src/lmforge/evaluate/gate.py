@@ -268,6 +268,20 @@ def _production(results: Mapping[str, Any], metric: str) -> tuple[float | None, 
     return value, missing, version
 
 
+def _against_production(
+    results: Mapping[str, Any], model: str, key: str
+) -> tuple[float | None, float | None, str, str | None]:
+    """``(value, production's value, why either is missing, production version)`` of ``model``'s ``key``.
+
+    Without a production release the version is ``None`` and the reason says why there is none.
+    """
+    prod, prod_missing, version = _production(results, f"{model}_{key}")
+    if version is None:
+        return None, None, prod_missing, None
+    value, missing = _number(results, model, key)
+    return value, prod, "; ".join(m for m in (missing, prod_missing) if m), version
+
+
 def _no_production_yet(name: str, threshold: float, reason: str) -> Check:
     return _not_applicable(name, threshold, f"{reason}: nothing to compare with (first release)")
 
@@ -281,19 +295,13 @@ def check_bits_per_byte_vs_production(cfg: GateConfig, results: Mapping[str, Any
     margin = cfg.max_bits_per_byte_regression
     if margin is None:
         return _disabled(name, "max_bits_per_byte_regression")
-    prod, prod_missing, version = _production(results, "student_bits_per_byte")
+    cand, prod, missing, version = _against_production(results, STUDENT, "bits_per_byte")
     if version is None:
-        return _no_production_yet(name, margin, prod_missing)
-    cand, cand_missing = _number(results, STUDENT, "bits_per_byte")
-    value: float | None = None
-    missing = "; ".join(m for m in (cand_missing, prod_missing) if m)
-    if cand is not None and prod is not None:
-        if prod > 0:
-            value = (cand - prod) / prod
-        else:
-            missing = f"production {version} student_bits_per_byte is {prod}, not positive"
+        return _no_production_yet(name, margin, missing)
+    problems = [missing] if missing else []
+    value = _relative(cand, prod, problems, f"production {version} student_bits_per_byte")
     what = f"student bits/byte regression vs production {version}"
-    return _at_most(name, value, margin, missing, what)
+    return _at_most(name, value, margin, "; ".join(problems), what)
 
 
 def check_exact_match_vs_production(cfg: GateConfig, results: Mapping[str, Any]) -> Check:
@@ -302,14 +310,12 @@ def check_exact_match_vs_production(cfg: GateConfig, results: Mapping[str, Any])
     margin = cfg.max_exact_match_regression
     if margin is None:
         return _disabled(name, "max_exact_match_regression")
-    prod, prod_missing, version = _production(results, "student_exact_match")
+    cand, prod, missing, version = _against_production(results, STUDENT, "exact_match")
     if version is None:
-        return _no_production_yet(name, margin, prod_missing)
-    cand, cand_missing = _number(results, STUDENT, "exact_match")
+        return _no_production_yet(name, margin, missing)
     if prod == 0 and cand is not None:
         return _not_applicable(name, margin, f"production {version} exact match is 0: there is none to lose")
     value = prod - cand if cand is not None and prod is not None else None
-    missing = "; ".join(m for m in (cand_missing, prod_missing) if m)
     what = f"student exact-match drop vs production {version}"
     return _at_most(name, value, margin, missing, what)
 
@@ -495,13 +501,11 @@ def _harness_vs_teacher(results: Mapping[str, Any], key: str, limits: HarnessChe
 def _harness_vs_production(results: Mapping[str, Any], key: str, limits: HarnessCheck, lower: bool) -> Check:
     """``<key>_vs_production``: the metric's drop below the production release's (absolute)."""
     name, model = f"{key}_vs_production", limits.model
-    prod, prod_missing, version = _production(results, f"{model}_{key}")
+    value, prod, missing, version = _against_production(results, model, key)
     if version is None:
-        return _no_production_yet(name, limits.max_drop_vs_production, prod_missing)
-    value, missing = _number(results, model, key)
+        return _no_production_yet(name, limits.max_drop_vs_production, missing)
     sign, drop_name = _direction(lower)
     drop = sign * (prod - value) if value is not None and prod is not None else None
-    missing = "; ".join(m for m in (missing, prod_missing) if m)
     what = f"{model} {key} {drop_name} vs production {version}"
     check = _at_most(name, drop, limits.max_drop_vs_production, missing, what)
     return _when_scored(check, _nothing_scored(results, (model,), key))

@@ -33,7 +33,7 @@ import string
 import unicodedata
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lmforge import contracts
@@ -109,10 +109,6 @@ class GenerationScores:
     bleu_signature: str
     rouge_l: float
     empty_predictions: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain mapping (for JSON)."""
-        return asdict(self)
 
 
 def score_predictions(

@@ -23,8 +23,16 @@ from lmforge.metrics.perplexity import LogitsFn
 DEFAULT_BATCH_SIZES: tuple[int, ...] = (1, 8)
 
 
+class _Record:
+    """A dataclass of figures, written to JSON as a plain mapping."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain mapping (for JSON)."""
+        return asdict(self)  # type: ignore[call-overload]  # every subclass is a dataclass
+
+
 @dataclass(frozen=True)
-class LatencyResult:
+class LatencyResult(_Record):
     """Latency statistics of one input shape."""
 
     batch_size: int
@@ -35,10 +43,6 @@ class LatencyResult:
     p99_ms: float
     mean_ms: float
     tokens_per_s: float
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain mapping (for JSON)."""
-        return asdict(self)
 
 
 def input_batch(tokens: np.ndarray, *, batch_size: int, context: int) -> np.ndarray:
@@ -112,7 +116,7 @@ class DecodeRuntime(Protocol):
 
 
 @dataclass(frozen=True)
-class DecodeSpeed:
+class DecodeSpeed(_Record):
     """Prefill latency, per-token decode latency and decode throughput of one input shape."""
 
     batch_size: int
@@ -126,10 +130,6 @@ class DecodeSpeed:
     decode_p90_ms: float
     decode_p99_ms: float
     decode_tokens_per_s: float
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain mapping (for JSON)."""
-        return asdict(self)
 
 
 def measure_decode(

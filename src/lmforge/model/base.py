@@ -185,6 +185,23 @@ def localize_model(uri: str | Path, workdir: str | Path) -> Path:
         raise InputDataError(str(exc).replace(str(local), str(uri))) from exc
 
 
+def refuse_unusable_base(local: Path, uri: str | Path, *, what: str = "base model") -> None:
+    """Refuse the base model copied from ``uri`` to ``local`` when the pipeline cannot handle it (:func:`base_problem`).
+
+    Raises:
+        InputDataError: ``"<what> <uri>: <why>"``.
+    """
+    if problem := base_problem(local):
+        raise InputDataError(f"{what} {uri}: {problem}")
+
+
+def localize_base(uri: str | Path, workdir: str | Path, *, what: str = "base model") -> Path:
+    """:func:`localize_model` for a base model, refused (:func:`refuse_unusable_base`) when it cannot be handled."""
+    local = localize_model(uri, workdir)
+    refuse_unusable_base(local, uri, what=what)
+    return local
+
+
 def model_record(local: Path, uri: str) -> dict[str, object]:
     """Lineage of a model input: its manifest's fingerprint, or (any HF directory) one over its files."""
     try:

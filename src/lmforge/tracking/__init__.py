@@ -24,20 +24,21 @@ logs a finished stage by hand::
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Unpack
 
 from lmforge.config.tracking import TrackingConfig
 from lmforge.results import StageResult
 from lmforge.tracking.compare import compare_runs
 from lmforge.tracking.registry import Registration, production_baseline_from_registry, register_release
-from lmforge.tracking.runs import PipelineRun, TrackedStage, Tracker
+from lmforge.tracking.runs import PipelineRun, StageLog, TrackedStage, Tracker
 from lmforge.tracking.session import tracking_uri
 
 __all__ = [
     "PipelineRun",
     "Registration",
+    "StageLog",
+    "StageRunOptions",
     "TrackedStage",
     "Tracker",
     "TrackingConfig",
@@ -50,48 +51,40 @@ __all__ = [
 ]
 
 
+class StageRunOptions(StageLog, total=False):
+    """Keywords of :func:`track_stage` and :func:`stage_run`: a :class:`StageLog`, the pipeline run's tags
+    (:class:`PipelineRun`: ``preset``, ``pipeline_version``, ``run_url``) and the tracking settings
+    (``tracking``; ``mlflow_tracking_uri`` overrides ``MLFLOW_TRACKING_URI``)."""
+
+    preset: str | None
+    pipeline_version: str | None
+    run_url: str | None
+    tracking: TrackingConfig | None
+    mlflow_tracking_uri: str | None
+
+
 def track_stage(
-    stage: str,
-    cfg: Any,
-    result: StageResult,
-    *,
-    run_id: str,
-    outputs: Mapping[str, str | Path] | None = None,
-    history: Mapping[str, Any] | None = None,
-    preset: str | None = None,
-    pipeline_version: str | None = None,
-    run_url: str | None = None,
-    task: str | None = None,
-    tracking: TrackingConfig | None = None,
-    mlflow_tracking_uri: str | None = None,
+    stage: str, cfg: Any, result: StageResult, *, run_id: str, **options: Unpack[StageRunOptions]
 ) -> str | None:
     """Log a finished stage under the pipeline run ``run_id``; its MLflow run id, or ``None`` when off or failed.
 
-    See :meth:`Tracker.track_stage`; ``mlflow_tracking_uri`` overrides ``MLFLOW_TRACKING_URI``.
+    See :meth:`Tracker.track_stage`.
     """
-    tracker = Tracker(tracking, tracking_uri=mlflow_tracking_uri)
-    run = PipelineRun(run_id, pipeline_version=pipeline_version, preset=preset, run_url=run_url)
-    return tracker.track_stage(stage, cfg, result, run=run, outputs=outputs, history=history, task=task)
+    with stage_run(stage, cfg, run_id=run_id, **options) as tracked:
+        tracked.result = result
+    return tracked.run_id
 
 
 @contextlib.contextmanager
-def stage_run(
-    stage: str,
-    cfg: Any,
-    *,
-    run_id: str,
-    outputs: Mapping[str, str | Path] | None = None,
-    history: Mapping[str, Any] | None = None,
-    preset: str | None = None,
-    pipeline_version: str | None = None,
-    run_url: str | None = None,
-    task: str | None = None,
-    tracking: TrackingConfig | None = None,
-    mlflow_tracking_uri: str | None = None,
-) -> Iterator[TrackedStage]:
+def stage_run(stage: str, cfg: Any, *, run_id: str, **options: Unpack[StageRunOptions]) -> Iterator[TrackedStage]:
     """Context-manager form of :func:`track_stage`: the stage's run is RUNNING during the block; set
     ``tracked.result`` inside it. An exception marks the run FAILED and propagates."""
-    tracker = Tracker(tracking, tracking_uri=mlflow_tracking_uri)
-    run = PipelineRun(run_id, pipeline_version=pipeline_version, preset=preset, run_url=run_url)
-    with tracker.stage_run(stage, cfg, run=run, outputs=outputs, history=history, task=task) as tracked:
+    tracker = Tracker(options.pop("tracking", None), tracking_uri=options.pop("mlflow_tracking_uri", None))
+    run = PipelineRun(
+        run_id,
+        pipeline_version=options.pop("pipeline_version", None),
+        preset=options.pop("preset", None),
+        run_url=options.pop("run_url", None),
+    )
+    with tracker.stage_run(stage, cfg, run=run, **options) as tracked:  # what is left is the StageLog
         yield tracked

@@ -46,19 +46,12 @@ def compare_runs(
     if session is None:
         raise TrackingError("no MLflow tracking URI: pass one or set MLFLOW_TRACKING_URI")
     try:
-        from mlflow.entities import ViewType
-
-        exp = session.experiment_id()
-        runs = session.call(
+        runs = session.search_runs(
             "search pipeline runs",
-            lambda c: c.search_runs(
-                [exp],
-                # Top-level runs of pipeline runs: lmforge's own parents and those KFP's MLflow integration made.
-                filter_string=f"tags.`{KFP_RUN_ID}` LIKE '%' and tags.`{PARENT_TAG}` IS NULL",
-                run_view_type=ViewType.ACTIVE_ONLY,
-                max_results=n,
-                order_by=["attributes.start_time DESC"],
-            ),
+            # Top-level runs of pipeline runs: lmforge's own parents and those KFP's MLflow integration made.
+            f"tags.`{KFP_RUN_ID}` LIKE '%' and tags.`{PARENT_TAG}` IS NULL",
+            max_results=n,
+            order_by=["attributes.start_time DESC"],
         )
     except Unavailable as exc:
         raise TrackingError(f"MLflow at {session.display_uri} did not answer: {exc}") from exc

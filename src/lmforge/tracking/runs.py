@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from lmforge import __version__
 from lmforge.config.tracking import TrackingConfig
@@ -110,6 +110,21 @@ class PipelineRun:
         return tags | {k: v for k, v in extra.items() if v}
 
 
+class StageLog(TypedDict, total=False):
+    """What a stage's run logs besides its config and result (every key optional).
+
+    Attributes:
+        outputs: the stage's output directories by artifact name; their small files are uploaded, and a
+            ``training_history.json`` in one of them gives the per-step metrics.
+        history: the training history, when not in ``outputs``.
+        task: the KFP task name (``kfp.task_name``; default the stage name).
+    """
+
+    outputs: Mapping[str, str | Path] | None
+    history: Mapping[str, Any] | None
+    task: str | None
+
+
 @dataclass
 class TrackedStage:
     """A stage's MLflow run while the stage runs; set :attr:`result` before the ``with`` block ends."""
@@ -158,15 +173,7 @@ class Tracker:
             return None
 
     def track_stage(
-        self,
-        stage: str,
-        cfg: Any,
-        result: StageResult,
-        *,
-        run: PipelineRun,
-        outputs: Mapping[str, str | Path] | None = None,
-        history: Mapping[str, Any] | None = None,
-        task: str | None = None,
+        self, stage: str, cfg: Any, result: StageResult, *, run: PipelineRun, **logged: Unpack[StageLog]
     ) -> str | None:
         """Log a finished stage: one call after the stage's ``run`` returns. Returns its MLflow run id or ``None``.
 
@@ -175,12 +182,9 @@ class Tracker:
             cfg: the stage's resolved config (a pydantic model or a mapping), logged as params.
             result: what the stage's ``run`` returned.
             run: the pipeline run the stage belongs to.
-            outputs: the stage's output directories by artifact name; their small files are uploaded, and a
-                ``training_history.json`` in one of them gives the per-step metrics.
-            history: the training history, when not in ``outputs``.
-            task: the KFP task name (``kfp.task_name``; default ``stage``).
+            logged: what else the run logs (:class:`StageLog`).
         """
-        with self.stage_run(stage, cfg, run=run, outputs=outputs, history=history, task=task) as tracked:
+        with self.stage_run(stage, cfg, run=run, **logged) as tracked:
             tracked.result = result
         return tracked.run_id
 
@@ -225,7 +229,7 @@ class Tracker:
         if not _RUN_KEY.match(run.run_id):
             session.give_up(f"pipeline run id {run.run_id!r} is not usable as a search key (letters, digits, ._:@/-)")
         experiment = session.experiment_id()
-        found = self._find_parents(session, experiment, run.run_id)
+        found = self._find_parents(session, run.run_id)
         if not found and not create:
             return None
         created = None
@@ -235,12 +239,12 @@ class Tracker:
                 "create the pipeline run",
                 lambda c: c.create_run(experiment, run_name=name, tags=self._tags(run.tags())),
             ).info.run_id
-            found = self._find_parents(session, experiment, run.run_id) or [(created, _now_ms())]
+            found = self._find_parents(session, run.run_id) or [(created, _now_ms())]
         if found[0][1] > _now_ms() - PARENT_SETTLE_S * 1000:
             # Stages racing to create the parent converge on the oldest (start time, then id). A start time is its
             # creator's clock, so a racer's older run can become visible after this search: look again once.
             time.sleep(PARENT_SETTLE_S)
-            found = self._find_parents(session, experiment, run.run_id) or found
+            found = self._find_parents(session, run.run_id) or found
         parent = found[0][0]
         if created is not None and created != parent:
             log.info("pipeline run %s already had MLflow run %s; deleting the duplicate", run.run_id, parent)
@@ -254,19 +258,9 @@ class Tracker:
         return parent
 
     @staticmethod
-    def _find_parents(session: Session, experiment: str, key: str) -> list[tuple[str, int]]:
+    def _find_parents(session: Session, key: str) -> list[tuple[str, int]]:
         """Top-level runs tagged with ``key`` as (run id, start time in ms), oldest first (start time, then id)."""
-        from mlflow.entities import ViewType
-
-        found = session.call(
-            "find the pipeline run",
-            lambda c: c.search_runs(
-                [experiment],
-                filter_string=f"tags.`{KFP_RUN_ID}` = '{key}'",
-                run_view_type=ViewType.ACTIVE_ONLY,
-                max_results=100,
-            ),
-        )
+        found = session.search_runs("find the pipeline run", f"tags.`{KFP_RUN_ID}` = '{key}'", max_results=100)
         tops = [(r.info.run_id, r.info.start_time or 0) for r in found if PARENT_TAG not in r.data.tags]
         return sorted(tops, key=lambda top: (top[1], top[0]))
 

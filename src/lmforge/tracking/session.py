@@ -26,6 +26,7 @@ from lmforge.tracking.redact import Scrubber, redact_url
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
+    from mlflow.entities import Run
 
 log = logging.getLogger("lmforge.tracking")
 
@@ -139,6 +140,24 @@ class Session:
             )
         except Expected:  # a concurrent stage created it first
             return self.call(f"get experiment {name!r}", lambda c: c.get_experiment_by_name(name)).experiment_id
+
+    def search_runs(
+        self, what: str, filter_string: str, *, max_results: int, order_by: list[str] | None = None
+    ) -> list[Run]:
+        """The active runs of the experiment that match ``filter_string`` (MLflow's search syntax), by :meth:`call`."""
+        from mlflow.entities import ViewType
+
+        experiment = self.experiment_id()
+        return self.call(
+            what,
+            lambda c: c.search_runs(
+                [experiment],
+                filter_string=filter_string,
+                run_view_type=ViewType.ACTIVE_ONLY,
+                max_results=max_results,
+                order_by=order_by,
+            ),
+        )
 
     def call(self, what: str, fn: Callable[[MlflowClient], T], *, expected: tuple[str, ...] = ()) -> T:
         """``fn(client)`` with bounded retries.

@@ -110,22 +110,16 @@ def open_matching_shards(shards_dir: str | Path, tokenizer_dir: str | Path) -> T
     return shards
 
 
-def shard_batches(
-    shards: TokenShards, cfg: TrainConfig, *, rank: int = 0, world_size: int = 1
-) -> tuple[Callable[[int, int], dict[str, torch.Tensor]], list[dict[str, torch.Tensor]]]:
-    """``(train_batch(step, micro), eval batches)`` over the train and val splits of ``shards``.
-
-    ``train_batch`` returns rank ``rank``'s part of the step's global batch (see the module docstring);
-    every rank gets the same evaluation batches.
-    """
-    train_tokens = shards.tokens("train")
-    val = eval_windows(shards.tokens("val"), batch_size=cfg.batch_size, seq_len=cfg.seq_len, n_batches=cfg.eval_batches)
-    _check_length(train_tokens, cfg.seq_len, "train")
+def corpus_batches(
+    tokens: np.ndarray, cfg: TrainConfig, *, rows: int, rank: int = 0, world_size: int = 1
+) -> Callable[[int, int], dict[str, torch.Tensor]]:
+    """``train_batch(step, micro)``: rank ``rank``'s ``rows`` training windows of ``tokens`` (see the module
+    docstring), drawn with ``cfg``'s seed, window length and accumulation."""
 
     def train_batch(step: int, micro: int) -> dict[str, torch.Tensor]:
         return random_windows(
-            train_tokens,
-            batch_size=cfg.batch_size,
+            tokens,
+            batch_size=rows,
             seq_len=cfg.seq_len,
             seed=cfg.seed,
             step=step,
@@ -135,7 +129,28 @@ def shard_batches(
             world_size=world_size,
         )
 
-    return train_batch, val
+    return train_batch
+
+
+def val_batches(shards: TokenShards, cfg: TrainConfig) -> list[dict[str, torch.Tensor]]:
+    """The evaluation batches of the val split: the same on every rank."""
+    return eval_windows(
+        shards.tokens("val"), batch_size=cfg.batch_size, seq_len=cfg.seq_len, n_batches=cfg.eval_batches
+    )
+
+
+def shard_batches(
+    shards: TokenShards, cfg: TrainConfig, *, rank: int = 0, world_size: int = 1
+) -> tuple[Callable[[int, int], dict[str, torch.Tensor]], list[dict[str, torch.Tensor]]]:
+    """``(train_batch(step, micro), eval batches)`` over the train and val splits of ``shards``.
+
+    ``train_batch`` returns rank ``rank``'s part of the step's global batch (see the module docstring);
+    every rank gets the same evaluation batches.
+    """
+    train_tokens = shards.tokens("train")
+    val = val_batches(shards, cfg)
+    _check_length(train_tokens, cfg.seq_len, "train")
+    return corpus_batches(train_tokens, cfg, rows=cfg.batch_size, rank=rank, world_size=world_size), val
 
 
 class Prefetcher:

@@ -26,8 +26,8 @@ from lmforge.data.qa import qa_lineage
 from lmforge.errors import ConfigError, InputDataError
 from lmforge.model.base import (
     align_special_tokens,
-    base_problem,
     base_tokenizer,
+    localize_base,
     localize_model,
     model_record,
     tokenizer_mismatch,
@@ -109,9 +109,7 @@ def teacher_dtype(setting: str, device: torch.device) -> torch.dtype:
 
 def _load_student_base(uri: str | Path, workdir: Path, teacher_dir: Path, teacher_uri: str | Path) -> Path:
     """Localize a pretrained student and check it can learn from the teacher: same vocabulary and special tokens."""
-    local = localize_model(uri, workdir)
-    if problem := base_problem(local):
-        raise InputDataError(f"distill: student_base {uri}: {problem}")
+    local = localize_base(uri, workdir, what="distill: student_base")
     if mismatch := tokenizer_mismatch(base_tokenizer(teacher_dir), base_tokenizer(local)):
         raise InputDataError(
             f"distill: student_base {uri} does not share the teacher {teacher_uri}'s tokenizer ({mismatch}); "

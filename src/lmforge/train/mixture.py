@@ -37,7 +37,7 @@ from lmforge.contracts import QA_HELDOUT_FRACTION
 from lmforge.data.qa import Encoded, Example, QALineage, encode_example, encode_examples, load_examples, split_examples
 from lmforge.errors import ConfigError
 from lmforge.formats.token_shards import TokenShards
-from lmforge.train.batches import IGNORE_INDEX, collate, eval_windows, random_windows
+from lmforge.train.batches import IGNORE_INDEX, collate, corpus_batches, val_batches
 
 logger = logging.getLogger("lmforge.distill")
 
@@ -153,26 +153,15 @@ def mixture_batches(
     """``(train_batch(step, micro), corpus validation batches)``; a training batch is ``{"input_ids",
     "targets", "corpus_rows"}`` with the corpus windows first (see the module docstring)."""
     train_tokens = shards.tokens("train")
-    val = eval_windows(shards.tokens("val"), batch_size=cfg.batch_size, seq_len=cfg.seq_len, n_batches=cfg.eval_batches)
+    val = val_batches(shards, cfg)
     if mixture.qa_rows and (qa is None or not qa.train):
         raise ConfigError("distill: the mixture asks for fine-tuning examples but there are none to train on")
+    corpus = corpus_batches(train_tokens, cfg, rows=mixture.corpus_rows, rank=rank, world_size=world_size)
 
     def train_batch(step: int, micro: int) -> dict[str, Any]:
         parts = []
         if mixture.corpus_rows:
-            parts.append(
-                random_windows(
-                    train_tokens,
-                    batch_size=mixture.corpus_rows,
-                    seq_len=cfg.seq_len,
-                    seed=cfg.seed,
-                    step=step,
-                    micro=micro,
-                    grad_accum=cfg.grad_accum,
-                    rank=rank,
-                    world_size=world_size,
-                )
-            )
+            parts.append(corpus(step, micro))
         if mixture.qa_rows and qa is not None:
             slot = micro * world_size + rank
             picked = _example_draw(cfg.seed, step, slot, mixture.qa_rows, len(qa.train))

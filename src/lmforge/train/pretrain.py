@@ -27,9 +27,8 @@ from lmforge.errors import ConfigError, InputDataError
 from lmforge.formats.token_shards import TokenShards
 from lmforge.model.base import (
     align_special_tokens,
-    base_problem,
     base_tokenizer,
-    localize_model,
+    localize_base,
     model_record,
     tokenizer_mismatch,
 )
@@ -81,9 +80,7 @@ def run(
     with tempfile.TemporaryDirectory(prefix="lmforge-pretrain-") as workdir:
         base_dir = None
         if base_model is not None:
-            base_dir = localize_model(base_model, workdir)
-            if problem := base_problem(base_dir):
-                raise InputDataError(f"base model {base_model}: {problem}")
+            base_dir = localize_base(base_model, workdir)
             if mismatch := tokenizer_mismatch(tok, base_tokenizer(base_dir)):
                 raise InputDataError(
                     f"pretrain: tokenizer {tokenizer} is not the base model {base_model}'s ({mismatch}); "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lmforge.config import GateConfig
+from lmforge.config import GATE_CHECKS, GateConfig
 from lmforge.evaluate.gate import check_gate
 
 CFG = GateConfig(
@@ -15,20 +15,6 @@ CFG = GateConfig(
     max_bits_per_byte_regression=0.02,
     max_exact_match_regression=0.05,
 )
-CHECK_NAMES = [
-    "student_perplexity",
-    "int8_perplexity_delta",
-    "served_p99_latency_ms",
-    "student_exact_match",
-    "answer_loss_vs_teacher",
-    "f1_vs_teacher",
-    "served_empty_answers",
-    "teacher_forgetting",
-    "student_forgetting",
-    "data_retention",
-    "bits_per_byte_vs_production",
-    "exact_match_vs_production",
-]
 NA_WITHOUT_INPUTS = {"teacher_forgetting", "student_forgetting", "data_retention"}  # no base / no cleaning stats
 _ABSENT = object()
 
@@ -87,7 +73,7 @@ def check(decision, name):
 def test_all_checks_pass_within_thresholds():
     decision = check_gate(CFG, results())
     assert decision.passed
-    assert [c.name for c in decision.checks] == CHECK_NAMES
+    assert tuple(c.name for c in decision.checks) == GATE_CHECKS
     assert all(c.passed for c in decision.checks)
     assert check(decision, "int8_perplexity_delta").value == pytest.approx(2 / 60)
 
@@ -157,10 +143,10 @@ def test_a_missing_or_invalid_value_fails_its_check_with_a_reason(overrides, nam
 def test_empty_results_fail_every_check_that_has_something_to_measure():
     decision = check_gate(CFG, {})
     assert not decision.passed
-    assert len(decision.checks) == len(CHECK_NAMES)
+    assert len(decision.checks) == len(GATE_CHECKS)
     assert not any(c.passed for c in decision.checks)
     assert {c.name for c in decision.checks if c.status == "n/a"} == NA_WITHOUT_INPUTS
-    assert set(decision.failed) == set(CHECK_NAMES) - NA_WITHOUT_INPUTS
+    assert set(decision.failed) == set(GATE_CHECKS) - NA_WITHOUT_INPUTS
 
 
 def test_no_production_release_yet_makes_the_comparisons_n_a_with_a_reason():

@@ -9,7 +9,7 @@ stats), which the ``clean`` stage reports.
 from __future__ import annotations
 
 from collections import Counter
-from typing import ClassVar
+from typing import ClassVar, Generic, Protocol, TypeVar
 
 from lmforge.data.rules.text_view import UNDETERMINED_LANG, TextView
 
@@ -58,3 +58,36 @@ class Rule:
             self.removed += 1
             self.reasons[reason.split(" ", 1)[0]] += 1
         return reason
+
+
+class _RuleConfig(Protocol):
+    languages: list[str]
+
+
+ConfigT = TypeVar("ConfigT", bound=_RuleConfig)
+
+
+class ConfiguredRule(Rule, Generic[ConfigT]):
+    """A rule with its own config section (thresholds in ``cfg``), applied to the section's ``languages``."""
+
+    def __init__(self, cfg: ConfigT) -> None:
+        super().__init__(cfg.languages)
+        self.cfg = cfg
+
+
+class MinCount(Rule):
+    """Drop documents with fewer than ``minimum`` of what :meth:`count` counts (``unit`` in the reason)."""
+
+    unit: ClassVar[str]
+
+    def __init__(self, minimum: int) -> None:
+        super().__init__()
+        self.minimum = minimum
+
+    def count(self, view: TextView) -> int:
+        """How many the document has."""
+        raise NotImplementedError
+
+    def check(self, view: TextView) -> str | None:
+        n = self.count(view)
+        return None if n >= self.minimum else f"{n} {self.unit} < {self.minimum}"

@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterator
 
 from lmforge.config import C4Config
-from lmforge.data.rules.base import TERMINAL_PUNCTUATION, Rule
+from lmforge.data.rules.base import TERMINAL_PUNCTUATION, ConfiguredRule
 from lmforge.data.rules.text_view import TextView
 
 _SENTENCE_END = re.compile(r"[.!?。！？]+[\"'”’)\]]*(?:\s|$)")
@@ -24,15 +24,14 @@ def _at_least(items: Iterator[object], n: int) -> bool:
     return sum(1 for _ in itertools.islice(items, n)) == n
 
 
-class C4Lines(Rule):
+class C4Lines(ConfiguredRule[C4Config]):
     """C4: drop boilerplate lines (short, javascript, policy, giant words), then documents that are code,
     lorem ipsum or have too few sentences left. Rewrites ``view`` in place when it drops lines."""
 
     name = "c4"
 
     def __init__(self, cfg: C4Config) -> None:
-        super().__init__(cfg.languages)
-        self.cfg = cfg
+        super().__init__(cfg)
         self.lines_removed = 0
 
     def check(self, view: TextView) -> str | None:

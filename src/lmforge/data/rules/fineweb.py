@@ -6,19 +6,15 @@ lines, too many characters in duplicated lines, or too many newlines per word (l
 from __future__ import annotations
 
 from lmforge.config import FineWebConfig
-from lmforge.data.rules.base import TERMINAL_PUNCTUATION, Rule, duplicate_share
+from lmforge.data.rules.base import TERMINAL_PUNCTUATION, ConfiguredRule, duplicate_share
 from lmforge.data.rules.text_view import TextView
 
 
-class FineWebLines(Rule):
+class FineWebLines(ConfiguredRule[FineWebConfig]):
     """FineWeb: share of lines ending in punctuation, of short lines, of duplicated-line characters,
     and newlines per word."""
 
     name = "fineweb"
-
-    def __init__(self, cfg: FineWebConfig) -> None:
-        super().__init__(cfg.languages)
-        self.cfg = cfg
 
     def check(self, view: TextView) -> str | None:
         cfg = self.cfg

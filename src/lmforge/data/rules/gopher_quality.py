@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 
 from lmforge.config import GopherQualityConfig
-from lmforge.data.rules.base import Rule
+from lmforge.data.rules.base import ConfiguredRule
 from lmforge.data.rules.text_view import TextView
 
 BULLETS = ("•", "●", "○", "▪", "‣", "◦", "-", "*")
@@ -38,14 +38,30 @@ def _share_of_lines(view: TextView, matches: Callable[[str], bool]) -> float:
     return sum(matches(line) for line in lines) / len(lines)
 
 
-class GopherQuality(Rule):
+def _bulleted(line: str) -> bool:
+    return line.lstrip().startswith(BULLETS)
+
+
+def _trailing_ellipsis(line: str) -> bool:
+    return line.rstrip().endswith(("...", "…"))
+
+
+def _too_many_lines(view: TextView, matches: Callable[[str], bool], limit: float | None, reason: str) -> str | None:
+    """``reason`` with the share when more than ``limit`` of the lines match (:func:`_share_of_lines`), else
+    ``None`` (and always with no limit)."""
+    if limit is None:
+        return None
+    ratio = _share_of_lines(view, matches)
+    return f"{reason} {ratio:.2f} of lines > {limit}" if ratio > limit else None
+
+
+class GopherQuality(ConfiguredRule[GopherQualityConfig]):
     """Gopher quality: word count and length, symbols, bullets, ellipses, alphabetic words, stop words."""
 
     name = "gopher_quality"
 
     def __init__(self, cfg: GopherQualityConfig) -> None:
-        super().__init__(cfg.languages)
-        self.cfg = cfg
+        super().__init__(cfg)
         self.stop_words = frozenset(cfg.stop_words)
 
     def check(self, view: TextView) -> str | None:
@@ -94,23 +110,13 @@ class GopherQuality(Rule):
 
     def _bullets(self, view: TextView) -> str | None:
         """Too many lines starting with a bullet."""
-        limit = self.cfg.max_bullet_lines_ratio
-        if limit is None:
-            return None
-        ratio = _share_of_lines(view, lambda line: line.lstrip().startswith(BULLETS))
-        if ratio > limit:
-            return f"gopher_too_many_bullets {ratio:.2f} of lines > {limit}"
-        return None
+        return _too_many_lines(view, _bulleted, self.cfg.max_bullet_lines_ratio, "gopher_too_many_bullets")
 
     def _ellipses(self, view: TextView) -> str | None:
         """Too many lines ending in an ellipsis."""
-        limit = self.cfg.max_ellipsis_lines_ratio
-        if limit is None:
-            return None
-        ratio = _share_of_lines(view, lambda line: line.rstrip().endswith(("...", "…")))
-        if ratio > limit:
-            return f"gopher_too_many_end_ellipsis {ratio:.2f} of lines > {limit}"
-        return None
+        return _too_many_lines(
+            view, _trailing_ellipsis, self.cfg.max_ellipsis_lines_ratio, "gopher_too_many_end_ellipsis"
+        )
 
     def _alphabetic(self, view: TextView) -> str | None:
         """Too small a share of words holding a letter."""

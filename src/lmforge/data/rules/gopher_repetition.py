@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from lmforge.config import GopherRepetitionConfig
-from lmforge.data.rules.base import Rule, duplicate_share
+from lmforge.data.rules.base import ConfiguredRule, duplicate_share
 from lmforge.data.rules.text_view import TextView, ngram_hashes
 
 
@@ -109,14 +109,10 @@ def _repeated(items: list[str], kind: str, frac: float | None, char_frac: float 
     return None
 
 
-class GopherRepetition(Rule):
+class GopherRepetition(ConfiguredRule[GopherRepetitionConfig]):
     """Gopher repetition: duplicated lines and paragraphs, top n-grams, duplicated n-grams."""
 
     name = "gopher_repetition"
-
-    def __init__(self, cfg: GopherRepetitionConfig) -> None:
-        super().__init__(cfg.languages)
-        self.cfg = cfg
 
     def check(self, view: TextView) -> str | None:
         cfg = self.cfg

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from lmforge.data.rules.base import Rule
+from lmforge.data.rules.base import MinCount
 from lmforge.data.rules.text_view import TextView
 
 
-class MinChars(Rule):
-    """Drop documents shorter than ``min_chars`` characters."""
+class MinChars(MinCount):
+    """Drop documents shorter than ``minimum`` characters."""
 
     name = "min_chars"
+    unit = "chars"
 
-    def __init__(self, min_chars: int) -> None:
-        super().__init__()
-        self.min_chars = min_chars
-
-    def check(self, view: TextView) -> str | None:
-        n = len(view.text)
-        return None if n >= self.min_chars else f"{n} chars < {self.min_chars}"
+    def count(self, view: TextView) -> int:
+        return len(view.text)

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from lmforge.data.rules.base import Rule
+from lmforge.data.rules.base import MinCount
 from lmforge.data.rules.text_view import TextView
 
 
-class MinWords(Rule):
-    """Drop documents with fewer than ``min_words`` whitespace-separated words."""
+class MinWords(MinCount):
+    """Drop documents with fewer than ``minimum`` whitespace-separated words."""
 
     name = "min_words"
+    unit = "words"
 
-    def __init__(self, min_words: int) -> None:
-        super().__init__()
-        self.min_words = min_words
-
-    def check(self, view: TextView) -> str | None:
-        n = len(view.words)
-        return None if n >= self.min_words else f"{n} words < {self.min_words}"
+    def count(self, view: TextView) -> int:
+        return len(view.words)
