@@ -11,14 +11,12 @@ import numpy as np
 import pytest
 
 from lmforge.artifacts import write_manifest
-from lmforge.config import ModelConfig
 from lmforge.data.demo import chatterbot_pairs, shakespeare_documents
 from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
 from lmforge.formats.token_shards import ShardWriter
 from lmforge.model.build import build_model, save_model_dir
 from tests.support.mlflow_fixtures import mlflow_executable, mlflow_server, tracking_env  # noqa: F401 - shared fixtures
-
-TINY_MODEL = ModelConfig(arch="gpt2", n_layer=2, n_head=2, n_embd=32, block_size=64)
+from tests.support.tiny_training import TINY_MODEL
 
 
 @pytest.fixture(autouse=True)
