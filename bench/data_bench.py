@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import load_average, machine_facts, package_versions, result_path, text_table, write_results
+from tests.support.near_copies import edit_words
 
 WORDS = ("anon", "prithee", "sirrah", "forsooth", "marry", "zounds", "alack", "methinks")
 BOILERPLATE = "\n\nThis text is provided by the Demo Library. All rights reserved; reproduction permitted for study."
@@ -500,7 +501,7 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
 def planted_corpus(path: Path, rate: float | tuple[float, float], seed: int, copies: int) -> dict[str, list[str]]:
     """Distinct scenes of >= 300 words and ``copies`` near copies at word edit ``rate``, shuffled.
 
-    Edits delete, substitute or insert a word with equal chance (as ``tests/unit/data/test_data_dedup.py``); 30 % of
+    Edits delete, substitute or insert a word with equal chance (``edit_words``, as the dedup tests); 30 % of
     copies are upper-cased, 70 % get a boilerplate footer. Returns the ids by role: ``base``, ``near``.
     """
     rng = random.Random(seed)
@@ -511,18 +512,7 @@ def planted_corpus(path: Path, rate: float | tuple[float, float], seed: int, cop
     for j in range(copies):
         i = rng.randrange(len(base))
         r = rng.uniform(*rate) if isinstance(rate, tuple) else rate
-        out: list[str] = []
-        for word in base[i].split(" "):
-            x = rng.random()
-            if x < r / 3:
-                continue
-            if x < 2 * r / 3:
-                out.append(rng.choice(vocab))
-                continue
-            out.append(word)
-            if x < r:
-                out.append(rng.choice(vocab))
-        text = " ".join(out)
+        text = edit_words(base[i], r, rng, vocab)
         text = text.upper() if rng.random() < 0.3 else text + (BOILERPLATE if rng.random() < 0.7 else "")
         near.append({"id": f"n{j}-b{i}", "text": text})
     rng.shuffle(near)
