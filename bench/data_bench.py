@@ -54,6 +54,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from bench.common import load_average, machine_facts, package_versions, result_path, text_table, write_results
 from tests.support.near_copies import edit_words
 
@@ -249,6 +251,16 @@ def _patch_xxhash_for_datatrove() -> None:
     dt_xxhash.xxhash32 = lambda text: xxhash.xxh32_intdigest(text.encode("utf-8"))
 
 
+def _datatrove_thresholds(rules: BaseModel) -> dict[str, Any]:
+    """A rule family's thresholds as keyword arguments of datatrove's filter for it: the config names its fields
+    after datatrove's parameters; n-gram limits become ``(n, max_fraction)`` tuples."""
+    kwargs = rules.model_dump(exclude={"enabled", "languages"})
+    for name in ("top_n_grams", "dup_n_grams"):
+        if name in kwargs:
+            kwargs[name] = tuple((limit["n"], limit["max_fraction"]) for limit in kwargs[name])
+    return kwargs
+
+
 def child_datatrove(spec: dict[str, Any]) -> dict[str, Any]:
     """datatrove's FineWeb-style filters + PII + MinHash (4 stages) with our thresholds, ``workers=1``."""
     _patch_xxhash_for_datatrove()
@@ -277,48 +289,11 @@ def child_datatrove(spec: dict[str, Any]) -> dict[str, Any]:
     corpus = Path(spec["corpus"])
     filters: list[Any] = []
     if spec["rules"]:
-        rep, qual, c4, fw = cfg.gopher_repetition, cfg.gopher_quality, cfg.c4, cfg.fineweb
         filters = [
-            GopherRepetitionFilter(
-                dup_line_frac=rep.dup_line_frac,
-                dup_para_frac=rep.dup_para_frac,
-                dup_line_char_frac=rep.dup_line_char_frac,
-                dup_para_char_frac=rep.dup_para_char_frac,
-                top_n_grams=tuple((r.n, r.max_fraction) for r in rep.top_n_grams),
-                dup_n_grams=tuple((r.n, r.max_fraction) for r in rep.dup_n_grams),
-            ),
-            GopherQualityFilter(
-                min_doc_words=qual.min_doc_words,
-                max_doc_words=qual.max_doc_words,
-                min_avg_word_length=qual.min_avg_word_length,
-                max_avg_word_length=qual.max_avg_word_length,
-                max_symbol_word_ratio=qual.max_symbol_word_ratio,
-                max_bullet_lines_ratio=qual.max_bullet_lines_ratio,
-                max_ellipsis_lines_ratio=qual.max_ellipsis_lines_ratio,
-                max_non_alpha_words_ratio=qual.max_non_alpha_words_ratio,
-                min_stop_words=qual.min_stop_words,
-                stop_words=list(qual.stop_words),
-            ),
-            C4QualityFilter(
-                split_paragraph=True,
-                remove_citations=c4.remove_citations,
-                filter_no_terminal_punct=c4.filter_no_terminal_punct,
-                min_num_sentences=c4.min_num_sentences,
-                min_words_per_line=c4.min_words_per_line,
-                max_word_length=c4.max_word_length,
-                filter_lorem_ipsum=c4.filter_lorem_ipsum,
-                filter_javascript=c4.filter_javascript,
-                filter_curly_bracket=c4.filter_curly_bracket,
-                filter_policy=c4.filter_policy,
-            ),
-            FineWebQualityFilter(
-                line_punct_thr=fw.line_punct_thr,
-                line_punct_exclude_zero=fw.line_punct_exclude_zero,
-                short_line_thr=fw.short_line_thr,
-                short_line_length=fw.short_line_length,
-                char_duplicates_ratio=fw.char_duplicates_ratio,
-                new_line_ratio=fw.new_line_ratio,
-            ),
+            GopherRepetitionFilter(**_datatrove_thresholds(cfg.gopher_repetition)),
+            GopherQualityFilter(**_datatrove_thresholds(cfg.gopher_quality)),
+            C4QualityFilter(split_paragraph=True, **_datatrove_thresholds(cfg.c4)),
+            FineWebQualityFilter(**_datatrove_thresholds(cfg.fineweb)),
             PIIFormatter(),
         ]
     parquet = {"compression": "zstd"}
