@@ -181,20 +181,41 @@ def _regression(nan_at: set[int]):
     return model, loss_fn, (lambda s, m: (torch.tensor(s), (x, y))), (lambda: [(torch.tensor(-1), (x, y))])
 
 
-def test_non_finite_steps_are_skipped_and_counted():
-    model, loss_fn, batch, evals = _regression({1, 2})
-    cfg = TrainConfig(max_steps=5, warmup_steps=0, precision="fp32", eval_interval=5, log_interval=1, max_bad_steps=3)
+@pytest.mark.parametrize(
+    ("nan_at", "settings", "bad_steps"),
+    [
+        ({1, 2}, {"max_steps": 5, "eval_interval": 5, "log_interval": 1, "max_bad_steps": 3}, 2),
+        # no per-step sync: skipped on the device, counted at the next log step
+        ({1, 2, 6}, {"max_steps": 10, "eval_interval": 10, "log_interval": 5}, 3),
+    ],
+    ids=["logged_every_step", "counted_at_the_next_log"],
+)
+def test_non_finite_steps_are_skipped_and_counted(nan_at, settings, bad_steps):
+    model, loss_fn, batch, evals = _regression(nan_at)
+    cfg = TrainConfig(warmup_steps=0, precision="fp32", **settings)
     before = model.weight.detach().clone()
     history = train(model, cfg, loss_fn, batch, evals)
-    assert history["bad_steps"] == 2
+    assert history["bad_steps"] == bad_steps
     assert all(math.isfinite(v) for v in model.weight.detach().flatten().tolist())
     assert not torch.equal(model.weight, before)
 
 
-def test_too_many_non_finite_steps_in_a_row_abort_with_a_clear_error():
+@pytest.mark.parametrize(
+    ("steps", "log_interval", "match"),
+    [
+        (8, 1, r"3 consecutive steps \(up to step 5\).*max_bad_steps=3"),
+        # an abort between log steps names the step where the limit was reached
+        (9, 9, r"3 consecutive steps \(up to step 5\)"),
+    ],
+    ids=["logged_every_step", "between_log_steps"],
+)
+def test_too_many_non_finite_steps_in_a_row_abort_with_a_clear_error(steps, log_interval, match):
     model, loss_fn, batch, evals = _regression({2, 3, 4})
-    cfg = TrainConfig(max_steps=8, warmup_steps=0, precision="fp32", eval_interval=8, log_interval=1, max_bad_steps=3)
-    with pytest.raises(NonFiniteLossError, match=r"3 consecutive steps \(up to step 5\).*max_bad_steps=3"):
+    cfg = TrainConfig(
+        max_steps=steps, warmup_steps=0, precision="fp32", eval_interval=steps, log_interval=log_interval,
+        max_bad_steps=3,
+    )  # fmt: skip
+    with pytest.raises(NonFiniteLossError, match=match):
         train(model, cfg, loss_fn, batch, evals)
 
 
