@@ -8,10 +8,11 @@ import math
 import numpy as np
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
 
-from lmforge.config import TrainConfig
+from lmforge.config import ModelConfig, TrainConfig
 from lmforge.errors import InputDataError
+from lmforge.model.build import hf_config
 from lmforge.train.batches import eval_windows, random_windows
 from lmforge.train.loop import NonFiniteLossError, lr_at, param_groups, sigterm_flag, train
 from lmforge.train.mfu import device_peak_flops, flops_per_token, mfu, model_flops_per_token
@@ -56,15 +57,8 @@ def test_weight_decay_only_on_gpt2_matrices_not_biases_norms_or_embeddings():
 
 
 def test_weight_decay_groups_exclude_llama_rmsnorm_and_embeddings():
-    config = LlamaConfig(
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        hidden_size=8,
-        intermediate_size=16,
-        vocab_size=32,
-        tie_word_embeddings=False,
-    )
+    config = hf_config(ModelConfig(arch="llama", n_layer=1, n_head=2, n_embd=8, block_size=16), 32, eos_id=0, pad_id=1)
+    config.tie_word_embeddings = False  # lmforge ties the head; a base model may not
     model = LlamaForCausalLM(config)
     decay, no_decay = param_groups(model, 0.1)
     assert "model.layers.0.self_attn.q_proj.weight" in _names(model, decay["params"])
