@@ -54,7 +54,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from bench.common import load_average, machine_facts, package_versions, result_path, text_table, write_results
+from tests.support.near_copies import edit_words
 
 WORDS = ("anon", "prithee", "sirrah", "forsooth", "marry", "zounds", "alack", "methinks")
 BOILERPLATE = "\n\nThis text is provided by the Demo Library. All rights reserved; reproduction permitted for study."
@@ -248,6 +251,16 @@ def _patch_xxhash_for_datatrove() -> None:
     dt_xxhash.xxhash32 = lambda text: xxhash.xxh32_intdigest(text.encode("utf-8"))
 
 
+def _datatrove_thresholds(rules: BaseModel) -> dict[str, Any]:
+    """A rule family's thresholds as keyword arguments of datatrove's filter for it: the config names its fields
+    after datatrove's parameters; n-gram limits become ``(n, max_fraction)`` tuples."""
+    kwargs = rules.model_dump(exclude={"enabled", "languages"})
+    for name in ("top_n_grams", "dup_n_grams"):
+        if name in kwargs:
+            kwargs[name] = tuple((limit["n"], limit["max_fraction"]) for limit in kwargs[name])
+    return kwargs
+
+
 def child_datatrove(spec: dict[str, Any]) -> dict[str, Any]:
     """datatrove's FineWeb-style filters + PII + MinHash (4 stages) with our thresholds, ``workers=1``."""
     _patch_xxhash_for_datatrove()
@@ -276,48 +289,11 @@ def child_datatrove(spec: dict[str, Any]) -> dict[str, Any]:
     corpus = Path(spec["corpus"])
     filters: list[Any] = []
     if spec["rules"]:
-        rep, qual, c4, fw = cfg.gopher_repetition, cfg.gopher_quality, cfg.c4, cfg.fineweb
         filters = [
-            GopherRepetitionFilter(
-                dup_line_frac=rep.dup_line_frac,
-                dup_para_frac=rep.dup_para_frac,
-                dup_line_char_frac=rep.dup_line_char_frac,
-                dup_para_char_frac=rep.dup_para_char_frac,
-                top_n_grams=tuple((r.n, r.max_fraction) for r in rep.top_n_grams),
-                dup_n_grams=tuple((r.n, r.max_fraction) for r in rep.dup_n_grams),
-            ),
-            GopherQualityFilter(
-                min_doc_words=qual.min_doc_words,
-                max_doc_words=qual.max_doc_words,
-                min_avg_word_length=qual.min_avg_word_length,
-                max_avg_word_length=qual.max_avg_word_length,
-                max_symbol_word_ratio=qual.max_symbol_word_ratio,
-                max_bullet_lines_ratio=qual.max_bullet_lines_ratio,
-                max_ellipsis_lines_ratio=qual.max_ellipsis_lines_ratio,
-                max_non_alpha_words_ratio=qual.max_non_alpha_words_ratio,
-                min_stop_words=qual.min_stop_words,
-                stop_words=list(qual.stop_words),
-            ),
-            C4QualityFilter(
-                split_paragraph=True,
-                remove_citations=c4.remove_citations,
-                filter_no_terminal_punct=c4.filter_no_terminal_punct,
-                min_num_sentences=c4.min_num_sentences,
-                min_words_per_line=c4.min_words_per_line,
-                max_word_length=c4.max_word_length,
-                filter_lorem_ipsum=c4.filter_lorem_ipsum,
-                filter_javascript=c4.filter_javascript,
-                filter_curly_bracket=c4.filter_curly_bracket,
-                filter_policy=c4.filter_policy,
-            ),
-            FineWebQualityFilter(
-                line_punct_thr=fw.line_punct_thr,
-                line_punct_exclude_zero=fw.line_punct_exclude_zero,
-                short_line_thr=fw.short_line_thr,
-                short_line_length=fw.short_line_length,
-                char_duplicates_ratio=fw.char_duplicates_ratio,
-                new_line_ratio=fw.new_line_ratio,
-            ),
+            GopherRepetitionFilter(**_datatrove_thresholds(cfg.gopher_repetition)),
+            GopherQualityFilter(**_datatrove_thresholds(cfg.gopher_quality)),
+            C4QualityFilter(split_paragraph=True, **_datatrove_thresholds(cfg.c4)),
+            FineWebQualityFilter(**_datatrove_thresholds(cfg.fineweb)),
             PIIFormatter(),
         ]
     parquet = {"compression": "zstd"}
@@ -500,7 +476,7 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
 def planted_corpus(path: Path, rate: float | tuple[float, float], seed: int, copies: int) -> dict[str, list[str]]:
     """Distinct scenes of >= 300 words and ``copies`` near copies at word edit ``rate``, shuffled.
 
-    Edits delete, substitute or insert a word with equal chance (as ``tests/unit/data/test_data_dedup.py``); 30 % of
+    Edits delete, substitute or insert a word with equal chance (``edit_words``, as the dedup tests); 30 % of
     copies are upper-cased, 70 % get a boilerplate footer. Returns the ids by role: ``base``, ``near``.
     """
     rng = random.Random(seed)
@@ -511,18 +487,7 @@ def planted_corpus(path: Path, rate: float | tuple[float, float], seed: int, cop
     for j in range(copies):
         i = rng.randrange(len(base))
         r = rng.uniform(*rate) if isinstance(rate, tuple) else rate
-        out: list[str] = []
-        for word in base[i].split(" "):
-            x = rng.random()
-            if x < r / 3:
-                continue
-            if x < 2 * r / 3:
-                out.append(rng.choice(vocab))
-                continue
-            out.append(word)
-            if x < r:
-                out.append(rng.choice(vocab))
-        text = " ".join(out)
+        text = edit_words(base[i], r, rng, vocab)
         text = text.upper() if rng.random() < 0.3 else text + (BOILERPLATE if rng.random() < 0.7 else "")
         near.append({"id": f"n{j}-b{i}", "text": text})
     rng.shuffle(near)

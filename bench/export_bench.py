@@ -35,14 +35,11 @@ import numpy as np
 import torch
 
 from bench.common import machine_facts, text_table, write_results
-from lmforge.artifacts import write_manifest
 from lmforge.config import ExportConfig, ModelConfig, QuantizeConfig, load_preset
 from lmforge.data.demo import shakespeare_documents
-from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
 from lmforge.export import export_onnx, quantize_int8
-from lmforge.formats.token_shards import ShardWriter
-from lmforge.model.build import build_model, load_tokenizer, save_model_dir
 from lmforge.onnx_runtime import OrtCausalLM, OrtDecoderWithPast
+from tests.support.demo_artifacts import write_random_model, write_shards, write_tokenizer
 
 log = logging.getLogger("bench.export")
 
@@ -62,24 +59,9 @@ def median_ms(fn: Callable[[], Any], runs: int, warmup: int = 2) -> float:
 def build_inputs(root: Path, model_cfg: ModelConfig, vocab: int, docs: int) -> tuple[Path, Path]:
     """A random-init model of ``model_cfg`` with a demo-text tokenizer, and token shards of that text."""
     texts = [d["text"] for d in itertools.islice(shakespeare_documents(), docs)]
-    tok = train_bpe_tokenizer(texts, vocab_size=4096, min_frequency=2, eos_token="<|endoftext|>", pad_token="<|pad|>")
-    tok.save_pretrained(root / "tokenizer")
-    tok = load_tokenizer(root / "tokenizer")
-    writer = ShardWriter(
-        root / "shards",
-        vocab_size=len(tok),
-        eos_id=tok.eos_token_id,
-        tokenizer_sha256=tokenizer_fingerprint(root / "tokenizer"),
-        shard_tokens=10_000_000,
-    )
-    for i, text in enumerate(texts):
-        writer.add_document("val" if i % 10 == 0 else "train", np.array(tok(text)["input_ids"] + [tok.eos_token_id]))
-    writer.close()
-    write_manifest(root / "shards", "token-shards")
-    model = build_model(model_cfg, vocab, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, seed=0)
-    save_model_dir(model, tok, root / "model")
-    write_manifest(root / "model", "model")
-    return root / "model", root / "shards"
+    tokenizer = write_tokenizer(texts, root / "tokenizer", vocab_size=4096)
+    write_shards(texts, tokenizer, root / "shards", shard_tokens=10_000_000)
+    return write_random_model(model_cfg, tokenizer, root / "model", vocab_size=vocab), root / "shards"
 
 
 def ort_rows(dirs: dict[str, Path], seq: int, runs: int, decode_tokens: int, threads: int) -> dict[str, dict]:

@@ -288,32 +288,13 @@ def _demo_shards(workdir: Path, scenes: int) -> tuple[Path, Path]:
     scene to the validation split; the raw scenes, without the ``clean`` stage."""
     import itertools
 
-    import numpy as np
-
-    from lmforge.artifacts import write_manifest
     from lmforge.data.demo import shakespeare_documents
-    from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
-    from lmforge.formats.token_shards import ShardWriter
-    from lmforge.model.build import load_tokenizer
+    from tests.support.demo_artifacts import write_shards, write_tokenizer
 
     docs = [d["text"] for d in itertools.islice(shakespeare_documents(), scenes or None)]
-    tok_dir, shards = workdir / "tokenizer", workdir / "shards"
-    tok = train_bpe_tokenizer(docs, vocab_size=2048, min_frequency=2, eos_token="<|endoftext|>", pad_token="<|pad|>")
-    tok.save_pretrained(tok_dir)
-    write_manifest(tok_dir, "tokenizer")
-    tok = load_tokenizer(tok_dir)
-    writer = ShardWriter(
-        shards,
-        vocab_size=len(tok),
-        eos_id=tok.eos_token_id,
-        tokenizer_sha256=tokenizer_fingerprint(tok_dir),
-        shard_tokens=50_000_000,
-    )
-    for i, text in enumerate(docs):
-        writer.add_document("val" if i % 10 == 0 else "train", np.array(tok(text)["input_ids"] + [tok.eos_token_id]))
-    writer.close()
-    write_manifest(shards, "token-shards")
-    return tok_dir, shards
+    tok_dir = write_tokenizer(docs, workdir / "tokenizer", vocab_size=2048)
+    write_shards(docs, tok_dir, workdir / "shards", shard_tokens=50_000_000)
+    return tok_dir, workdir / "shards"
 
 
 def main() -> None:

@@ -27,15 +27,11 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import numpy as np
-
-from lmforge.artifacts import write_manifest
 from lmforge.config import CheckpointConfig, ModelConfig, PretrainConfig, TokenizeConfig, TrainConfig
 from lmforge.data.demo import shakespeare_documents
-from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
-from lmforge.formats.token_shards import ShardWriter
 from lmforge.results import StageResult
 from lmforge.tracking import PipelineRun, Tracker
+from tests.support.demo_artifacts import write_shards, write_tokenizer
 from tests.support.mlflow_server import MlflowServer, server_executable  # python -m from the repository root
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,29 +39,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _data(work: Path) -> tuple[Path, Path, StageResult]:
     """A tokenizer and token shards of 80 scenes (every 10th in ``val``), and the tokenize stage's result."""
-    from lmforge.model.build import load_tokenizer
-
     docs = [d["text"] for d in itertools.islice(shakespeare_documents(), 80)]
-    tok_dir = work / "tokenizer"
-    tok = train_bpe_tokenizer(docs, vocab_size=512, min_frequency=2, eos_token="<|endoftext|>", pad_token="<|pad|>")
-    tok.save_pretrained(tok_dir)
-    write_manifest(tok_dir, "tokenizer")
-    tok = load_tokenizer(tok_dir)
+    tok_dir = write_tokenizer(docs, work / "tokenizer", vocab_size=512)
     shards = work / "shards"
-    writer = ShardWriter(
-        shards,
-        vocab_size=len(tok),
-        eos_id=tok.eos_token_id,
-        tokenizer_sha256=tokenizer_fingerprint(tok_dir),
-        shard_tokens=50_000,
-    )
-    tokens = 0
-    for i, text in enumerate(docs):
-        ids = tok(text)["input_ids"] + [tok.eos_token_id]
-        tokens += len(ids)
-        writer.add_document("val" if i % 10 == 0 else "train", np.array(ids))
-    writer.close()
-    write_manifest(shards, "token-shards")
+    tokens = write_shards(docs, tok_dir, shards, shard_tokens=50_000)
     return tok_dir, shards, StageResult(metrics={"documents": float(len(docs)), "tokens": float(tokens)})
 
 

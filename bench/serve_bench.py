@@ -53,16 +53,14 @@ import numpy as np
 import torch
 
 from bench.common import load_average, machine_facts, result_path, text_table, write_results
-from lmforge.artifacts import write_manifest
 from lmforge.config import ExportConfig, ModelConfig, QuantizeConfig, load_preset
 from lmforge.data.demo import shakespeare_documents
-from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
 from lmforge.export import export_onnx, quantize_int8
-from lmforge.formats.token_shards import ShardWriter
-from lmforge.model.build import build_model, load_causal_lm, load_tokenizer, save_model_dir
+from lmforge.model.build import load_causal_lm, load_tokenizer
 from lmforge.onnx_runtime import OrtDecoderWithPast
 from lmforge.serve.generate import GenerationRequest, generate_batch
 from lmforge.serve.model_dir import is_release, resolve_served_model
+from tests.support.demo_artifacts import write_random_model, write_shards, write_tokenizer
 from tests.support.serve_helpers import mixed_load, serving
 
 log = logging.getLogger("bench.serve")
@@ -73,23 +71,9 @@ MODEL_NAME = "bench"
 def build_demo_model(root: Path, docs: int = 200) -> tuple[Path, Path]:
     """The tiny-cpu student shape with random weights: (HF model dir, dynamic INT8 ONNX dir)."""
     texts = [d["text"] for d in itertools.islice(shakespeare_documents(), docs)]
-    tok = train_bpe_tokenizer(texts, vocab_size=2048, min_frequency=2, eos_token="<|endoftext|>", pad_token="<|pad|>")
-    tok.save_pretrained(root / "tokenizer")
-    tok = load_tokenizer(root / "tokenizer")
-    writer = ShardWriter(
-        root / "shards",
-        vocab_size=len(tok),
-        eos_id=tok.eos_token_id,
-        tokenizer_sha256=tokenizer_fingerprint(root / "tokenizer"),
-        shard_tokens=10_000_000,
-    )
-    for i, text in enumerate(texts):
-        writer.add_document("val" if i % 10 == 0 else "train", np.array(tok(text)["input_ids"] + [tok.eos_token_id]))
-    writer.close()
-    write_manifest(root / "shards", "token-shards")
-    model = build_model(STUDENT, len(tok), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, seed=0)
-    save_model_dir(model, tok, root / "model")
-    write_manifest(root / "model", "model")
+    tokenizer = write_tokenizer(texts, root / "tokenizer", vocab_size=2048)
+    write_shards(texts, tokenizer, root / "shards", shard_tokens=10_000_000)
+    write_random_model(STUDENT, tokenizer, root / "model")
     export_onnx.run(ExportConfig(), model=root / "model", onnx_model=root / "onnx")
     qcfg = QuantizeConfig.model_validate(load_preset("tiny-cpu")["quantize_int8"])
     quantize_int8.run(

@@ -7,18 +7,12 @@ import json
 import logging
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from lmforge.artifacts import write_manifest
-from lmforge.config import ModelConfig
 from lmforge.data.demo import chatterbot_pairs, shakespeare_documents
-from lmforge.data.tokenizer import tokenizer_fingerprint, train_bpe_tokenizer
-from lmforge.formats.token_shards import ShardWriter
-from lmforge.model.build import build_model, save_model_dir
+from tests.support.demo_artifacts import write_random_model, write_shards, write_tokenizer
 from tests.support.mlflow_fixtures import mlflow_executable, mlflow_server, tracking_env  # noqa: F401 - shared fixtures
-
-TINY_MODEL = ModelConfig(arch="gpt2", n_layer=2, n_head=2, n_embd=32, block_size=64)
+from tests.support.tiny_training import TINY_MODEL
 
 
 @pytest.fixture(autouse=True)
@@ -46,51 +40,21 @@ def shakespeare_docs() -> list[dict[str, str]]:
 @pytest.fixture(scope="session")
 def tiny_tokenizer_dir(tmp_path_factory, shakespeare_docs) -> Path:
     """A 512-token byte-level BPE trained on a few scenes, saved in HF format."""
-    out = tmp_path_factory.mktemp("tokenizer")
-    tok = train_bpe_tokenizer(
-        (d["text"] for d in shakespeare_docs),
-        vocab_size=512,
-        min_frequency=2,
-        eos_token="<|endoftext|>",
-        pad_token="<|pad|>",
-    )
-    tok.save_pretrained(out)
-    write_manifest(out, "tokenizer")
-    return out
+    return write_tokenizer((d["text"] for d in shakespeare_docs), tmp_path_factory.mktemp("tokenizer"), vocab_size=512)
 
 
 @pytest.fixture(scope="session")
 def tiny_shards_dir(tmp_path_factory, tiny_tokenizer_dir, shakespeare_docs) -> Path:
     """Token shards of the tiny corpus: every 10th scene goes to ``val``."""
-    from lmforge.model.build import load_tokenizer
-
-    tok = load_tokenizer(tiny_tokenizer_dir)
     out = tmp_path_factory.mktemp("shards")
-    writer = ShardWriter(
-        out,
-        vocab_size=len(tok),
-        eos_id=tok.eos_token_id,
-        tokenizer_sha256=tokenizer_fingerprint(tiny_tokenizer_dir),
-        shard_tokens=20_000,
-    )
-    for i, doc in enumerate(shakespeare_docs):
-        ids = tok(doc["text"])["input_ids"] + [tok.eos_token_id]
-        writer.add_document("val" if i % 10 == 0 else "train", np.array(ids))
-    writer.close()
-    write_manifest(out, "token-shards")
+    write_shards((d["text"] for d in shakespeare_docs), tiny_tokenizer_dir, out, shard_tokens=20_000)
     return out
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tiny_tokenizer_dir) -> Path:
     """A randomly initialized 2-layer GPT-2 with the tiny tokenizer, in HF layout."""
-    from lmforge.model.build import load_tokenizer
-
-    tok = load_tokenizer(tiny_tokenizer_dir)
-    model = build_model(TINY_MODEL, len(tok), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, seed=0)
-    out = save_model_dir(model, tok, tmp_path_factory.mktemp("model"))
-    write_manifest(out, "model")
-    return out
+    return write_random_model(TINY_MODEL, tiny_tokenizer_dir, tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="session")

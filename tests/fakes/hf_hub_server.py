@@ -17,7 +17,9 @@ from __future__ import annotations
 import base64
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
+
+from tests.fakes.json_handler import JsonHandler
 
 
 class FakeHub:
@@ -31,36 +33,25 @@ class FakeHub:
         self.validated: list[str] = []
         hub = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:
-                pass
-
-            def _reply(self, status: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(JsonHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if self.headers.get("Authorization") != f"Bearer {hub.token}":
-                    self._reply(401, {"error": "Invalid credentials in Authorization header"})
+                    self.send_json(401, {"error": "Invalid credentials in Authorization header"})
                     return
                 parts = self.path.split("?")[0].strip("/").split("/")
                 if parts[:3] == ["api", "repos", "create"]:
                     request = json.loads(body)
                     repo = f"{request.get('organization')}/{request['name']}"
                     hub.repos.append(repo)
-                    self._reply(200, {"url": f"{hub.url}/{repo}", "name": repo})
+                    self.send_json(200, {"url": f"{hub.url}/{repo}", "name": repo})
                 elif parts == ["api", "validate-yaml"]:
                     hub.validated.append(json.loads(body)["content"])
-                    self._reply(200, {"errors": [], "warnings": []})
+                    self.send_json(200, {"errors": [], "warnings": []})
                 elif parts[:2] == ["api", "models"] and parts[4:5] == ["preupload"]:
                     files = json.loads(body)["files"]
                     modes = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]
-                    self._reply(200, {"files": modes, "commitOid": "0" * 40})
+                    self.send_json(200, {"files": modes, "commitOid": "0" * 40})
                 elif parts[:2] == ["api", "models"] and parts[4:5] == ["commit"]:
                     repo = "/".join(parts[2:4])
                     for line in body.decode().splitlines():
@@ -68,14 +59,14 @@ class FakeHub:
                         if item.get("key") == "file":
                             value = item["value"]
                             hub.files.setdefault(repo, {})[value["path"]] = base64.b64decode(value["content"])
-                    self._reply(200, {"commitUrl": f"{hub.url}/{repo}/commit/{'1' * 40}", "commitOid": "1" * 40})
+                    self.send_json(200, {"commitUrl": f"{hub.url}/{repo}/commit/{'1' * 40}", "commitOid": "1" * 40})
                 else:
                     hub.unexpected.append(f"POST {self.path}")
-                    self._reply(404, {"error": "not in the stand-in"})
+                    self.send_json(404, {"error": "not in the stand-in"})
 
             def do_GET(self) -> None:
                 hub.unexpected.append(f"GET {self.path}")
-                self._reply(404, {"error": "not in the stand-in"})
+                self.send_json(404, {"error": "not in the stand-in"})
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"

@@ -55,11 +55,12 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.fakes.json_handler import JsonHandler
 from tests.support.crd_schema import CRDS, TRAINER_CRDS, crd_schema, unknown_fields
 
 PYTORCHJOB_CRD = CRDS / "kubeflow.org_pytorchjobs.yaml"
@@ -275,7 +276,7 @@ class K8sApiServer:
         self._event("MODIFIED", (job.plural, meta["namespace"], meta["name"]), job.obj)
 
     # --- request handling ----------------------------------------------------------------------------------
-    def handle(self, h: BaseHTTPRequestHandler, method: str) -> None:
+    def handle(self, h: JsonHandler, method: str) -> None:
         url = urlsplit(h.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         length = int(h.headers.get("Content-Length") or 0)
@@ -318,16 +319,16 @@ class K8sApiServer:
                 if script is None and self.execute:
                     self._start(job)
                 obj = copy.deepcopy(job.obj)
-            return _json(h, 201, obj)
+            return h.send_json(201, obj)
         if method == "GET" and name is not None:
             obj = self.job(plural, ns, name)
-            return _json(h, 200, obj) if obj else _status(h, 404, "NotFound", f'{plural} "{name}" not found')
+            return h.send_json(200, obj) if obj else _status(h, 404, "NotFound", f'{plural} "{name}" not found')
         if method == "GET" and query.get("watch", "").lower() in ("true", "1"):  # the client sends "True"
             return self._watch(h, plural, ns, query)
         if method == "GET":
             with self._lock:
                 items = [copy.deepcopy(j.obj) for (p, n, _), j in self._jobs.items() if (p, n) == (plural, ns)]
-            return _json(h, 200, {"items": items, "metadata": {"resourceVersion": str(next(self._rv))}})
+            return h.send_json(200, {"items": items, "metadata": {"resourceVersion": str(next(self._rv))}})
         if method == "DELETE" and name is not None:
             with self._lock:
                 job = self._jobs.pop(key, None)
@@ -425,7 +426,7 @@ class K8sApiServer:
                             "status": {"phase": pod.phase},
                         }
                     )
-            return _json(h, 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
+            return h.send_json(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
         name = rest[0]
         if name not in pods:
             return _status(h, 404, "NotFound", f'pods "{name}" not found')
@@ -439,12 +440,7 @@ class K8sApiServer:
                 return self._follow(h, pod, int(query["tailLines"]) if "tailLines" in query else None)
             lines = pod.log[-int(query["tailLines"]) :] if "tailLines" in query else pod.log
             data = "".join(line + "\n" for line in lines).encode()
-            h.send_response(200)
-            h.send_header("Content-Type", "text/plain")
-            h.send_header("Content-Length", str(len(data)))
-            h.end_headers()
-            h.wfile.write(data)
-            return None
+            return h.send_body(200, data, "text/plain")
         return _status(h, 404, "NotFound", "/".join(rest))
 
     def _follow(self, h, pod: Pod, tail: int | None) -> None:
@@ -487,7 +483,7 @@ class K8sApiServer:
         if not resources:
             return _status(h, 404, "NotFound", "the server could not find the requested resource")
         body = {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}"}
-        return _json(h, 200, {**body, "resources": resources})
+        return h.send_json(200, {**body, "resources": resources})
 
     def _openapi(self, h, group: str, version: str) -> None:
         """The group-version's OpenAPI v3 document: one schema per served kind, tagged with its GVK."""
@@ -501,7 +497,9 @@ class K8sApiServer:
         }
         if not schemas:
             return _status(h, 404, "NotFound", "the server could not find the requested resource")
-        return _json(h, 200, {"openapi": "3.0.0", "info": {"title": "Kubernetes"}, "components": {"schemas": schemas}})
+        return h.send_json(
+            200, {"openapi": "3.0.0", "info": {"title": "Kubernetes"}, "components": {"schemas": schemas}}
+        )
 
     # --- execute mode: run a created job's command locally, one process per node ----------------------------
     def _start(self, job: _Job) -> None:
@@ -613,16 +611,7 @@ def _kill(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def _json(h: BaseHTTPRequestHandler, code: int, obj: Any) -> None:
-    data = json.dumps(obj).encode()
-    h.send_response(code)
-    h.send_header("Content-Type", "application/json")
-    h.send_header("Content-Length", str(len(data)))
-    h.end_headers()
-    h.wfile.write(data)
-
-
-def _status(h: BaseHTTPRequestHandler, code: int, reason: str, message: str) -> None:
+def _status(h: JsonHandler, code: int, reason: str, message: str) -> None:
     body = {
         "kind": "Status",
         "apiVersion": "v1",
@@ -632,39 +621,29 @@ def _status(h: BaseHTTPRequestHandler, code: int, reason: str, message: str) -> 
         "message": message,
         "code": code,
     }
-    _json(h, code, body)
+    h.send_json(code, body)
 
 
-def _write_line(h: BaseHTTPRequestHandler, obj: Any) -> None:
+def _write_line(h: JsonHandler, obj: Any) -> None:
     """One watch event as one HTTP chunk."""
     data = json.dumps(obj).encode() + b"\n"
     h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
     h.wfile.flush()
 
 
-def _handler_for(server: K8sApiServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
+def _handler_for(server: K8sApiServer) -> type[JsonHandler]:
+    class Handler(JsonHandler):
         protocol_version = "HTTP/1.1"  # chunked watch streams; every response then closes its connection
 
         def end_headers(self) -> None:
             self.send_header("Connection", "close")  # one request per connection keeps the server simple
             super().end_headers()
 
-        def _serve(self, method: str) -> None:
+        def _serve(self) -> None:
             # The client may go away mid-response (it stopped a watch or a log stream): nothing left to send.
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                server.handle(self, method)
+                server.handle(self, self.command)
 
-        def do_GET(self) -> None:
-            self._serve("GET")
-
-        def do_POST(self) -> None:
-            self._serve("POST")
-
-        def do_DELETE(self) -> None:
-            self._serve("DELETE")
-
-        def log_message(self, format: str, *args: Any) -> None:  # quiet: the request record is enough
-            pass
+        do_GET = do_POST = do_DELETE = _serve
 
     return Handler

@@ -25,11 +25,13 @@ import re
 import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import HTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
+
+from tests.fakes.json_handler import JsonHandler
 
 # The C loader when libyaml is there: a compiled pipeline is ~70 KB and pure-Python parsing is slow.
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -402,11 +404,8 @@ def _spec_of(body: Any) -> dict[str, Any]:
     return spec
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JsonHandler):
     api: KfpApiServer
-
-    def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
-        pass
 
     def _serve(self) -> None:
         parts = urlsplit(self.path)
@@ -418,12 +417,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ApiError as exc:
             status = exc.status
             payload = {"error": exc.message, "code": _GRPC_CODE.get(status, 2), "message": exc.message, "details": []}
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.send_json(status, payload)
 
     def _authenticate(self) -> None:
         """Multi-user mode: an identity header (``kubeflow-userid``, set by the Kubeflow gateway) or a bearer token.

@@ -14,23 +14,20 @@ import torch
 from safetensors.torch import load_file
 
 from lmforge.artifacts import read_manifest
-from lmforge.config import DistributedConfig, ModelConfig, PretrainConfig, TrainConfig
+from lmforge.config import DistributedConfig, PretrainConfig
 from lmforge.contracts import HISTORY_FILE
 from lmforge.model.build import load_causal_lm
 from lmforge.train import pretrain
+from tests.support.tiny_training import tiny_pretrain
 
 CHILD = Path(__file__).parents[1] / "support" / "distributed_child.py"
 STEPS = 20
 
 
 def _cfg(batch_size: int, distributed: dict | None = None) -> PretrainConfig:
-    return PretrainConfig(
-        model=ModelConfig(arch="gpt2", n_layer=2, n_head=2, n_embd=32, block_size=64),
-        train=TrainConfig(
-            max_steps=STEPS, batch_size=batch_size, seq_len=32, lr=3e-3, min_lr=3e-4, warmup_steps=4,
-            precision="fp32", eval_interval=STEPS, eval_batches=1, log_interval=1,
-            distributed=DistributedConfig.model_validate(distributed or {}),
-        ),
+    return tiny_pretrain(
+        max_steps=STEPS, batch_size=batch_size, warmup_steps=4, eval_interval=STEPS, eval_batches=1, log_interval=1,
+        distributed=DistributedConfig.model_validate(distributed or {}),
     )  # fmt: skip
 
 

@@ -20,11 +20,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.support.server_process import start_logged, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_MLFLOW = REPO / ".venv-mlflow-server" / "bin" / "mlflow"
@@ -138,28 +139,21 @@ class MlflowServer:
             )
             env["MLFLOW_AUTH_CONFIG_PATH"] = str(auth_ini)
             env["MLFLOW_FLASK_SERVER_SECRET_KEY"] = "lmforge-test-flask-key"
-        log = open(self.workdir / "mlflow-server.log", "ab")  # noqa: SIM115 - lives as long as the process
-        self.process = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir, start_new_session=True
-        )
-        self._wait_ready(timeout)
+        log = self.workdir / "mlflow-server.log"
+        self.process = start_logged(cmd, log, env=env, cwd=self.workdir)
+        wait_until_ready(
+            self.process, self._healthy, timeout=timeout, log=log, program="mlflow server", service="mlflow server",
+            stop=self.stop,
+        )  # fmt: skip
 
-    def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(
-                    f"mlflow server exited with {self.process.returncode}; see {self.workdir / 'mlflow-server.log'}"
-                )
-            with (
-                contextlib.suppress(OSError, urllib.error.URLError),
-                urllib.request.urlopen(f"{self.uri}/health", timeout=2) as resp,
-            ):
-                if resp.status == 200:
-                    return
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"mlflow server not ready after {timeout:.0f} s; see {self.workdir / 'mlflow-server.log'}")
+    def _healthy(self) -> bool:
+        """True when ``/health`` answers 200."""
+        with (
+            contextlib.suppress(OSError, urllib.error.URLError),
+            urllib.request.urlopen(f"{self.uri}/health", timeout=2) as resp,
+        ):
+            return resp.status == 200
+        return False
 
     def stop(self) -> None:
         """Stop the server (SIGTERM to its process group, then SIGKILL), keeping its store for a restart."""

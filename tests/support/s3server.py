@@ -12,10 +12,12 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.support.server_process import start_logged, wait_until_ready
 
 ACCESS_KEY = "lmforge-test-access"
 SECRET_KEY = "lmforge-test-secret-value"
@@ -105,11 +107,16 @@ class SeaweedS3:
             "-master.volumeSizeLimitMB=32",
             "-volume.max=1000",  # each bucket is a collection of 7 lazily grown volumes
         ]
-        log = open(self.workdir / "weed.log", "ab")  # noqa: SIM115 - lives as long as the process
-        self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self._wait_ready(timeout)
+        log = self.workdir / "weed.log"
+        self.process = start_logged(cmd, log)
+        wait_until_ready(
+            self.process, self._s3_probe(), timeout=timeout, log=log, program="weed", service="S3 server",
+            stop=self.stop,
+        )  # fmt: skip
 
-    def _wait_ready(self, timeout: float) -> None:
+    def _s3_probe(self) -> Callable[[], bool]:
+        """A check that S3 answers: create a bucket (fresh per start: a restart keeps old buckets), put and delete
+        an object in it."""
         import boto3
         from botocore.config import Config
         from botocore.exceptions import BotoCoreError, ClientError
@@ -122,19 +129,17 @@ class SeaweedS3:
             region_name="us-east-1",
             config=Config(retries={"max_attempts": 1}, connect_timeout=2),
         )
-        deadline = time.monotonic() + timeout
-        probe = f"lmforge-ready-{uuid.uuid4().hex[:12]}"  # fresh per start: a restart keeps old buckets
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"weed exited with {self.process.returncode}; see {self.workdir / 'weed.log'}")
+        probe = f"lmforge-ready-{uuid.uuid4().hex[:12]}"
+
+        def answers() -> bool:
             with contextlib.suppress(BotoCoreError, ClientError):
                 client.create_bucket(Bucket=probe)
                 client.put_object(Bucket=probe, Key="ready", Body=b"1")
                 client.delete_object(Bucket=probe, Key="ready")
-                return
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"S3 server not ready after {timeout:.0f} s; see {self.workdir / 'weed.log'}")
+                return True
+            return False
+
+        return answers
 
     def stop(self) -> None:
         """Stop the server as a crash does (SIGKILL: weed spends 5 s on a SIGTERM), keeping its data for a restart."""

@@ -23,6 +23,8 @@ import httpx
 import torch
 
 from lmforge.artifacts import write_manifest
+from lmforge.config import ExportConfig
+from lmforge.export import export_onnx
 from lmforge.model.build import load_causal_lm, load_tokenizer, save_model_dir
 
 READY_TIMEOUT_S = 180.0
@@ -115,6 +117,13 @@ def redraw_weights(model_dir: Path, out: Path, *, std: float = 0.3, seed: int = 
     save_model_dir(model, load_tokenizer(model_dir), out)
     write_manifest(out, "model")
     return out
+
+
+def export_redrawn(model_dir: Path, work: Path) -> Path:
+    """``model_dir`` with redrawn weights (:func:`redraw_weights`, in ``work/model``) exported by the real
+    ``export_onnx`` stage into ``work/onnx``."""
+    export_onnx.run(ExportConfig(), model=redraw_weights(model_dir, work / "model"), onnx_model=work / "onnx")
+    return work / "onnx"
 
 
 @dataclass(frozen=True)

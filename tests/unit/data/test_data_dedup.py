@@ -28,6 +28,7 @@ from lmforge.errors import ConfigError, InputDataError
 from lmforge.formats.cleaned import read_cleaned
 from lmforge.formats.dedup import REMOVED, read_removed
 from lmforge.results import StageResult
+from tests.support.near_copies import edit_words
 
 RULES_OFF = {n: {"enabled": False} for n in ("language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "pii")}
 # FineWeb's profile (word 5-grams, 14 bands x 8 rows, every candidate accepted): it misses pairs below
@@ -38,18 +39,7 @@ BOILERPLATE = "\n\nThis text is provided by the Demo Library. All rights reserve
 
 def mutate(text: str, rate: float, rng: random.Random, vocab: list[str]) -> str:
     """Delete, substitute or insert words at ``rate``; change case/whitespace; maybe append boilerplate."""
-    out: list[str] = []
-    for word in text.split(" "):
-        r = rng.random()
-        if r < rate / 3:
-            continue
-        if r < 2 * rate / 3:
-            out.append(rng.choice(vocab))
-            continue
-        out.append(word)
-        if r < rate:
-            out.append(rng.choice(vocab))
-    edited = " ".join(out)
+    edited = edit_words(text, rate, rng, vocab)
     if rng.random() < 0.3:
         return edited.upper()
     return edited.replace("\n", "\n  ") + (BOILERPLATE if rng.random() < 0.7 else "")

@@ -165,11 +165,17 @@ def test_top_ngram_bound_only_skips_documents_the_rule_keeps():
         assert bounded == exact or (bounded == 0 and exact / size <= 0.2)
 
 
+def _kept_text(rule: C4Lines, text: str) -> str:
+    """The text of a view of ``text`` after ``rule``, which must keep the document."""
+    view = TextView(text)
+    assert rule(view) is None
+    return view.text
+
+
 def test_c4_drops_boilerplate_lines_and_rewrites_the_view():
     rule = C4Lines(C4Config(min_num_sentences=2))
-    view = TextView("A fine first sentence here.\nShort line\nPlease enable javascript now ok.\nAnother good one [1].")
-    assert rule(view) is None
-    assert view.text == "A fine first sentence here.\nAnother good one ."
+    text = "A fine first sentence here.\nShort line\nPlease enable javascript now ok.\nAnother good one [1]."
+    assert _kept_text(rule, text) == "A fine first sentence here.\nAnother good one ."
     assert rule.lines_removed == 2
     assert rule("Here is code { x } in a line. More. And more.") == "c4_curly_bracket"
     assert rule("Lorem ipsum dolor sit amet.") == "c4_lorem_ipsum"
@@ -178,9 +184,8 @@ def test_c4_drops_boilerplate_lines_and_rewrites_the_view():
 
 def test_c4_phrase_checks_see_lines_after_citation_removal():
     rule = C4Lines(C4Config(min_num_sentences=1))
-    view = TextView("Please enable java[1]script to go on.\nA good sentence stays here.\nRead our terms of [edit]use.")
-    assert rule(view) is None
-    assert view.text == "A good sentence stays here."
+    text = "Please enable java[1]script to go on.\nA good sentence stays here.\nRead our terms of [edit]use."
+    assert _kept_text(rule, text) == "A good sentence stays here."
     assert rule.lines_removed == 2
 
 

@@ -34,6 +34,7 @@ from lmforge.preflight.preflight import PreflightError
 from lmforge.results import StageResult
 from lmforge.run_context import RUN_ID_ENV
 from tests.fakes.k8s_api_server import K8sApiServer
+from tests.support.token_shards import shards_of_another_tokenizer
 
 OVERRIDES = {
     "model": {"arch": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 64},
@@ -258,7 +259,7 @@ def test_two_gpus_per_node_run_torchrun_with_two_ranks_and_return_the_same_metri
 def test_a_failing_torchrun_raises_with_its_last_lines_and_writes_nothing(
     tmp_path, tiny_shards_dir, tiny_tokenizer_dir
 ):
-    shards = _shards_of_another_tokenizer(tiny_shards_dir, tmp_path)
+    shards = shards_of_another_tokenizer(tiny_shards_dir, tmp_path / "other-shards")
     with pytest.raises(LaunchError) as err:
         run_training_stage(
             "pretrain", LaunchConfig(gpus_per_node=2, log_tail_lines=200),
@@ -268,15 +269,6 @@ def test_a_failing_torchrun_raises_with_its_last_lines_and_writes_nothing(
     assert message.startswith("pretrain: torchrun with 2 processes: exited with code 1")
     assert "use the tokenizer from the same tokenize run" in message
     assert not (tmp_path / "model").exists()
-
-
-def _shards_of_another_tokenizer(shards: Path, tmp_path: Path) -> Path:
-    other = shutil.copytree(shards, tmp_path / "other-shards")
-    index = json.loads((other / "index.json").read_text())
-    index["tokenizer_sha256"] = "f" * 64
-    (other / "index.json").write_text(json.dumps(index))
-    write_manifest(other, "token-shards")
-    return other
 
 
 # --- several nodes: a TrainJob that runs for real --------------------------------------------------------------------
@@ -364,7 +356,7 @@ def test_a_failed_job_raises_with_its_log_lines_and_writes_no_local_output(
     tmp_path, cluster, s3_server, tiny_shards_dir, tiny_tokenizer_dir
 ):
     server, api, bucket = cluster
-    shards = _shards_of_another_tokenizer(tiny_shards_dir, tmp_path)
+    shards = shards_of_another_tokenizer(tiny_shards_dir, tmp_path / "other-shards")
     out = tmp_path / "model"
 
     with pytest.raises(LaunchError) as err:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -22,6 +22,7 @@ from lmforge.config.base import validate_config
 from lmforge.config.serve import ServeConfig
 from lmforge.serve.apply import ServeApplyError, apply_and_wait
 from lmforge.serve.manifests import build_inference_service, build_serving_runtime
+from tests.fakes.json_handler import JsonHandler
 from tests.support.crd_schema import CRDS, crd_schema, unknown_fields
 
 SCHEMAS = {
@@ -115,32 +116,17 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
     }
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JsonHandler):
     fake: FakeKServe
 
-    def _serve(self, method: str) -> None:
+    def _serve(self) -> None:
         url = urlsplit(self.path)
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length)) if length else None
-        code, payload = self.fake.handle(method, url.path, parse_qs(url.query), body)
-        data = json.dumps({k: v for k, v in payload.items() if k != "_reads"}).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        code, payload = self.fake.handle(self.command, url.path, parse_qs(url.query), body)
+        self.send_json(code, {k: v for k, v in payload.items() if k != "_reads"})
 
-    def do_GET(self) -> None:
-        self._serve("GET")
-
-    def do_POST(self) -> None:
-        self._serve("POST")
-
-    def do_PUT(self) -> None:
-        self._serve("PUT")
-
-    def log_message(self, *args: object) -> None:
-        pass
+    do_GET = do_POST = do_PUT = _serve
 
 
 @pytest.fixture

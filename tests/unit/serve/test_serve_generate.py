@@ -11,14 +11,12 @@ import numpy as np
 import pytest
 
 from lmforge.artifacts import write_manifest
-from lmforge.config import ExportConfig
 from lmforge.errors import InputDataError
-from lmforge.export.export_onnx import run as export_onnx
 from lmforge.onnx_runtime import WITH_PAST_FILE, OrtDecoderWithPast
 from lmforge.serve.batcher import DoneEvent, DynamicBatcher, ErrorEvent, QueueFullError, TokenEvent
 from lmforge.serve.generate import GenerationRequest, drop_rows, generate_batch, left_padded
 from lmforge.serve.model_dir import resolve_served_model
-from tests.support.serve_helpers import redraw_weights
+from tests.support.serve_helpers import export_redrawn
 
 pytestmark = pytest.mark.slow
 
@@ -27,10 +25,7 @@ PROMPTS = [(5, 17, 99, 3), (42,), (7, 7, 7, 7, 7, 7, 7, 8, 9), (300, 301)]
 
 @pytest.fixture(scope="module")
 def onnx_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    model = redraw_weights(tiny_model_dir, tmp_path_factory.mktemp("gen-model"))
-    out = tmp_path_factory.mktemp("gen") / "onnx"
-    export_onnx(ExportConfig(), model=model, onnx_model=out)
-    return out
+    return export_redrawn(tiny_model_dir, tmp_path_factory.mktemp("gen"))
 
 
 @pytest.fixture(scope="module")

@@ -16,13 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lmforge.config import ExportConfig
 from lmforge.config.serve import ServeConfig
-from lmforge.export.export_onnx import run as export_onnx
 from lmforge.serve.batcher import QueueFullError
 from lmforge.serve.model_dir import resolve_served_model
 from lmforge.serve.predictor import Ask, LmforgePredictor
-from tests.support.serve_helpers import mixed_load, redraw_weights, serving
+from tests.support.serve_helpers import export_redrawn, mixed_load, serving
 
 pytestmark = pytest.mark.slow
 
@@ -39,10 +37,7 @@ PROMPTS = ["To be, or not to be", "O Romeo", "A horse! a horse!", "Now is the wi
 
 @pytest.fixture(scope="module")
 def onnx_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    model = redraw_weights(tiny_model_dir, tmp_path_factory.mktemp("hostile-model"))
-    out = tmp_path_factory.mktemp("hostile") / "onnx"
-    export_onnx(ExportConfig(), model=model, onnx_model=out)
-    return out
+    return export_redrawn(tiny_model_dir, tmp_path_factory.mktemp("hostile"))
 
 
 @pytest.fixture(scope="module")

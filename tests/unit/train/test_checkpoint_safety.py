@@ -14,12 +14,13 @@ import torch
 
 from lmforge import storage
 from lmforge.artifacts import MANIFEST, describe_files
-from lmforge.config import CheckpointConfig, DistributedConfig, ModelConfig, PretrainConfig, TrainConfig
+from lmforge.config import CheckpointConfig, DistributedConfig, PretrainConfig
 from lmforge.contracts import HISTORY_FILE
 from lmforge.errors import UnsafeCheckpointError
 from lmforge.train import pretrain
 from lmforge.train.checkpoint import QUARANTINE, Checkpointer, complete_steps, step_name
 from lmforge.train.distributed import DistContext
+from tests.support.tiny_training import tiny_pretrain
 
 
 class _Payload:
@@ -41,14 +42,10 @@ def _craft(folder: Path, name: str, marker: Path) -> None:
 
 
 def _cfg(max_steps: int, checkpoint_dir: str, distributed: dict | None = None, batch_size: int = 4) -> PretrainConfig:
-    return PretrainConfig(
-        model=ModelConfig(arch="gpt2", n_layer=2, n_head=2, n_embd=32, block_size=64),
-        train=TrainConfig(
-            max_steps=max_steps, batch_size=batch_size, seq_len=32, lr=3e-3, min_lr=3e-4, warmup_steps=1,
-            precision="fp32", eval_interval=max_steps, eval_batches=1, log_interval=1,
-            distributed=DistributedConfig.model_validate(distributed or {}),
-            checkpoint=CheckpointConfig(dir=checkpoint_dir, every_steps=2, every_minutes=0.0, keep_last=3),
-        ),
+    return tiny_pretrain(
+        max_steps=max_steps, batch_size=batch_size, warmup_steps=1, eval_interval=max_steps, eval_batches=1,
+        log_interval=1, distributed=DistributedConfig.model_validate(distributed or {}),
+        checkpoint=CheckpointConfig(dir=checkpoint_dir, every_steps=2, every_minutes=0.0, keep_last=3),
     )  # fmt: skip
 
 

@@ -12,11 +12,13 @@ import torch
 import torch.nn.functional as F
 
 from lmforge.artifacts import read_manifest
-from lmforge.config import DistillConfig, ModelConfig, TrainConfig
+from lmforge.config import DistillConfig, ModelConfig
 from lmforge.errors import InputDataError
 from lmforge.model.build import build_model, load_causal_lm
 from lmforge.train import distill
 from lmforge.train.losses import kd_loss
+from tests.support.tiny_training import tiny_train
+from tests.support.token_shards import shards_of_another_tokenizer
 
 STUDENT = torch.tensor([[[1.0, 2.0, 3.0], [0.5, -1.0, 4.0]]])  # (batch 1, 2 positions, vocab 3)
 TEACHER = torch.tensor([[[3.0, 2.0, 1.0], [1.0, 0.0, -1.0]]])
@@ -86,11 +88,8 @@ CFG = DistillConfig(
     student_layer_fraction=0.5,
     temperature=2.0,
     alpha=0.5,
-    train=TrainConfig(
-        max_steps=10, batch_size=8, seq_len=32, lr=3e-3, min_lr=3e-4, warmup_steps=2, precision="fp32",
-        eval_interval=5, eval_batches=2, log_interval=5,
-    ),
-)  # fmt: skip
+    train=tiny_train(max_steps=10, batch_size=8, warmup_steps=2, eval_interval=5, eval_batches=2, log_interval=5),
+)
 
 
 @pytest.fixture(scope="module")
@@ -132,11 +131,8 @@ def test_student_embeddings_equal_teacher_at_init(inputs):
 
 def test_shards_from_another_tokenizer_are_refused(tmp_path, inputs):
     teacher_dir, shards_dir = inputs
-    other = shutil.copytree(shards_dir, tmp_path / "shards")
-    index = json.loads((other / "index.json").read_text())
-    index["tokenizer_sha256"] = "0" * 64
-    (other / "index.json").write_text(json.dumps(index))
-    with pytest.raises(InputDataError, match="were written by tokenizer 000000000000") as info:
+    other = shards_of_another_tokenizer(shards_dir, tmp_path / "shards")
+    with pytest.raises(InputDataError, match="were written by tokenizer ffffffffffff") as info:
         distill.run(CFG, teacher=teacher_dir, shards=other, student=tmp_path / "student")
     assert "\n" not in str(info.value)
 

@@ -8,10 +8,11 @@ import math
 import numpy as np
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
 
-from lmforge.config import TrainConfig
+from lmforge.config import ModelConfig, TrainConfig
 from lmforge.errors import InputDataError
+from lmforge.model.build import hf_config
 from lmforge.train.batches import eval_windows, random_windows
 from lmforge.train.loop import NonFiniteLossError, lr_at, param_groups, sigterm_flag, train
 from lmforge.train.mfu import device_peak_flops, flops_per_token, mfu, model_flops_per_token
@@ -56,15 +57,8 @@ def test_weight_decay_only_on_gpt2_matrices_not_biases_norms_or_embeddings():
 
 
 def test_weight_decay_groups_exclude_llama_rmsnorm_and_embeddings():
-    config = LlamaConfig(
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        hidden_size=8,
-        intermediate_size=16,
-        vocab_size=32,
-        tie_word_embeddings=False,
-    )
+    config = hf_config(ModelConfig(arch="llama", n_layer=1, n_head=2, n_embd=8, block_size=16), 32, eos_id=0, pad_id=1)
+    config.tie_word_embeddings = False  # lmforge ties the head; a base model may not
     model = LlamaForCausalLM(config)
     decay, no_decay = param_groups(model, 0.1)
     assert "model.layers.0.self_attn.q_proj.weight" in _names(model, decay["params"])
@@ -181,20 +175,41 @@ def _regression(nan_at: set[int]):
     return model, loss_fn, (lambda s, m: (torch.tensor(s), (x, y))), (lambda: [(torch.tensor(-1), (x, y))])
 
 
-def test_non_finite_steps_are_skipped_and_counted():
-    model, loss_fn, batch, evals = _regression({1, 2})
-    cfg = TrainConfig(max_steps=5, warmup_steps=0, precision="fp32", eval_interval=5, log_interval=1, max_bad_steps=3)
+@pytest.mark.parametrize(
+    ("nan_at", "settings", "bad_steps"),
+    [
+        ({1, 2}, {"max_steps": 5, "eval_interval": 5, "log_interval": 1, "max_bad_steps": 3}, 2),
+        # no per-step sync: skipped on the device, counted at the next log step
+        ({1, 2, 6}, {"max_steps": 10, "eval_interval": 10, "log_interval": 5}, 3),
+    ],
+    ids=["logged_every_step", "counted_at_the_next_log"],
+)
+def test_non_finite_steps_are_skipped_and_counted(nan_at, settings, bad_steps):
+    model, loss_fn, batch, evals = _regression(nan_at)
+    cfg = TrainConfig(warmup_steps=0, precision="fp32", **settings)
     before = model.weight.detach().clone()
     history = train(model, cfg, loss_fn, batch, evals)
-    assert history["bad_steps"] == 2
+    assert history["bad_steps"] == bad_steps
     assert all(math.isfinite(v) for v in model.weight.detach().flatten().tolist())
     assert not torch.equal(model.weight, before)
 
 
-def test_too_many_non_finite_steps_in_a_row_abort_with_a_clear_error():
+@pytest.mark.parametrize(
+    ("steps", "log_interval", "match"),
+    [
+        (8, 1, r"3 consecutive steps \(up to step 5\).*max_bad_steps=3"),
+        # an abort between log steps names the step where the limit was reached
+        (9, 9, r"3 consecutive steps \(up to step 5\)"),
+    ],
+    ids=["logged_every_step", "between_log_steps"],
+)
+def test_too_many_non_finite_steps_in_a_row_abort_with_a_clear_error(steps, log_interval, match):
     model, loss_fn, batch, evals = _regression({2, 3, 4})
-    cfg = TrainConfig(max_steps=8, warmup_steps=0, precision="fp32", eval_interval=8, log_interval=1, max_bad_steps=3)
-    with pytest.raises(NonFiniteLossError, match=r"3 consecutive steps \(up to step 5\).*max_bad_steps=3"):
+    cfg = TrainConfig(
+        max_steps=steps, warmup_steps=0, precision="fp32", eval_interval=steps, log_interval=log_interval,
+        max_bad_steps=3,
+    )  # fmt: skip
+    with pytest.raises(NonFiniteLossError, match=match):
         train(model, cfg, loss_fn, batch, evals)
 
 

@@ -11,19 +11,20 @@ import pytest
 import torch
 
 from lmforge.artifacts import read_manifest, write_manifest
-from lmforge.config import LoraConfig, ModelConfig, TrainConfig
+from lmforge.config import LoraConfig, ModelConfig
 from lmforge.errors import ConfigError, InputDataError
 from lmforge.model.build import build_model, load_causal_lm
 from lmforge.train import finetune_lora
+from tests.support.tiny_training import tiny_train
 
 CFG = LoraConfig(
     r=4,
     alpha=8,
     dropout=0.0,
     heldout_fraction=0.1,
-    train=TrainConfig(
-        max_steps=12, batch_size=8, seq_len=48, lr=5e-3, min_lr=5e-4, warmup_steps=2, precision="fp32",
-        eval_interval=6, eval_batches=2, log_interval=4,
+    train=tiny_train(
+        max_steps=12, batch_size=8, seq_len=48, lr=5e-3, min_lr=5e-4, warmup_steps=2, eval_interval=6, eval_batches=2,
+        log_interval=4,
     ),
 )  # fmt: skip
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -11,19 +10,14 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from lmforge.artifacts import read_manifest
-from lmforge.config import ModelConfig, PretrainConfig, TrainConfig
 from lmforge.contracts import HISTORY_FILE
 from lmforge.errors import InputDataError
 from lmforge.model.build import load_tokenizer
 from lmforge.train import pretrain
+from tests.support.tiny_training import tiny_pretrain
+from tests.support.token_shards import shards_of_another_tokenizer
 
-CFG = PretrainConfig(
-    model=ModelConfig(arch="gpt2", n_layer=2, n_head=2, n_embd=32, block_size=64),
-    train=TrainConfig(
-        max_steps=30, batch_size=8, seq_len=32, lr=3e-3, min_lr=3e-4, warmup_steps=5, precision="fp32",
-        eval_interval=10, eval_batches=2, log_interval=5,
-    ),
-)  # fmt: skip
+CFG = tiny_pretrain(max_steps=30, batch_size=8, warmup_steps=5, eval_interval=10, eval_batches=2, log_interval=5)
 
 
 @pytest.fixture(scope="module")
@@ -75,10 +69,7 @@ def test_output_manifest_records_inputs_config_and_metrics(trained):
 
 def test_shards_from_another_tokenizer_are_refused(tmp_path, inputs):
     shards, tokenizer = inputs
-    other = shutil.copytree(shards, tmp_path / "shards")
-    index = json.loads((other / "index.json").read_text())
-    index["tokenizer_sha256"] = "f" * 64
-    (other / "index.json").write_text(json.dumps(index))
+    other = shards_of_another_tokenizer(shards, tmp_path / "shards")
     with pytest.raises(InputDataError, match="were written by tokenizer ffffffffffff"):
         pretrain.run(CFG, shards=other, tokenizer=tokenizer, model=tmp_path / "out")
     assert not (tmp_path / "out").exists()
