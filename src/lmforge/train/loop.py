@@ -780,6 +780,10 @@ class TrainingRun:
         backend = self.backend
         if backend.engine is not None:  # every rank writes its ZeRO shards
             backend.engine.save_checkpoint(str(folder), tag=DEEPSPEED_TAG, save_latest=False)
+        elif backend.fsdp_model is not None:  # every rank writes its FSDP2 / tensor-parallel shards
+            from lmforge.train import dcp
+
+            dcp.save(self.model, backend.optimizer, folder)
         elif self.ctx.is_main:
             from safetensors.torch import save_model
 
@@ -823,7 +827,11 @@ class TrainingRun:
     def _check_resumable(self, step: int, folder: Path) -> None:
         read_trainer_state(folder, step)
         read_rng_states(folder)
-        if self.backend.engine is None:  # DeepSpeed checks its own shards when it loads them
+        if self.backend.fsdp_model is not None:
+            from lmforge.train import dcp
+
+            dcp.check(folder, self.model)
+        elif self.backend.engine is None:  # DeepSpeed checks its own shards when it loads them
             check_model_weights(folder / MODEL_STATE, self.model)
             check_optimizer_state(folder / OPTIMIZER_STATE, self.backend.optimizer)
 
@@ -857,6 +865,11 @@ class TrainingRun:
         if engine is not None:
             with tensor_only_deepspeed_loading(engine):
                 engine.load_checkpoint(str(folder), tag=DEEPSPEED_TAG, load_lr_scheduler_states=False)
+            return
+        if self.backend.fsdp_model is not None:  # at any mesh: DCP reads the pieces this rank's shards need
+            from lmforge.train import dcp
+
+            dcp.load(self.model, self.backend.optimizer, folder)
             return
         from safetensors.torch import load_model
 

@@ -1,0 +1,114 @@
+"""FSDP2, tensor parallelism and both together under torchrun (gloo, CPU) match one process at the same global
+batch; a distributed checkpoint saved at one mesh resumes at another; the exported model is a plain HF model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from lmforge.config import DistributedConfig, ModelConfig, PretrainConfig, TrainConfig
+from lmforge.contracts import HISTORY_FILE
+from lmforge.train import pretrain
+from lmforge.train.checkpoint import step_name
+from tests.support.distributed_child import launch
+
+STEPS, SAVED_AT = 20, 10
+GLOBAL_BATCH = 8
+FSDP2 = "fsdp2"
+
+
+def _cfg(mesh: dict | None, *, checkpoint_dir: Path | None = None, every_steps: int = 10 * STEPS) -> PretrainConfig:
+    """A tiny Llama (GQA, SwiGLU) in fp32; ``mesh`` None is the one-process torch backend."""
+    distributed = {"backend": "torch"} if mesh is None else {"backend": FSDP2, "mesh": mesh}
+    data_ranks = 1 if mesh is None else mesh.get("data_parallel_shard", 1)
+    return PretrainConfig(
+        model=ModelConfig(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=64),
+        train=TrainConfig(
+            max_steps=STEPS, batch_size=GLOBAL_BATCH // data_ranks, seq_len=32, lr=3e-3, min_lr=3e-4,
+            warmup_steps=4, precision="fp32", eval_interval=STEPS, eval_batches=1, log_interval=1, seed=7,
+            checkpoint={"dir": str(checkpoint_dir) if checkpoint_dir else None, "every_steps": every_steps,
+                        "every_minutes": 0},
+            distributed=DistributedConfig.model_validate(distributed),
+        ),
+    )  # fmt: skip
+
+
+def _job(cfg: PretrainConfig, out: Path) -> list[str]:
+    return [cfg.model_dump_json(), str(out)]
+
+
+def _resume_dir(root: Path, name: str) -> Path:
+    """A checkpoint dir holding only the tensor-parallel run's checkpoint of step SAVED_AT."""
+    target = root / name
+    shutil.copytree(root / "tp2_checkpoints" / step_name(SAVED_AT), target / step_name(SAVED_AT))
+    return target
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir) -> dict[str, Path]:
+    """The one-process torch reference; dp_shard=2 and TP=2 (checkpointing) on 2 ranks, 2×2 on 4 ranks; then the
+    TP=2 checkpoint of step 10 resumed on one process and on dp_shard=2."""
+    root = tmp_path_factory.mktemp("fsdp2")
+    data = {"shards": str(tiny_shards_dir), "tokenizer": str(tiny_tokenizer_dir)}
+    pretrain.run(_cfg(None), shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=root / "single")
+    tp2 = _cfg({"tensor_parallel": 2}, checkpoint_dir=root / "tp2_checkpoints", every_steps=SAVED_AT)
+    launch([_job(_cfg({"data_parallel_shard": 2}), root / "dp2"), _job(tp2, root / "tp2")], **data)
+    launch([_job(_cfg({"data_parallel_shard": 2, "tensor_parallel": 2}), root / "dp2_tp2")], nproc=4, **data)
+    resumed_dp2 = _cfg({"data_parallel_shard": 2}, checkpoint_dir=_resume_dir(root, "resume_dp2"))
+    launch([_job(resumed_dp2, root / "resumed_dp2")], **data)
+    resumed_one = _cfg({}, checkpoint_dir=_resume_dir(root, "resume_one"))
+    pretrain.run(resumed_one, shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=root / "resumed_one")
+    return {path.name: path for path in root.iterdir()}
+
+
+def _history(model_dir: Path) -> dict:
+    history = json.loads((model_dir / HISTORY_FILE).read_text())
+    assert history["step"] == list(range(1, STEPS + 1))
+    return history
+
+
+def _worst(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["dp2", "tp2", "dp2_tp2"])
+def test_mesh_matches_one_process_within_1e4_at_every_step(runs, name):
+    single, sharded = _history(runs["single"])["train_loss"], _history(runs[name])["train_loss"]
+    worst = _worst(single, sharded)
+    assert worst < 1e-4, f"{name}: max |Δloss| {worst:.2e} over {STEPS} steps"
+
+
+@pytest.mark.slow
+def test_tensor_parallel_ranks_each_hold_half_of_the_weights(runs):
+    """Each TP rank writes its own half of every split matrix (no rank holds the whole model)."""
+    files = sorted((runs["tp2_checkpoints"] / step_name(SAVED_AT) / "dcp").glob("*.distcp"))
+    sizes = [f.stat().st_size for f in files]
+    assert len(sizes) == 2 and max(sizes) < 0.6 * sum(sizes), sizes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resumed_one", "resumed_dp2"])
+def test_checkpoint_saved_at_tp2_resumes_at_another_mesh_with_the_same_losses(runs, name):
+    history, single = _history(runs[name]), _history(runs["single"])
+    assert history["resumed_from"] == SAVED_AT
+    after = slice(SAVED_AT, SAVED_AT + 5)
+    worst = _worst(single["train_loss"][after], history["train_loss"][after])
+    assert worst < 1e-4, f"{name}: max |Δloss| {worst:.2e} over steps {SAVED_AT + 1}..{SAVED_AT + 5}"
+
+
+@pytest.mark.slow
+def test_exported_model_is_the_whole_model_and_generates_in_transformers(runs):
+    exported, single = load_file(runs["dp2_tp2"] / "model.safetensors"), load_file(runs["single"] / "model.safetensors")
+    assert exported.keys() == single.keys()
+    for key, tensor in single.items():
+        assert torch.allclose(exported[key], tensor, atol=1e-4), key
+    model = AutoModelForCausalLM.from_pretrained(runs["dp2_tp2"])
+    out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=5, do_sample=False)
+    assert out.shape == (1, 8)
