@@ -16,6 +16,7 @@ from lmforge.config import DistributedConfig, ModelConfig, PretrainConfig, Train
 from lmforge.contracts import HISTORY_FILE
 from lmforge.train import pretrain
 from lmforge.train.checkpoint import step_name
+from lmforge.train.dcp import read_metadata
 from tests.support.distributed_child import launch
 
 STEPS, SAVED_AT = 20, 10
@@ -23,8 +24,11 @@ GLOBAL_BATCH = 8
 FSDP2 = "fsdp2"
 
 
-def _cfg(mesh: dict | None, *, checkpoint_dir: Path | None = None, every_steps: int = 10 * STEPS) -> PretrainConfig:
-    """A tiny Llama (GQA, SwiGLU) in fp32; ``mesh`` None is the one-process torch backend."""
+def _cfg(
+    mesh: dict | None, *, checkpoint_dir: Path | None = None, every_steps: int = 10 * STEPS, recompute: bool = False
+) -> PretrainConfig:
+    """A tiny Llama (GQA, SwiGLU) in fp32; ``mesh`` None is the one-process torch backend; ``recompute``: activation
+    checkpointing (the same math)."""
     distributed = {"backend": "torch"} if mesh is None else {"backend": FSDP2, "mesh": mesh}
     data_ranks = 1 if mesh is None else mesh.get("data_parallel_shard", 1)
     return PretrainConfig(
@@ -32,6 +36,7 @@ def _cfg(mesh: dict | None, *, checkpoint_dir: Path | None = None, every_steps: 
         train=TrainConfig(
             max_steps=STEPS, batch_size=GLOBAL_BATCH // data_ranks, seq_len=32, lr=3e-3, min_lr=3e-4,
             warmup_steps=4, precision="fp32", eval_interval=STEPS, eval_batches=1, log_interval=1, seed=7,
+            grad_checkpointing=recompute,
             checkpoint={"dir": str(checkpoint_dir) if checkpoint_dir else None, "every_steps": every_steps,
                         "every_minutes": 0},
             distributed=DistributedConfig.model_validate(distributed),
@@ -52,14 +57,15 @@ def _resume_dir(root: Path, name: str) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir) -> dict[str, Path]:
-    """The one-process torch reference; dp_shard=2 and TP=2 (checkpointing) on 2 ranks, 2×2 on 4 ranks; then the
-    TP=2 checkpoint of step 10 resumed on one process and on dp_shard=2."""
+    """The one-process torch reference; dp_shard=2 and TP=2 (checkpointing) on 2 ranks, 2×2 (recomputing
+    activations) on 4 ranks; then the TP=2 checkpoint of step 10 resumed on one process and on dp_shard=2."""
     root = tmp_path_factory.mktemp("fsdp2")
     data = {"shards": str(tiny_shards_dir), "tokenizer": str(tiny_tokenizer_dir)}
     pretrain.run(_cfg(None), shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=root / "single")
     tp2 = _cfg({"tensor_parallel": 2}, checkpoint_dir=root / "tp2_checkpoints", every_steps=SAVED_AT)
     launch([_job(_cfg({"data_parallel_shard": 2}), root / "dp2"), _job(tp2, root / "tp2")], **data)
-    launch([_job(_cfg({"data_parallel_shard": 2, "tensor_parallel": 2}), root / "dp2_tp2")], nproc=4, **data)
+    dp2_tp2 = _cfg({"data_parallel_shard": 2, "tensor_parallel": 2}, recompute=True)
+    launch([_job(dp2_tp2, root / "dp2_tp2")], nproc=4, **data)
     resumed_dp2 = _cfg({"data_parallel_shard": 2}, checkpoint_dir=_resume_dir(root, "resume_dp2"))
     launch([_job(resumed_dp2, root / "resumed_dp2")], **data)
     resumed_one = _cfg({}, checkpoint_dir=_resume_dir(root, "resume_one"))
@@ -86,11 +92,22 @@ def test_mesh_matches_one_process_within_1e4_at_every_step(runs, name):
 
 
 @pytest.mark.slow
-def test_tensor_parallel_ranks_each_hold_half_of_the_weights(runs):
-    """Each TP rank writes its own half of every split matrix (no rank holds the whole model)."""
-    files = sorted((runs["tp2_checkpoints"] / step_name(SAVED_AT) / "dcp").glob("*.distcp"))
-    sizes = [f.stat().st_size for f in files]
-    assert len(sizes) == 2 and max(sizes) < 0.6 * sum(sizes), sizes
+def test_tensor_parallel_splits_every_block_matrix_in_two(runs):
+    """The TP=2 checkpoint holds each block matrix as two pieces (rows for q/k/v, gate and up; columns for o and
+    down), one per rank, and the tied embedding by vocabulary rows; norms are whole."""
+    index = read_metadata(runs["tp2_checkpoints"] / step_name(SAVED_AT) / "dcp" / ".metadata").state_dict_metadata
+
+    def offsets(name: str) -> list[list[int]]:
+        return sorted(list(chunk.offsets) for chunk in index[f"model.model.{name}"].chunks)
+
+    rows = {"self_attn.q_proj": 16, "self_attn.k_proj": 8, "mlp.gate_proj": 64, "mlp.up_proj": 64}
+    for layer in range(2):
+        for name, half in rows.items():
+            assert offsets(f"layers.{layer}.{name}.weight") == [[0, 0], [half, 0]], name
+        for name, half in {"self_attn.o_proj": 16, "mlp.down_proj": 64}.items():
+            assert offsets(f"layers.{layer}.{name}.weight") == [[0, 0], [0, half]], name
+        assert offsets(f"layers.{layer}.input_layernorm.weight") == [[0]]
+    assert offsets("embed_tokens.weight") == [[0, 0], [256, 0]]
 
 
 @pytest.mark.slow

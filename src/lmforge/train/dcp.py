@@ -124,6 +124,8 @@ def check(folder: Path, model: torch.nn.Module) -> None:
         metadata = read_metadata(path)
     except Exception as exc:  # a torn or hostile index makes the unpickler raise almost anything
         raise ArtifactIncompleteError(f"{path}: not a readable checkpoint index ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(metadata, dcp_metadata.Metadata):
+        raise ArtifactIncompleteError(f"{path}: holds a {type(metadata).__name__}, not a checkpoint index")
     saved = {
         name.removeprefix(f"{_MODEL}."): tuple(meta.size)
         for name, meta in metadata.state_dict_metadata.items()

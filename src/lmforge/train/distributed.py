@@ -175,13 +175,12 @@ def _mesh_degrees(cfg: DistributedConfig, world_size: int) -> tuple[int, int]:
         raise ConfigError(str(exc)) from None
 
 
-def describe_backend(cfg: DistributedConfig, world_size: int = 1) -> str:
-    """``torch``, ``deepspeed ZeRO-<stage>`` or ``fsdp2 <dp>×<tp> (data_parallel_shard × tensor_parallel)``."""
+def describe_backend(cfg: DistributedConfig) -> str:
+    """``torch``, ``deepspeed ZeRO-<stage>`` or ``fsdp2 tensor_parallel <tp>``, for log lines."""
     if cfg.backend == "deepspeed":
         return f"deepspeed ZeRO-{cfg.deepspeed.zero.stage}"
     if cfg.backend == "fsdp2":
-        dp, tp = _mesh_degrees(cfg, world_size)
-        return f"fsdp2 {dp}×{tp} (data_parallel_shard × tensor_parallel)"
+        return f"fsdp2 tensor_parallel {cfg.mesh.tensor_parallel}"
     return cfg.backend
 
 

@@ -127,7 +127,7 @@ def _log_plan(
         tcfg.max_steps,
         token_shards.index["splits"]["train"]["tokens"],
         world_size,
-        describe_backend(tcfg.distributed, world_size),
+        describe_backend(tcfg.distributed),
     )
 
 
