@@ -12,14 +12,14 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from lmforge.config import DistributedConfig, ModelConfig, PretrainConfig, TrainConfig
+from lmforge.config import DistillConfig, DistributedConfig, ModelConfig, PretrainConfig, TrainConfig
 from lmforge.contracts import HISTORY_FILE
-from lmforge.train import pretrain
+from lmforge.train import distill, pretrain
 from lmforge.train.checkpoint import step_name
 from lmforge.train.dcp import read_metadata
 from tests.support.distributed_child import launch
 
-STEPS, SAVED_AT = 20, 10
+STEPS, SAVED_AT, DISTILL_STEPS = 20, 10, 6
 GLOBAL_BATCH = 8
 FSDP2 = "fsdp2"
 
@@ -48,6 +48,16 @@ def _job(cfg: PretrainConfig, out: Path) -> list[str]:
     return [cfg.model_dump_json(), str(out)]
 
 
+def _distill(data_ranks: int) -> DistillConfig:
+    """Distillation of the tiny GPT-2 into a one-layer student, data-parallel over ``data_ranks`` FSDP2 ranks."""
+    train = TrainConfig(
+        max_steps=DISTILL_STEPS, batch_size=GLOBAL_BATCH // data_ranks, seq_len=32, lr=5e-3, min_lr=5e-4,
+        warmup_steps=2, precision="fp32", eval_interval=DISTILL_STEPS, eval_batches=data_ranks, log_interval=1,
+        distributed=DistributedConfig(backend=FSDP2),
+    )  # fmt: skip
+    return DistillConfig(student_layer_fraction=0.5, alpha=0.5, train=train)
+
+
 def _resume_dir(root: Path, name: str) -> Path:
     """A checkpoint dir holding only the tensor-parallel run's checkpoint of step SAVED_AT."""
     target = root / name
@@ -56,14 +66,19 @@ def _resume_dir(root: Path, name: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir) -> dict[str, Path]:
-    """The one-process torch reference; dp_shard=2 and TP=2 (checkpointing) on 2 ranks, 2×2 (recomputing
-    activations) on 4 ranks; then the TP=2 checkpoint of step 10 resumed on one process and on dp_shard=2."""
+def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir, tiny_model_dir) -> dict[str, Path]:
+    """One-process references; dp_shard=2, TP=2 (checkpointing) and a dp_shard=2 distillation on 2 ranks, 2×2
+    (recomputing activations) on 4 ranks; then the TP=2 checkpoint of step 10 resumed on one process and on
+    dp_shard=2."""
     root = tmp_path_factory.mktemp("fsdp2")
     data = {"shards": str(tiny_shards_dir), "tokenizer": str(tiny_tokenizer_dir)}
     pretrain.run(_cfg(None), shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=root / "single")
+    distill_io = {"teacher": str(tiny_model_dir), "shards": str(tiny_shards_dir)}
+    distill.run(_distill(1), **distill_io, student=root / "distill_one")
     tp2 = _cfg({"tensor_parallel": 2}, checkpoint_dir=root / "tp2_checkpoints", every_steps=SAVED_AT)
-    launch([_job(_cfg({"data_parallel_shard": 2}), root / "dp2"), _job(tp2, root / "tp2")], **data)
+    distill_dp2 = {"stage": "distill", "config": _distill(2).model_dump_json(),
+                   "io": {**distill_io, "student": str(root / "distill_dp2")}}  # fmt: skip
+    launch([_job(_cfg({"data_parallel_shard": 2}), root / "dp2"), _job(tp2, root / "tp2"), distill_dp2], **data)
     dp2_tp2 = _cfg({"data_parallel_shard": 2, "tensor_parallel": 2}, recompute=True)
     launch([_job(dp2_tp2, root / "dp2_tp2")], nproc=4, **data)
     resumed_dp2 = _cfg({"data_parallel_shard": 2}, checkpoint_dir=_resume_dir(root, "resume_dp2"))
@@ -89,6 +104,14 @@ def test_mesh_matches_one_process_within_1e4_at_every_step(runs, name):
     single, sharded = _history(runs["single"])["train_loss"], _history(runs[name])["train_loss"]
     worst = _worst(single, sharded)
     assert worst < 1e-4, f"{name}: max |Δloss| {worst:.2e} over {STEPS} steps"
+
+
+@pytest.mark.slow
+def test_distillation_with_a_sharded_student_matches_one_process_within_1e4(runs):
+    one, sharded = (json.loads((runs[name] / HISTORY_FILE).read_text()) for name in ("distill_one", "distill_dp2"))
+    assert sharded["step"] == list(range(1, DISTILL_STEPS + 1))
+    worst = _worst(one["train_loss"], sharded["train_loss"])
+    assert worst < 1e-4, f"distill: max |Δloss| {worst:.2e} over {DISTILL_STEPS} steps"
 
 
 @pytest.mark.slow

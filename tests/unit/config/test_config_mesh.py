@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lmforge.config import LaunchConfig
+from lmforge.config import LaunchConfig, TrainConfig
 from lmforge.config.train import DistributedConfig, MeshConfig
 from lmforge.errors import ConfigError
 from lmforge.plan import plan_training
@@ -89,3 +89,10 @@ def test_plan_counts_tokens_of_data_parallel_ranks_only_and_shards_the_state_ove
     assert fsdp_tp.tokens * 2 == ddp.tokens
     state = 16 * ddp.parameters
     assert ddp.memory_gb_per_gpu - fsdp_tp.memory_gb_per_gpu == pytest.approx((state - state / 4) / 1e9)
+
+
+def test_lora_refuses_fsdp2_which_would_shard_the_base_the_adapter_is_saved_from():
+    from lmforge.train.finetune_lora import check_backend
+
+    with pytest.raises(ConfigError, match=r"^finetune_lora\.train\.distributed\.backend: fsdp2 shards"):
+        check_backend(TrainConfig(distributed=DistributedConfig(backend="fsdp2")))
