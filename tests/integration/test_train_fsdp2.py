@@ -28,7 +28,7 @@ def _cfg(
     mesh: dict | None, *, checkpoint_dir: Path | None = None, every_steps: int = 10 * STEPS, recompute: bool = False
 ) -> PretrainConfig:
     """A tiny Llama (GQA, SwiGLU) in fp32; ``mesh`` None is the one-process torch backend; ``recompute``: activation
-    checkpointing (the same math)."""
+    checkpointing (the same math). The gradient norm is clipped at every step, so it must be the whole mesh's."""
     distributed = {"backend": "torch"} if mesh is None else {"backend": FSDP2, "mesh": mesh}
     data_ranks = 1 if mesh is None else mesh.get("data_parallel_shard", 1)
     return PretrainConfig(
@@ -36,7 +36,7 @@ def _cfg(
         train=TrainConfig(
             max_steps=STEPS, batch_size=GLOBAL_BATCH // data_ranks, seq_len=32, lr=3e-3, min_lr=3e-4,
             warmup_steps=4, precision="fp32", eval_interval=STEPS, eval_batches=1, log_interval=1, seed=7,
-            grad_checkpointing=recompute,
+            grad_checkpointing=recompute, grad_clip=0.1,
             checkpoint={"dir": str(checkpoint_dir) if checkpoint_dir else None, "every_steps": every_steps,
                         "every_minutes": 0},
             distributed=DistributedConfig.model_validate(distributed),
@@ -101,9 +101,11 @@ def _worst(a: list[float], b: list[float]) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["dp2", "tp2", "dp2_tp2"])
 def test_mesh_matches_one_process_within_1e4_at_every_step(runs, name):
-    single, sharded = _history(runs["single"])["train_loss"], _history(runs[name])["train_loss"]
-    worst = _worst(single, sharded)
+    single, sharded = _history(runs["single"]), _history(runs[name])
+    worst = _worst(single["train_loss"], sharded["train_loss"])
     assert worst < 1e-4, f"{name}: max |Δloss| {worst:.2e} over {STEPS} steps"
+    assert min(single["grad_norm"]) > 0.1  # every step is clipped
+    assert sharded["grad_norm"] == pytest.approx(single["grad_norm"], rel=1e-4)
 
 
 @pytest.mark.slow
