@@ -25,18 +25,24 @@ FSDP2 = "fsdp2"
 
 
 def _cfg(
-    mesh: dict | None, *, checkpoint_dir: Path | None = None, every_steps: int = 10 * STEPS, recompute: bool = False
+    mesh: dict | None,
+    *,
+    checkpoint_dir: Path | None = None,
+    every_steps: int = 10 * STEPS,
+    recompute: bool = False,
+    grad_accum: int = 1,
 ) -> PretrainConfig:
     """A tiny Llama (GQA, SwiGLU) in fp32; ``mesh`` None is the one-process torch backend; ``recompute``: activation
-    checkpointing (the same math). The gradient norm is clipped at every step, so it must be the whole mesh's."""
+    checkpointing (the same math); the global batch stays GLOBAL_BATCH with ``grad_accum`` micro-batches. The gradient
+    norm is clipped at every step, so it must be the whole mesh's."""
     distributed = {"backend": "torch"} if mesh is None else {"backend": FSDP2, "mesh": mesh}
     data_ranks = 1 if mesh is None else mesh.get("data_parallel_shard", 1)
     return PretrainConfig(
         model=ModelConfig(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=64),
         train=TrainConfig(
-            max_steps=STEPS, batch_size=GLOBAL_BATCH // data_ranks, seq_len=32, lr=3e-3, min_lr=3e-4,
-            warmup_steps=4, precision="fp32", eval_interval=STEPS, eval_batches=1, log_interval=1, seed=7,
-            grad_checkpointing=recompute, grad_clip=0.1,
+            max_steps=STEPS, batch_size=GLOBAL_BATCH // data_ranks // grad_accum, grad_accum=grad_accum,
+            seq_len=32, lr=3e-3, min_lr=3e-4, warmup_steps=4, precision="fp32", eval_interval=STEPS, eval_batches=1,
+            log_interval=1, seed=7, grad_checkpointing=recompute, grad_clip=0.1,
             checkpoint={"dir": str(checkpoint_dir) if checkpoint_dir else None, "every_steps": every_steps,
                         "every_minutes": 0},
             distributed=DistributedConfig.model_validate(distributed),
@@ -67,7 +73,8 @@ def _resume_dir(root: Path, name: str) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir, tiny_model_dir) -> dict[str, Path]:
-    """One-process references; dp_shard=2, TP=2 (checkpointing) and a dp_shard=2 distillation on 2 ranks, 2×2
+    """One-process references; dp_shard=2 (2 micro-batches a step), TP=2 (checkpointing) and a dp_shard=2
+    distillation on 2 ranks, 2×2
     (recomputing activations) on 4 ranks; then the TP=2 checkpoint of step 10 resumed on one process and on
     dp_shard=2."""
     root = tmp_path_factory.mktemp("fsdp2")
@@ -78,7 +85,8 @@ def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir, tiny_model_dir) 
     tp2 = _cfg({"tensor_parallel": 2}, checkpoint_dir=root / "tp2_checkpoints", every_steps=SAVED_AT)
     distill_dp2 = {"stage": "distill", "config": _distill(2).model_dump_json(),
                    "io": {**distill_io, "student": str(root / "distill_dp2")}}  # fmt: skip
-    launch([_job(_cfg({"data_parallel_shard": 2}), root / "dp2"), _job(tp2, root / "tp2"), distill_dp2], **data)
+    dp2 = _cfg({"data_parallel_shard": 2}, grad_accum=2)  # gradients reduce-scattered on the 2nd micro-batch only
+    launch([_job(dp2, root / "dp2"), _job(tp2, root / "tp2"), distill_dp2], **data)
     dp2_tp2 = _cfg({"data_parallel_shard": 2, "tensor_parallel": 2}, recompute=True)
     launch([_job(dp2_tp2, root / "dp2_tp2")], nproc=4, **data)
     resumed_dp2 = _cfg({"data_parallel_shard": 2}, checkpoint_dir=_resume_dir(root, "resume_dp2"))
