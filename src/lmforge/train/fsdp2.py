@@ -37,18 +37,13 @@ def device_mesh(ctx: DistContext) -> DeviceMesh:
 def transformer_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
     """The model's transformer blocks: ``model.layers`` of a Llama, ``transformer.h`` of a GPT-2."""
     for path in ("model.layers", "transformer.h"):
-        blocks = model.get_submodule(path) if _has_submodule(model, path) else None
+        try:
+            blocks = model.get_submodule(path)
+        except AttributeError:
+            continue
         if isinstance(blocks, torch.nn.ModuleList):
             return blocks
     raise ConfigError(f"distributed.backend fsdp2: {type(model).__name__} has no model.layers or transformer.h blocks")
-
-
-def _has_submodule(model: torch.nn.Module, path: str) -> bool:
-    try:
-        model.get_submodule(path)
-    except AttributeError:
-        return False
-    return True
 
 
 def check_tensor_parallel(model: torch.nn.Module, tensor_parallel: int) -> None:

@@ -11,7 +11,8 @@ A stage hands :func:`train` a model, a :class:`~lmforge.config.TrainConfig` and 
 The loop is AdamW with decoupled weight decay on matrices only, linear warmup then cosine decay,
 gradient accumulation, global-norm clipping, autocast (``GradScaler`` only for fp16) and a guard that
 skips steps with a non-finite loss or gradient. It runs as one process, as DistributedDataParallel
-under ``torchrun``, or on a DeepSpeed ZeRO engine; it writes and resumes checkpoints (model,
+under ``torchrun``, on a DeepSpeed ZeRO engine, or sharded by FSDP2 on a data × tensor-parallel mesh
+(:mod:`lmforge.train.fsdp2`); it writes and resumes checkpoints (model,
 optimizer, step, scaler, RNG, data position, history) and stops cleanly on SIGTERM. :func:`train` runs a
 :class:`TrainingRun`, whose :meth:`~TrainingRun.fit` holds the loop top to bottom and calls one method per
 phase (one step, read back, log, evaluate, checkpoint, resume); the backends differ only in :class:`Backend`.
