@@ -29,6 +29,7 @@ from typing import Any
 
 from lmforge.config import LaunchConfig, ModelConfig
 from lmforge.errors import ConfigError
+from lmforge.launch import world_size
 from lmforge.train.mfu import GPU_MEMORY_GB, PEAK_FLOPS_BF16, flops_per_token
 
 HEADROOM = 0.10
@@ -169,7 +170,7 @@ def plan_training(
     """The plan of every training stage of a resolved pipeline config (``resolve_config``'s result)."""
     launch = launch or LaunchConfig()
     accelerator = accelerator or Accelerator.named("H100")
-    ranks = max(1, launch.num_nodes * launch.gpus_per_node)
+    ranks = world_size(launch)
     teacher = config.pretrain.model
     n_teacher, lookup = count_parameters(teacher, vocab_size)
     student = teacher.model_copy(update={"n_layer": _student_layers(config.distill, teacher)})
