@@ -13,7 +13,6 @@ from lmforge.config import ModelConfig
 from lmforge.errors import ArtifactIncompleteError
 from lmforge.model.build import build_model
 from lmforge.train import dcp
-from lmforge.train.fsdp2 import mixed_precision
 
 SHAPE = ModelConfig(arch="llama", n_layer=1, n_head=2, n_embd=16, block_size=16)
 
@@ -67,9 +66,3 @@ def test_index_that_would_run_code_is_refused_without_running_it(tmp_path, proto
     with pytest.raises(ArtifactIncompleteError, match=r"\.metadata: not a readable checkpoint index"):
         dcp.check(tmp_path, torch.nn.Linear(2, 2))
     assert not marker.exists()
-
-
-def test_bf16_computes_in_bf16_and_reduces_in_fp32_while_fp32_casts_nothing():
-    bf16, fp32 = mixed_precision("bf16"), mixed_precision("fp32")
-    assert (bf16.param_dtype, bf16.reduce_dtype) == (torch.bfloat16, torch.float32)
-    assert (fp32.param_dtype, fp32.reduce_dtype) == (None, None)
