@@ -3,17 +3,18 @@
 Parameters are counted exactly, on models built on PyTorch's ``meta`` device (no memory, no weights) from the same
 ``transformers`` config, LoRA wrapping and student shape the stages build. The rest is arithmetic:
 
-* tokens = ``max_steps · batch_size · grad_accum · seq_len · data-parallel ranks``;
+* tokens = ``max_steps · batch_size · grad_accum · seq_len · data-parallel ranks`` (tensor-parallel peers share
+  a batch);
 * FLOPs per token (PaLM appendix B, as :mod:`lmforge.train.mfu` measures MFU): ``6·N + 12·L·H·Q·T`` for training
   every weight; LoRA trains no base weight, so its frozen weights cost the forward and the input-gradient
   products only (``4·N``); distillation adds the teacher's forward (``2·N_teacher + 4·L·H·Q·T``);
 * memory per GPU: weights, gradients and AdamW states (16 bytes per trained parameter in lmforge's fp32-master
-  loop; DeepSpeed's bf16: 2 + 2 + 12, ZeRO-1/2/3 dividing the optimizer / gradient / weight parts by the ranks,
-  Rajbhandari et al. 2020), frozen weights (4 bytes, the teacher in bf16: 2), activations (Korthikanti et al. 2022:
-  ``34·s·b·h`` bytes per layer in 16-bit with a fused attention that keeps no ``s²`` scores, of which keys and
-  values ``4·s·b·h`` and the MLP's hidden layer ``16·s·b·h`` scale with their own widths; with gradient
-  checkpointing ``2·s·b·h`` per layer plus one layer recomputed), and the fp32 logits and their gradient
-  (``8·s·b·V``);
+  loop, fsdp2 sharding all of it over every rank; DeepSpeed's bf16: 2 + 2 + 12, ZeRO-1/2/3 dividing the
+  optimizer / gradient / weight parts by the ranks, Rajbhandari et al. 2020), frozen weights (4 bytes, the teacher
+  in bf16: 2), activations (Korthikanti et al. 2022: ``34·s·b·h`` bytes per layer in 16-bit with a fused
+  attention that keeps no ``s²`` scores, of which keys and values ``4·s·b·h`` and the MLP's hidden layer
+  ``16·s·b·h`` scale with their own widths; with gradient checkpointing ``2·s·b·h`` per layer plus one layer
+  recomputed), and the fp32 logits and their gradient (``8·s·b·V``);
 * hours = FLOPs / (ranks · peak · MFU), with the accelerator's dense bf16 peak from
   :data:`lmforge.train.mfu.PEAK_FLOPS_BF16` and an assumed MFU.
 
@@ -28,6 +29,7 @@ from typing import Any
 
 from lmforge.config import LaunchConfig, ModelConfig
 from lmforge.errors import ConfigError
+from lmforge.launch import world_size
 from lmforge.train.mfu import GPU_MEMORY_GB, PEAK_FLOPS_BF16, flops_per_token
 
 HEADROOM = 0.10
@@ -35,7 +37,8 @@ HEADROOM = 0.10
 DEFAULT_MFU = 0.40
 """Assumed model FLOPs utilization when none is given: what well-tuned bf16 training of this size reaches."""
 TRAINING_STAGES = ("pretrain", "finetune_lora", "distill")
-_ADAM_BYTES = {"torch": (4, 4, 8), "deepspeed": (2, 2, 12)}  # per trained parameter: weights, gradients, optimizer
+# per trained parameter: weights, gradients, optimizer states (fsdp2 keeps fp32 masters, sharded like ZeRO-3)
+_ADAM_BYTES = {"torch": (4, 4, 8), "deepspeed": (2, 2, 12), "fsdp2": (4, 4, 8)}
 _CHECKPOINTED_BYTES = 2  # the saved layer input (16-bit) per token and unit of width
 _LOGIT_BYTES = 8  # fp32 logits and their gradient, per token and vocabulary entry
 
@@ -114,7 +117,7 @@ def _attention_flops(model: ModelConfig, seq_len: int, units: int) -> float:
 def model_state_bytes(*, backend: str, zero_stage: int, ranks: int, trained: int) -> float:
     """Bytes per GPU of the trained parameters' weights, gradients and AdamW moments (ZeRO shards them by stage)."""
     weight_b, grad_b, optim_b = _ADAM_BYTES[backend]
-    stage = zero_stage if backend == "deepspeed" else 0
+    stage = {"deepspeed": zero_stage, "fsdp2": 3}.get(backend, 0)
     weights = trained * weight_b / (ranks if stage >= 3 else 1)
     grads = trained * grad_b / (ranks if stage >= 2 else 1)
     optimizer = trained * optim_b / (ranks if stage >= 1 else 1)
@@ -167,7 +170,7 @@ def plan_training(
     """The plan of every training stage of a resolved pipeline config (``resolve_config``'s result)."""
     launch = launch or LaunchConfig()
     accelerator = accelerator or Accelerator.named("H100")
-    ranks = max(1, launch.num_nodes * launch.gpus_per_node)
+    ranks = world_size(launch)
     teacher = config.pretrain.model
     n_teacher, lookup = count_parameters(teacher, vocab_size)
     student = teacher.model_copy(update={"n_layer": _student_layers(config.distill, teacher)})
@@ -176,7 +179,8 @@ def plan_training(
 
     def stage_plan(name: str, train: Any, model: ModelConfig, total: int, trained: int, frozen_bytes: float,
                    flops_token: float) -> StagePlan:  # fmt: skip
-        tokens = train.max_steps * train.batch_size * train.grad_accum * train.seq_len * ranks
+        data_ranks = _data_ranks(name, train.distributed, ranks)
+        tokens = train.max_steps * train.batch_size * train.grad_accum * train.seq_len * data_ranks
         memory = _memory_bytes(
             backend=train.distributed.backend,
             zero_stage=train.distributed.deepspeed.zero.stage,
@@ -212,6 +216,17 @@ def plan_training(
             + 2.0 * matmul_teacher + _attention_flops(teacher, distill.seq_len, 2),
         ),
     ]  # fmt: skip
+
+
+def _data_ranks(stage: str, distributed: Any, ranks: int) -> int:
+    """Ranks that read their own part of the batch: all but tensor-parallel peers; refuses an fsdp2 mesh whose
+    degrees do not multiply to the launch's ranks."""
+    if distributed.backend != "fsdp2":
+        return ranks
+    try:
+        return distributed.mesh.degrees(ranks)[0]
+    except ValueError as exc:
+        raise ConfigError(f"{stage}.train.{exc} (launch: num_nodes × gpus_per_node)") from None
 
 
 def _student_layers(distill: Any, teacher: ModelConfig) -> int:

@@ -191,13 +191,73 @@ class DeepSpeedConfig(StrictModel):
     )
 
 
+class MeshConfig(StrictModel):
+    """The fsdp2 device mesh: ``data_parallel_shard × tensor_parallel`` ranks, whose product is WORLD_SIZE.
+
+    Ranks are laid out row-major: the ``tensor_parallel`` ranks of one data-parallel group are adjacent
+    (on one node, where the links are fastest).
+    """
+
+    data_parallel_shard: int | None = Field(
+        None,
+        gt=0,
+        description="Ranks that shard the parameters, gradients and optimizer states (FSDP2) and split each step's "
+        "global batch between them; null: every rank tensor_parallel leaves (WORLD_SIZE / tensor_parallel).",
+    )
+    tensor_parallel: int = Field(
+        1,
+        gt=0,
+        description="Ranks that split every block's matrices (attention heads, MLP width, embeddings and head by "
+        "vocabulary) and read the same batch; must divide the attention heads, key/value heads and MLP width "
+        "(llama only; keep it within one node).",
+    )
+
+    def degrees(self, world_size: int) -> tuple[int, int]:
+        """``(data_parallel_shard, tensor_parallel)`` for ``world_size`` ranks.
+
+        Raises:
+            ValueError: their product is not ``world_size``, naming the fields and the world size.
+        """
+        tp = self.tensor_parallel
+        dp = self.data_parallel_shard if self.data_parallel_shard is not None else world_size // tp
+        if dp * tp != world_size:
+            given = "null (the rest)" if self.data_parallel_shard is None else str(dp)
+            raise ValueError(
+                f"distributed.mesh: data_parallel_shard ({given}) × tensor_parallel ({tp}) must equal the world "
+                f"size, but WORLD_SIZE is {world_size}; launch data_parallel_shard × tensor_parallel ranks or "
+                "change the mesh"
+            )
+        return dp, tp
+
+
+def tensor_parallel_problem(
+    tensor_parallel: int, *, arch: str, heads: int, kv_heads: int, mlp_width: int
+) -> str | None:
+    """Why a model shape cannot be split over ``tensor_parallel`` ranks (None when it can)."""
+    if tensor_parallel == 1:
+        return None
+    if arch != "llama":
+        return (
+            f"distributed.mesh.tensor_parallel ({tensor_parallel}): llama only; {arch}'s fused attention "
+            "projection is not split (use tensor_parallel: 1 with data_parallel_shard)"
+        )
+    for name, size in (("attention heads", heads), ("key/value heads", kv_heads), ("MLP width", mlp_width)):
+        if size % tensor_parallel:
+            return (
+                f"distributed.mesh.tensor_parallel ({tensor_parallel}) must divide the model's {name} ({size}); "
+                "pick a tensor_parallel that divides it"
+            )
+    return None
+
+
 class DistributedConfig(StrictModel):
     """How the loop runs across processes (launched by ``torchrun`` or the Kubeflow Trainer)."""
 
-    backend: Literal["torch", "deepspeed"] = Field(
+    backend: Literal["torch", "deepspeed", "fsdp2"] = Field(
         "torch",
         description="torch: one process, or DistributedDataParallel when launched with WORLD_SIZE > 1; "
-        "deepspeed: DeepSpeed ZeRO (needs the deepspeed extra).",
+        "deepspeed: DeepSpeed ZeRO (needs the deepspeed extra); fsdp2: PyTorch FSDP2 (fully_shard) on the device "
+        "mesh of distributed.mesh, with tensor parallelism and distributed checkpoints that resume at any mesh.",
     )
     process_group: Literal["auto", "nccl", "gloo"] = Field(
         "auto", description="Collective backend; auto picks nccl on GPU and gloo on CPU."
@@ -207,11 +267,16 @@ class DistributedConfig(StrictModel):
     )
     find_unused_parameters: bool = Field(False, description="DDP: tolerate parameters that get no gradient.")
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig, description="DeepSpeed options.")
+    mesh: MeshConfig = Field(
+        default_factory=MeshConfig, description="fsdp2: data-parallel sharding and tensor-parallel degrees."
+    )
 
     @model_validator(mode="after")
     def _deepspeed_only_with_backend(self) -> DistributedConfig:
         if self.backend != "deepspeed" and self.deepspeed != DeepSpeedConfig():
-            raise ValueError("deepspeed options are set but backend is 'torch'; set backend: deepspeed")
+            raise ValueError(f"deepspeed options are set but backend is '{self.backend}'; set backend: deepspeed")
+        if self.backend != "fsdp2" and self.mesh != MeshConfig():
+            raise ValueError(f"mesh is set but backend is '{self.backend}'; set backend: fsdp2")
         return self
 
 
@@ -310,6 +375,8 @@ class TrainConfig(StrictModel):
             raise ValueError("compile: torch.compile is not supported with ZeRO stage 3 here; set compile: false")
         if self.distributed.backend == "deepspeed" and deepspeed.zero.offload_param != "none" and self.compile:
             raise ValueError("compile: not supported together with distributed.deepspeed.zero.offload_param")
+        if self.distributed.backend == "fsdp2" and self.precision == "fp16":
+            raise ValueError("precision fp16 needs loss scaling, which fsdp2 does not do here; use bf16 (or fp32)")
         return self
 
 
@@ -327,6 +394,20 @@ class PretrainConfig(StrictModel):
     def _seq_fits_model(self) -> PretrainConfig:
         if self.train.seq_len > self.model.block_size:
             raise ValueError(f"train.seq_len ({self.train.seq_len}) exceeds model.block_size ({self.model.block_size})")
+        return self
+
+    @model_validator(mode="after")
+    def _tensor_parallel_divides_model(self) -> PretrainConfig:
+        model = self.model
+        problem = tensor_parallel_problem(
+            self.train.distributed.mesh.tensor_parallel,
+            arch=model.arch,
+            heads=model.n_head,
+            kv_heads=model.kv_heads,
+            mlp_width=model.mlp_width,
+        )
+        if problem:
+            raise ValueError(f"train.{problem}")
         return self
 
 

@@ -28,6 +28,7 @@ from lmforge.launch.manifests import (
     job_name,
     single_pod_command,
     stage_args,
+    world_size,
 )
 from lmforge.launch.stage_runner import (
     fetch_artifact,
@@ -64,5 +65,6 @@ __all__ = [
     "run_training_stage",
     "single_pod_command",
     "stage_args",
+    "world_size",
     "write_result",
 ]

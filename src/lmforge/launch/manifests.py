@@ -158,6 +158,11 @@ def _procs_per_node(cfg: LaunchConfig) -> int:
     return max(cfg.gpus_per_node, 1)
 
 
+def world_size(cfg: LaunchConfig) -> int:
+    """Training processes the launch starts: one per GPU (one per pod without GPUs) on every node."""
+    return cfg.num_nodes * _procs_per_node(cfg)
+
+
 def _env(cfg: LaunchConfig) -> list[dict[str, Any]]:
     """Plain settings first, then credentials as ``secretKeyRef`` (never values)."""
     plain = {

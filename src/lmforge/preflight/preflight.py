@@ -43,7 +43,7 @@ from lmforge.config import CleanConfig, EvaluateConfig, GateConfig, StrictModel
 from lmforge.data.corpus import CorpusReader, first_file_uri
 from lmforge.data.demo import is_demo, materialize
 from lmforge.errors import ConfigError, FieldMissingError, LmforgeError, PreflightError, StorageError, did_you_mean
-from lmforge.launch import check_training_api, parse_launch
+from lmforge.launch import check_training_api, parse_launch, world_size
 from lmforge.naming import default_model_name
 from lmforge.release import catalog
 from lmforge.results import StageResult
@@ -317,7 +317,7 @@ def run_checks(
     ``fingerprints["student_base"]``).
     """
     report = PreflightReport()
-    clean, production_source, retention_warning = _stage_settings(preset, stage_overrides or {}, clean, report)
+    clean, production_source, retention_warning = _stage_settings(preset, stage_overrides or {}, clean, launch, report)
     checks = _Checks(report)
     report.checks["s3_secret"] = check_secret(s3_secret_name) if s3_secret_name else "ok"
     if launch is not None and launch.num_nodes > 1:
@@ -337,14 +337,20 @@ def run_checks(
 
 
 def _stage_settings(
-    preset: str, stage_overrides: Mapping[str, str | dict[str, Any]], clean: CleanConfig | None, report: PreflightReport
+    preset: str,
+    stage_overrides: Mapping[str, str | dict[str, Any]],
+    clean: CleanConfig | None,
+    launch: LaunchConfig | None,
+    report: PreflightReport,
 ) -> tuple[CleanConfig, str, float | None]:
     """``(clean config, production source, retention warning)``: the given clean config, else the preset's; with a
-    ``preset``, every stage's config resolved (check ``stage_configs``) and its evaluate settings."""
+    ``preset``, every stage's config resolved (check ``stage_configs``, with each fsdp2 mesh against the launch's
+    world size) and its evaluate settings."""
     production_source = "registry"
     retention_warning = GateConfig().retention_warning
     if preset:
         configs, problems = resolve_stage_configs(preset, stage_overrides)
+        problems += _mesh_problems(configs, launch)
         report.checks["stage_configs"] = "; ".join(problems) or "ok"
         resolved = configs.get("clean")
         if clean is None and isinstance(resolved, CleanConfig):
@@ -354,6 +360,22 @@ def _stage_settings(
         if isinstance(evaluate_cfg, EvaluateConfig):
             retention_warning = evaluate_cfg.gate.retention_warning
     return clean or CleanConfig(), production_source, retention_warning
+
+
+def _mesh_problems(configs: Mapping[str, StrictModel], launch: LaunchConfig | None) -> list[str]:
+    """Each training stage whose fsdp2 mesh does not multiply to the launch's world size (none without a launch)."""
+    if launch is None:
+        return []
+    problems = []
+    for name, cfg in configs.items():
+        distributed = getattr(getattr(cfg, "train", None), "distributed", None)
+        if distributed is None or distributed.backend != "fsdp2":
+            continue
+        try:
+            distributed.mesh.degrees(world_size(launch))
+        except ValueError as exc:
+            problems.append(f"{name}.train.{exc}")
+    return problems
 
 
 @dataclass

@@ -396,7 +396,7 @@ def _run(
 
     with distributed_context(tcfg.distributed) as ctx, main_rank_outputs(ctx, output_dir) as (out,):
         train_batch, val_batches = mixture_batches(
-            shards, tcfg, mixture, qa, pad_id, rank=ctx.rank, world_size=ctx.world_size
+            shards, tcfg, mixture, qa, pad_id, rank=ctx.data_rank, world_size=ctx.data_ranks
         )
         student = _student(cfg, teacher, student_dir, tokenizer).to(device=ctx.device, dtype=torch.float32)
         teacher = _frozen(teacher, cfg.teacher_dtype, ctx.device)

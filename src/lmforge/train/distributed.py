@@ -21,24 +21,39 @@ import torch.distributed as dist
 
 from lmforge.artifacts import staged_output
 from lmforge.config import DistributedConfig
-from lmforge.errors import InputDataError
+from lmforge.errors import ConfigError, InputDataError
 
 logger = logging.getLogger("lmforge.train")
 
 
 @dataclass(frozen=True)
 class DistContext:
-    """Where this process sits in the job: its rank, the world size and its device."""
+    """Where this process sits in the job: its rank, the world size, its device and the tensor-parallel degree.
+
+    With ``tensor_parallel`` > 1 (fsdp2), the adjacent ranks of one tensor-parallel group read the same batch:
+    the data is split over :attr:`data_ranks` groups, of which this rank is in :attr:`data_rank`.
+    """
 
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    tensor_parallel: int = 1
 
     @property
     def is_main(self) -> bool:
         """Rank 0 writes outputs, logs and manifests."""
         return self.rank == 0
+
+    @property
+    def data_rank(self) -> int:
+        """Which part of each step's global batch this rank reads."""
+        return self.rank // self.tensor_parallel
+
+    @property
+    def data_ranks(self) -> int:
+        """How many parts each step's global batch is split into (the data-parallel degree)."""
+        return self.world_size // self.tensor_parallel
 
     @property
     def distributed(self) -> bool:
@@ -105,17 +120,21 @@ def _env_int(name: str, default: int) -> int:
 def distributed_context(cfg: DistributedConfig) -> Iterator[DistContext]:
     """Join the process group the launcher describes (if any); leave it again on exit if we created it.
 
-    DeepSpeed always needs a process group, so with ``backend: deepspeed`` a lone process (no launcher
-    variables) gets a one-rank group of its own.
+    DeepSpeed and FSDP2 always need a process group, so with ``backend: deepspeed`` or ``fsdp2`` a lone
+    process (no launcher variables) gets a one-rank group of its own.
+
+    Raises:
+        ConfigError: with ``backend: fsdp2``, the mesh's degrees do not multiply to the world size.
     """
     world_size = _env_int("WORLD_SIZE", 1)
     rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    tensor_parallel = _mesh_degrees(cfg, world_size)[1]
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    needs_group = world_size > 1 or cfg.backend == "deepspeed"
+    needs_group = world_size > 1 or cfg.backend in ("deepspeed", "fsdp2")
     created = False
     if needs_group and not dist.is_initialized():
         if "MASTER_ADDR" not in os.environ:  # a lone process: a private one-rank group
@@ -136,7 +155,9 @@ def distributed_context(cfg: DistributedConfig) -> Iterator[DistContext]:
             dist.init_process_group(backend=backend, timeout=timeout, rank=rank, world_size=world_size)
         created = True
         logger.info("joined %s process group: rank %d of %d on %s", backend, rank, world_size, device)
-    ctx = DistContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+    ctx = DistContext(
+        rank=rank, local_rank=local_rank, world_size=world_size, device=device, tensor_parallel=tensor_parallel
+    )
     try:
         yield ctx
     finally:
@@ -144,9 +165,23 @@ def distributed_context(cfg: DistributedConfig) -> Iterator[DistContext]:
             dist.destroy_process_group()
 
 
+def _mesh_degrees(cfg: DistributedConfig, world_size: int) -> tuple[int, int]:
+    """``(data_parallel_shard, tensor_parallel)``: the fsdp2 mesh, else every rank data-parallel."""
+    if cfg.backend != "fsdp2":
+        return world_size, 1
+    try:
+        return cfg.mesh.degrees(world_size)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def describe_backend(cfg: DistributedConfig) -> str:
-    """``torch`` or ``deepspeed ZeRO-<stage>``, for log lines."""
-    return cfg.backend + (f" ZeRO-{cfg.deepspeed.zero.stage}" if cfg.backend == "deepspeed" else "")
+    """``torch``, ``deepspeed ZeRO-<stage>`` or ``fsdp2 tensor_parallel <tp>``, for log lines."""
+    if cfg.backend == "deepspeed":
+        return f"deepspeed ZeRO-{cfg.deepspeed.zero.stage}"
+    if cfg.backend == "fsdp2":
+        return f"fsdp2 tensor_parallel {cfg.mesh.tensor_parallel}"
+    return cfg.backend
 
 
 def refuse_occupied(*output_dirs: str | Path) -> None:

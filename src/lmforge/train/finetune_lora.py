@@ -181,7 +181,12 @@ def peft_config(cfg: LoraConfig, model: PreTrainedModel, targets: list[str]) -> 
 
 
 def check_backend(tcfg: TrainConfig) -> None:
-    """Refuse DeepSpeed ZeRO-3, which partitions the base weights that saving and merging the adapter read whole."""
+    """Refuse ZeRO-3 and FSDP2, which shard the base weights that saving and merging the adapter read whole."""
+    if tcfg.distributed.backend == "fsdp2":
+        raise ConfigError(
+            "finetune_lora.train.distributed.backend: fsdp2 shards the base model's weights, but saving the PEFT "
+            "adapter and merging it need them whole; use backend torch (DDP) or deepspeed with zero.stage 1 or 2"
+        )
     if tcfg.distributed.backend == "deepspeed" and tcfg.distributed.deepspeed.zero.stage == 3:
         raise ConfigError(
             "finetune_lora.train.distributed.deepspeed.zero.stage: stage 3 partitions the base model's weights, "

@@ -11,7 +11,8 @@ A stage hands :func:`train` a model, a :class:`~lmforge.config.TrainConfig` and 
 The loop is AdamW with decoupled weight decay on matrices only, linear warmup then cosine decay,
 gradient accumulation, global-norm clipping, autocast (``GradScaler`` only for fp16) and a guard that
 skips steps with a non-finite loss or gradient. It runs as one process, as DistributedDataParallel
-under ``torchrun``, or on a DeepSpeed ZeRO engine; it writes and resumes checkpoints (model,
+under ``torchrun``, on a DeepSpeed ZeRO engine, or sharded by FSDP2 on a data × tensor-parallel mesh
+(:mod:`lmforge.train.fsdp2`); it writes and resumes checkpoints (model,
 optimizer, step, scaler, RNG, data position, history) and stops cleanly on SIGTERM. :func:`train` runs a
 :class:`TrainingRun`, whose :meth:`~TrainingRun.fit` holds the loop top to bottom and calls one method per
 phase (one step, read back, log, evaluate, checkpoint, resume); the backends differ only in :class:`Backend`.
@@ -315,10 +316,11 @@ def _set_numerics(model: torch.nn.Module, cfg: TrainConfig, device: torch.device
 
 @dataclasses.dataclass
 class Backend:
-    """How one optimizer step runs: one process, DistributedDataParallel or a DeepSpeed ZeRO engine.
+    """How one optimizer step runs: one process, DistributedDataParallel, a DeepSpeed ZeRO engine or FSDP2.
 
     ``forward_model`` is what the loss is computed with (the wrapped, possibly compiled model);
-    ``device_guard``: a non-finite step is skipped on the device by the fused kernel, with no host sync.
+    ``device_guard``: a non-finite step is skipped on the device by the fused kernel, with no host sync;
+    ``fsdp_model``: the model FSDP2 sharded in place (:mod:`lmforge.train.fsdp2`), or None.
     """
 
     forward_model: torch.nn.Module
@@ -330,9 +332,14 @@ class Backend:
     device_guard: bool
     ctx: DistContext
     precision: str
+    fsdp_model: torch.nn.Module | None = None
 
     def accumulation(self, last: bool) -> contextlib.AbstractContextManager:
-        """Where a micro-batch's backward runs: DDP all-reduces only on the step's last one."""
+        """Where a micro-batch's backward runs: DDP all-reduces, FSDP2 reduce-scatters, only on the step's last."""
+        if self.fsdp_model is not None:
+            from lmforge.train.fsdp2 import micro_batch
+
+            return micro_batch(self.fsdp_model, last)
         if last or self.engine is not None or not self.ctx.distributed:
             return contextlib.nullcontext()
         return self.forward_model.no_sync()
@@ -350,6 +357,10 @@ class Backend:
         if self.engine is not None:
             return torch.tensor(float(self.engine.get_global_grad_norm() or 0.0)), not self.engine.was_step_applied()
         self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+        if self.fsdp_model is not None:
+            from lmforge.train.fsdp2 import clip_grad_norm_
+
+            return clip_grad_norm_(self.trainable, self.max_norm), False
         return torch.nn.utils.clip_grad_norm_(self.trainable, self.max_norm), False
 
     def step(self, step_loss: torch.Tensor, grad_norm: torch.Tensor, skipped: bool) -> torch.Tensor:
@@ -392,8 +403,12 @@ def _deepspeed_engine(
 
 
 def setup_backend(model: torch.nn.Module, cfg: TrainConfig, ctx: DistContext) -> Backend:
-    """Numerics switches, AdamW (fused where it can be) and the backend wrapping ``model``, as ``cfg`` says."""
+    """Numerics switches, AdamW (fused where it can be) and the backend wrapping ``model``, as ``cfg`` says.
+
+    FSDP2 shards ``model`` in place first, so that the optimizer holds the sharded parameters.
+    """
     _set_numerics(model, cfg, ctx.device)
+    fsdp_model = _fsdp2_sharded(model, cfg, ctx)
     use_deepspeed = cfg.distributed.backend == "deepspeed"
     trainable = [p for p in model.parameters() if p.requires_grad]
     fused = cfg.fused_optimizer and not use_deepspeed and fused_adamw_supported(trainable, ctx.device)
@@ -407,7 +422,7 @@ def setup_backend(model: torch.nn.Module, cfg: TrainConfig, ctx: DistContext) ->
     if use_deepspeed:
         engine, optimizer = _deepspeed_engine(model, optimizer, cfg, ctx)
         forward_model = engine
-    elif ctx.distributed:
+    elif ctx.distributed and fsdp_model is None:
         forward_model = torch.nn.parallel.DistributedDataParallel(
             model,
             device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
@@ -429,7 +444,18 @@ def setup_backend(model: torch.nn.Module, cfg: TrainConfig, ctx: DistContext) ->
         device_guard=fused and engine is None and cfg.precision != "fp16",
         ctx=ctx,
         precision=cfg.precision,
+        fsdp_model=fsdp_model,
     )
+
+
+def _fsdp2_sharded(model: torch.nn.Module, cfg: TrainConfig, ctx: DistContext) -> torch.nn.Module | None:
+    """``model`` sharded in place by FSDP2 (with tensor parallelism as the mesh says); None for other backends."""
+    if cfg.distributed.backend != "fsdp2":
+        return None
+    from lmforge.train.fsdp2 import shard_model
+
+    shard_model(model, cfg, ctx)
+    return model
 
 
 # -- training state -----------------------------------------------------------------------------------
@@ -502,8 +528,10 @@ class TrainingRun:
         tensorboard_dir: str | Path | None = None,
         on_step: OnStep | None = None,
     ) -> None:
-        if cfg.distributed.backend == "deepspeed" and dist is None:
-            raise ConfigError("distributed.backend is deepspeed but no process group was given (pass dist=...)")
+        if cfg.distributed.backend in ("deepspeed", "fsdp2") and dist is None:
+            raise ConfigError(
+                f"distributed.backend is {cfg.distributed.backend} but no process group was given (pass dist=...)"
+            )
         self.model, self.cfg, self.desc, self.on_step = model, cfg, desc, on_step
         self.loss_fn, self.eval_loss_fn = loss_fn, eval_loss_fn or loss_fn
         self.train_batch, self.eval_batches = train_batch, eval_batches
@@ -512,7 +540,7 @@ class TrainingRun:
         self.state = TrainState()
         self.flops_per_token = flops_per_token
         self.peak_flops = device_peak_flops(self.ctx.device, cfg.peak_flops)
-        self.global_batch = cfg.batch_size * cfg.grad_accum * self.ctx.world_size
+        self.global_batch = cfg.batch_size * cfg.grad_accum * self.ctx.data_ranks
         self.checkpointer = self._checkpointer()
         self.tensorboard_dir, self.tb = tensorboard_dir, None
         self.acc = _Accumulators(self.ctx.device, self.state.bad_in_row)
@@ -636,7 +664,7 @@ class TrainingRun:
         """
         loss_sum, tokens, bad, self.state.bad_in_row, abort_at = self.acc.read()  # waits for the device
         seconds = time.perf_counter() - self.clock
-        tokens *= self.ctx.world_size
+        tokens *= self.ctx.data_ranks  # tensor-parallel peers score the same tokens
         history, window = self.state.history, self.state.window
         window["loss"] += self.ctx.mean(loss_sum)
         if warmup:
@@ -753,6 +781,10 @@ class TrainingRun:
         backend = self.backend
         if backend.engine is not None:  # every rank writes its ZeRO shards
             backend.engine.save_checkpoint(str(folder), tag=DEEPSPEED_TAG, save_latest=False)
+        elif backend.fsdp_model is not None:  # every rank writes its FSDP2 / tensor-parallel shards
+            from lmforge.train import dcp
+
+            dcp.save(self.model, backend.optimizer, folder)
         elif self.ctx.is_main:
             from safetensors.torch import save_model
 
@@ -796,7 +828,11 @@ class TrainingRun:
     def _check_resumable(self, step: int, folder: Path) -> None:
         read_trainer_state(folder, step)
         read_rng_states(folder)
-        if self.backend.engine is None:  # DeepSpeed checks its own shards when it loads them
+        if self.backend.fsdp_model is not None:
+            from lmforge.train import dcp
+
+            dcp.check(folder, self.model)
+        elif self.backend.engine is None:  # DeepSpeed checks its own shards when it loads them
             check_model_weights(folder / MODEL_STATE, self.model)
             check_optimizer_state(folder / OPTIMIZER_STATE, self.backend.optimizer)
 
@@ -830,6 +866,11 @@ class TrainingRun:
         if engine is not None:
             with tensor_only_deepspeed_loading(engine):
                 engine.load_checkpoint(str(folder), tag=DEEPSPEED_TAG, load_lr_scheduler_states=False)
+            return
+        if self.backend.fsdp_model is not None:  # at any mesh: DCP reads the pieces this rank's shards need
+            from lmforge.train import dcp
+
+            dcp.load(self.model, self.backend.optimizer, folder)
             return
         from safetensors.torch import load_model
 
@@ -888,13 +929,25 @@ def train(
     return run.fit()
 
 
+def _partitioned(model: torch.nn.Module) -> bool:
+    """Whether no rank holds all of ``model``'s weights: ZeRO-3 partitions or FSDP2 / tensor-parallel shards."""
+    from lmforge.train.fsdp2 import is_sharded
+
+    return is_sharded(model) or any(hasattr(p, "ds_id") for p in model.parameters())
+
+
 def full_state_dict(model: torch.nn.Module, ctx: DistContext) -> dict[str, torch.Tensor] | None:
-    """The complete weights on rank 0 (None elsewhere), gathering ZeRO-3 partitions one tensor at a time.
+    """The complete weights on rank 0 (None elsewhere), gathering ZeRO-3 partitions one tensor at a time and
+    FSDP2 / tensor-parallel shards into CPU memory.
 
     Called on every rank; for a model that is not partitioned it is just ``model.state_dict()``.
     """
-    if not any(hasattr(p, "ds_id") for p in model.parameters()):
+    if not _partitioned(model):
         return model.state_dict() if ctx.is_main else None
+    from lmforge.train import fsdp2
+
+    if fsdp2.is_sharded(model):
+        return fsdp2.full_state_dict(model, ctx)
     import deepspeed
 
     state: dict[str, torch.Tensor] = {}
@@ -915,11 +968,11 @@ def whole_model(
 ) -> torch.nn.Module | None:
     """``model`` with all of its weights on rank 0 (None on the other ranks); called on every rank.
 
-    A ZeRO-3 model's partitions are gathered (:func:`full_state_dict`) into a plain copy made by ``build``
+    A ZeRO-3 or FSDP2 model's shards are gathered (:func:`full_state_dict`) into a plain copy made by ``build``
     (an unpartitioned model of the same architecture), which saves as a normal Hugging Face model; any
     other model is returned as it is.
     """
-    if not any(hasattr(p, "ds_id") for p in model.parameters()):
+    if not _partitioned(model):
         return model if ctx.is_main else None
     state = full_state_dict(model, ctx)
     if state is None:
@@ -928,7 +981,7 @@ def whole_model(
     missing, unexpected = copy.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if copy.config.tie_word_embeddings else set()
     if unexpected or set(missing) - tied:
-        raise RuntimeError(f"consolidated ZeRO-3 weights do not fit: missing {missing}, unexpected {unexpected}")
+        raise RuntimeError(f"consolidated sharded weights do not fit: missing {missing}, unexpected {unexpected}")
     copy.tie_weights()
     return copy
 

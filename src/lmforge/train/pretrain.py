@@ -180,7 +180,7 @@ def _run(
 ) -> StageResult:
     tcfg = cfg.train
     with distributed_context(tcfg.distributed) as ctx, main_rank_outputs(ctx, model) as (out,):
-        train_batch, val_batches = shard_batches(token_shards, tcfg, rank=ctx.rank, world_size=ctx.world_size)
+        train_batch, val_batches = shard_batches(token_shards, tcfg, rank=ctx.data_rank, world_size=ctx.data_ranks)
         with hf_zero3_init(tcfg, ctx.world_size):
             lm = _starting_model(cfg, tok, base_dir)
             config = lm.config

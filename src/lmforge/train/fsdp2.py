@@ -1,0 +1,158 @@
+"""FSDP2 on a device mesh: tensor parallelism, per-block sharding, accumulation and clipping across meshes.
+
+The mesh is ``(dp_shard, tp)``, row-major, so the ``tp`` ranks of one data-parallel group are adjacent
+(:class:`~lmforge.train.distributed.DistContext` reads the batch index from the same layout). The model is split
+as torchtitan's Llama recipe does: first tensor parallelism on the ``tp`` dimension (:func:`apply_tensor_parallel`),
+then ``fully_shard`` on the ``dp_shard`` dimension, each transformer block first and the root last, so that one
+block's parameters are gathered at a time. Parameters stay fp32 masters; ``MixedPrecisionPolicy`` casts them to
+bf16 for compute with ``train.precision: bf16`` and reduces gradients in fp32, and fp32 runs without a cast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Replicate
+
+from lmforge.config import TrainConfig
+from lmforge.config.train import tensor_parallel_problem
+from lmforge.errors import ConfigError
+from lmforge.train.distributed import DistContext
+
+MESH_DIMS = ("dp_shard", "tp")
+_ATTENTION_COLUMNS = ("q_proj", "k_proj", "v_proj")
+_MLP_COLUMNS = ("gate_proj", "up_proj")
+
+
+def device_mesh(ctx: DistContext) -> DeviceMesh:
+    """The ``(dp_shard, tp)`` mesh over every rank of the process group."""
+    return init_device_mesh(ctx.device.type, (ctx.data_ranks, ctx.tensor_parallel), mesh_dim_names=MESH_DIMS)
+
+
+def transformer_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The model's transformer blocks: ``model.layers`` of a Llama, ``transformer.h`` of a GPT-2."""
+    for path in ("model.layers", "transformer.h"):
+        try:
+            blocks = model.get_submodule(path)
+        except AttributeError:
+            continue
+        if isinstance(blocks, torch.nn.ModuleList):
+            return blocks
+    raise ConfigError(f"distributed.backend fsdp2: {type(model).__name__} has no model.layers or transformer.h blocks")
+
+
+def check_tensor_parallel(model: torch.nn.Module, tensor_parallel: int) -> None:
+    """Refuse a model whose heads, key/value heads or MLP width ``tensor_parallel`` does not divide (or a GPT-2)."""
+    config = model.config
+    problem = tensor_parallel_problem(
+        tensor_parallel,
+        arch=config.model_type,
+        heads=getattr(config, "num_attention_heads", 0),
+        kv_heads=getattr(config, "num_key_value_heads", 0),
+        mlp_width=getattr(config, "intermediate_size", 0),
+    )
+    if problem:
+        raise ConfigError(problem)
+
+
+def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Split a Llama over ``tp_mesh``: q/k/v and MLP gate/up column-wise, o and down row-wise, embeddings and head
+    by vocabulary rows. Norms and rotary embeddings stay whole on every rank (replicated activations, exact).
+
+    The head's output is gathered whole, so the loss sees ordinary logits. A tied head is tied again to the
+    split embedding table (both are split by vocabulary rows).
+    """
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    plan: dict[str, Any] = {
+        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
+        "lm_head": ColwiseParallel(output_layouts=Replicate()),
+    }
+    for index in range(len(transformer_blocks(model))):
+        block = f"model.layers.{index}"
+        plan |= {f"{block}.self_attn.{name}": ColwiseParallel() for name in _ATTENTION_COLUMNS}
+        plan |= {f"{block}.mlp.{name}": ColwiseParallel() for name in _MLP_COLUMNS}
+        plan |= {f"{block}.self_attn.o_proj": RowwiseParallel(), f"{block}.mlp.down_proj": RowwiseParallel()}
+    for name in plan:
+        module = model.get_submodule(name)
+        if not isinstance(module, torch.nn.Linear | torch.nn.Embedding):
+            raise ConfigError(
+                f"distributed.mesh.tensor_parallel: {name} is a {type(module).__name__}, not a Linear or Embedding "
+                "(adapters and custom layers are not split); use tensor_parallel: 1"
+            )
+    parallelize_module(model, tp_mesh, plan)
+    if tied:
+        model.lm_head.weight = model.get_input_embeddings().weight
+
+
+def mixed_precision(precision: str) -> MixedPrecisionPolicy:
+    """bf16 compute with fp32 gradient reduction for ``bf16``; no cast at all for ``fp32``."""
+    if precision == "bf16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def shard_model(model: torch.nn.Module, cfg: TrainConfig, ctx: DistContext) -> None:
+    """Apply tensor parallelism (when the mesh has it), then ``fully_shard`` every block and the root, in place."""
+    mesh = device_mesh(ctx)
+    if ctx.tensor_parallel > 1:
+        check_tensor_parallel(model, ctx.tensor_parallel)
+        apply_tensor_parallel(model, mesh["tp"])
+    policy = mixed_precision(cfg.precision)
+    for block in transformer_blocks(model):
+        fully_shard(block, mesh=mesh["dp_shard"], mp_policy=policy)
+    fully_shard(model, mesh=mesh["dp_shard"], mp_policy=policy)
+
+
+@contextlib.contextmanager
+def micro_batch(model: torch.nn.Module, last: bool) -> Iterator[None]:
+    """Inside the block, a backward pass reduce-scatters gradients and frees the gathered parameters only on the
+    step's ``last`` micro-batch; before it, gradients accumulate unsharded and parameters stay gathered."""
+    assert isinstance(model, FSDPModule)
+    model.set_requires_gradient_sync(last)
+    model.set_reshard_after_backward(last)
+    yield
+
+
+@torch.no_grad()
+def clip_grad_norm_(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Clip the gradients to a global norm of ``max_norm``; return the norm before clipping.
+
+    The norm is over the whole mesh: the sharded gradients of a tensor-parallel model live on two meshes (the 2-D
+    mesh for the split matrices, the data-parallel one for norms), which ``torch.nn.utils.clip_grad_norm_`` cannot
+    stack, so each mesh's norm is reduced on its own and the norms are combined.
+    """
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for param in params:
+        if param.grad is not None:
+            key = param.grad.device_mesh if isinstance(param.grad, DTensor) else None
+            groups.setdefault(key, []).append(param)
+    norms = []
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group])
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    if not norms:
+        return torch.zeros(())
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    for group in groups.values():
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+    return total
+
+
+def full_state_dict(model: torch.nn.Module, ctx: DistContext) -> dict[str, torch.Tensor] | None:
+    """The complete, unsharded weights on rank 0 in CPU memory (None elsewhere); called on every rank."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return state if ctx.is_main else None
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether ``model`` was split by :func:`shard_model` (its parameters are DTensors)."""
+    return isinstance(model, FSDPModule)
