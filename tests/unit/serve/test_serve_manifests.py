@@ -130,6 +130,7 @@ def test_cpu_huggingface_inference_service_runs_the_transformers_backend_in_floa
         "--max_model_len=256",
         "--dtype=float32",
         "--backend=huggingface",
+        "--task=text_generation",
     ]
     assert "nvidia.com/gpu" not in model["resources"].get("limits", {})
     assert "nodeSelector" not in isvc["spec"]["predictor"]
