@@ -165,7 +165,7 @@ class ServeConfig(StrictModel):
         gt=0.0,
         le=1.0,
         description="Share of the GPU's memory vLLM may take for weights and KV cache (huggingface runtime on a "
-        "GPU, its --gpu_memory_utilization); ignored on CPU.",
+        "GPU, vLLM's --gpu-memory-utilization); ignored on CPU.",
     )
 
     @model_validator(mode="after")

@@ -160,6 +160,8 @@ def huggingface_args(cfg: ServeConfig, *, model_name: str, max_model_len: int) -
     KServe appends them to the stock runtime's own (``--model_name={{.Name}}``), and the last one wins, so the
     OpenAI ``model`` field is ``model_name``, as with ``lmforge serve``. The transformers backend gets the task: it
     infers it from the architecture's name, and a GPT-2 student's ``GPT2LMHeadModel`` matches none of its suffixes.
+    vLLM's own options keep their dashes: the server reads its arguments with ``parse_known_args``, which skips vLLM's
+    underscore-to-dash rewriting, so ``--gpu_memory_utilization`` would be dropped without a word.
 
     Args:
         cfg: device, ``hf_dtype``, ``hf_gpu_memory_utilization``.
@@ -169,7 +171,7 @@ def huggingface_args(cfg: ServeConfig, *, model_name: str, max_model_len: int) -
     dtype = cfg.hf_dtype if cfg.device == "gpu" else "float32"
     args = [f"--model_name={model_name}", f"--max_model_len={max_model_len}", f"--dtype={dtype}"]
     if cfg.device == "gpu":
-        return [*args, "--backend=vllm", f"--gpu_memory_utilization={cfg.hf_gpu_memory_utilization}"]
+        return [*args, "--backend=vllm", f"--gpu-memory-utilization={cfg.hf_gpu_memory_utilization}"]
     return [*args, "--backend=huggingface", "--task=text_generation"]
 
 

@@ -14,8 +14,10 @@ KServe Authors), ``python/huggingfaceserver/huggingfaceserver/``:
   ``build_generation_config`` and ``_handle_request`` (a non-streamed completion, greedy at temperature 0).
 
 The server parses its arguments with ``parse_known_args``, so a misspelt one would be dropped in silence; these tests
-parse strictly. On a GPU the vLLM backend parses the rest with vLLM's own parser (``make_arg_parser``), which needs
-vLLM and is not installed here: the tests check that exactly vLLM's arguments are left over, with values vLLM takes.
+parse strictly. On a GPU the vLLM backend adds vLLM's own options (``make_arg_parser``), which needs vLLM and is not
+installed here: the tests add the two lmforge passes, ``--dtype`` and ``--gpu-memory-utilization``, as vLLM 0.24
+names them. ``parse_known_args`` skips the underscore-to-dash rewriting of vLLM's ``FlexibleArgumentParser`` (only its
+``parse_args`` does it), so plain argparse parses them as the server does.
 """
 
 from __future__ import annotations
@@ -80,8 +82,8 @@ VLLM_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 
 
 def _server_parser(*, vllm: bool) -> argparse.ArgumentParser:
-    """huggingfaceserver's argument parser (``__main__.py``) without vLLM's part; ``vllm`` False adds the Hugging Face
-    backend's ``--task``, ``--max_log_len`` and ``--dtype``, which only it has."""
+    """huggingfaceserver's argument parser (``__main__.py``): with ``vllm`` the two vLLM options lmforge passes,
+    without it the Hugging Face backend's ``--task``, ``--max_log_len`` and ``--dtype``."""
     parser = argparse.ArgumentParser(parents=[kserve_parser])
     parser.add_argument("--model_dir", default="/mnt/models")
     parser.add_argument("--model_id", default=None)
@@ -98,7 +100,10 @@ def _server_parser(*, vllm: bool) -> argparse.ArgumentParser:
     output_format = parser.add_mutually_exclusive_group()
     output_format.add_argument("--return_probabilities", action="store_true")
     output_format.add_argument("--return_raw_logits", action="store_true")
-    if not vllm:
+    if vllm:
+        parser.add_argument("--dtype", default="auto", choices=VLLM_DTYPES)
+        parser.add_argument("--gpu-memory-utilization", type=float, default=0.92)
+    else:
         parser.add_argument("--task")
         parser.add_argument("--max_log_len", "--max-log-len", type=int, default=None)
         parser.add_argument("--dtype", default="auto", choices=("auto", *HF_DTYPES))
@@ -240,12 +245,17 @@ def test_cpu_arguments_are_ones_the_stock_runtime_parses(release: Path, tmp_path
     assert args.max_model_len == json.loads((release / "student" / "config.json").read_text())["n_positions"]
 
 
-def test_gpu_arguments_leave_only_vllms_own_to_vllms_parser(release: Path, tmp_path: Path) -> None:
+def test_gpu_arguments_are_ones_the_vllm_backend_parses(release: Path, tmp_path: Path) -> None:
     isvc = _serve(release, tmp_path / "s", device="gpu", hf_gpu_memory_utilization=0.8)
-    args, rest = _server_parser(vllm=True).parse_known_args(_container_args(isvc))
-    assert (args.model_name, args.backend) == ("lmforge-demo", "vllm")
-    assert rest == ["--dtype=auto", "--gpu_memory_utilization=0.8"]  # vLLM takes underscores for dashes
-    assert rest[0].split("=")[1] in VLLM_DTYPES
+    args = _server_parser(vllm=True).parse_args(_container_args(isvc))
+    assert (args.model_name, args.backend, args.dtype, args.gpu_memory_utilization) == (
+        "lmforge-demo",
+        "vllm",
+        "auto",
+        0.8,
+    )
+    with pytest.raises(SystemExit):  # the underscored spelling is no option of the server's: it would be dropped
+        _server_parser(vllm=True).parse_args(["--gpu_memory_utilization=0.8"])
 
 
 def test_the_student_loads_and_generates_as_huggingfaceserver_does(release: Path, tmp_path: Path) -> None:

@@ -148,7 +148,7 @@ def test_gpu_huggingface_inference_service_runs_vllm_on_the_gpu_pool(version: st
         "--max_model_len=1024",
         "--dtype=bfloat16",
         "--backend=vllm",
-        "--gpu_memory_utilization=0.5",
+        "--gpu-memory-utilization=0.5",
     ]
     assert predictor["model"]["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert predictor["nodeSelector"] == {"lmforge.io/pool": "gpu"}
