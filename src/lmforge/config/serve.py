@@ -81,11 +81,12 @@ class ServeConfig(StrictModel):
         description="Sampling temperature when the request names none; 0 decodes greedily (deterministic).",
     )
     # Kubernetes side: the InferenceService the serve stage writes and, with apply, creates.
-    runtime: Literal["auto", "lmforge", "triton"] = Field(
+    runtime: Literal["auto", "lmforge", "triton", "huggingface"] = Field(
         "auto",
         description="lmforge: the lmforge predictor image (ONNX Runtime, CPU or GPU); triton: the stock "
-        "kserve-tritonserver runtime with a Triton model repository (TensorRT engine, or ONNX on a GPU); auto: "
-        "triton when device is gpu, else lmforge.",
+        "kserve-tritonserver runtime with a Triton model repository (TensorRT engine, or ONNX on a GPU); "
+        "huggingface: the stock kserve-huggingfaceserver runtime on the release's student/ (vLLM on a GPU, "
+        "transformers on CPU); auto: triton when device is gpu, else lmforge.",
     )
     device: Literal["cpu", "gpu"] = Field(
         "cpu", description="Where the predictor runs; gpu adds the GPU limit, node selector and tolerations."
@@ -154,6 +155,18 @@ class ServeConfig(StrictModel):
         "KServe installed); off or outside a cluster only the manifest is written.",
     )
     apply_timeout_s: float = Field(600.0, gt=0.0, description="How long to wait for the InferenceService's Ready.")
+    hf_dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto",
+        description="Data type the huggingface runtime loads the weights in (its --dtype): auto is float32 on CPU "
+        "and vLLM's choice on a GPU (float16 for a float32 model); float16 and bfloat16 need device gpu.",
+    )
+    hf_gpu_memory_utilization: float = Field(
+        0.9,
+        gt=0.0,
+        le=1.0,
+        description="Share of the GPU's memory vLLM may take for weights and KV cache (huggingface runtime on a "
+        "GPU, vLLM's --gpu-memory-utilization); ignored on CPU.",
+    )
 
     @model_validator(mode="after")
     def _check_bounds(self) -> ServeConfig:
@@ -170,10 +183,15 @@ class ServeConfig(StrictModel):
             raise ValueError(f"min_replicas {self.min_replicas} exceeds max_replicas {self.max_replicas}")
         if bad := [s for s in self.triton_preferred_batch_sizes if s < 1]:
             raise ValueError(f"triton_preferred_batch_sizes must be positive, got {bad}")
+        if self.runtime == "huggingface" and self.device == "cpu" and self.hf_dtype not in ("auto", "float32"):
+            raise ValueError(
+                f"hf_dtype {self.hf_dtype} needs device gpu: the huggingface runtime's CPU backend (transformers) "
+                "serves float32; set hf_dtype to auto or float32"
+            )
         return self
 
     @property
-    def resolved_runtime(self) -> Literal["lmforge", "triton"]:
+    def resolved_runtime(self) -> Literal["lmforge", "triton", "huggingface"]:
         """The runtime ``auto`` stands for on this device."""
         if self.runtime == "auto":
             return "triton" if self.device == "gpu" else "lmforge"

@@ -9,7 +9,10 @@ v0.20.0 (copies under ``tests/data/crds/kserve/``, where the tests validate ever
   initializer downloads to ``/mnt/models``;
 * runtime ``triton``: the stock ``kserve-tritonserver`` ``ClusterServingRuntime``; ``storageUri`` points at a
   Triton model repository (:func:`write_triton_repository`: ``<repo>/<model>/config.pbtxt`` and
-  ``<repo>/<model>/1/model.onnx`` or ``model.plan``).
+  ``<repo>/<model>/1/model.onnx`` or ``model.plan``);
+* runtime ``huggingface``: the stock ``kserve-huggingfaceserver`` ``ClusterServingRuntime``; ``storageUri`` points at
+  the release's Hugging Face ``student`` directory, and the predictor's ``args`` (:func:`huggingface_args`, appended
+  to the runtime's by KServe) choose the backend: vLLM on a GPU, transformers on CPU.
 
 A GPU predictor gets ``nvidia.com/gpu`` limits and the GPU pool's node selector and tolerations, like the GPU
 training steps. Every pod meets Pod Security ``restricted`` (:mod:`lmforge.pod_security`); the predictor mounts no
@@ -33,7 +36,7 @@ from lmforge.config.serve import ServeConfig
 from lmforge.errors import ConfigError, InputDataError
 from lmforge.onnx_runtime import external_data_files
 from lmforge.pod_security import container_security_context, pod_security_context, tmp_mount, tmp_volume
-from lmforge.serve.model_dir import INT8_DYNAMIC, ONNX_FP32
+from lmforge.serve.model_dir import INT8_DYNAMIC, ONNX_FP32, STUDENT
 
 API_VERSION = "serving.kserve.io/v1beta1"
 RUNTIME_API_VERSION = "serving.kserve.io/v1alpha1"
@@ -42,6 +45,8 @@ LMFORGE_FORMAT = {"name": "lmforge", "version": "1"}
 TRITON_RUNTIME = "kserve-tritonserver"
 TRITON_FORMAT = {"name": "triton", "version": "2"}
 TRITON_USER = 1000  # the stock Triton image's default user is root; its triton-server user is uid 1000
+HUGGINGFACE_RUNTIME = "kserve-huggingfaceserver"
+HUGGINGFACE_FORMAT = {"name": "huggingface", "version": "1"}
 ENGINE = "engine"
 PREDICTOR_OPTIONS = (
     "threads",
@@ -82,16 +87,39 @@ def service_name(cfg: ServeConfig, model_name: str) -> str:
     return name
 
 
+@dataclass(frozen=True)
+class _Runtime:
+    """What an InferenceService names for one of ``ServeConfig.runtime``'s runtimes."""
+
+    name: str
+    model_format: Mapping[str, str]
+    protocol: str
+    run_as_user: int | None = None
+
+
+_RUNTIMES = {
+    "lmforge": _Runtime(LMFORGE_RUNTIME, LMFORGE_FORMAT, "v1"),
+    "triton": _Runtime(TRITON_RUNTIME, TRITON_FORMAT, "v2", TRITON_USER),
+    "huggingface": _Runtime(HUGGINGFACE_RUNTIME, HUGGINGFACE_FORMAT, "v1"),
+}
+
+
+def _served_order(cfg: ServeConfig, engine_built: bool) -> list[str]:
+    """The release folders the runtime can serve, preferred first."""
+    if cfg.resolved_runtime == "triton":
+        return [ENGINE, ONNX_FP32] if engine_built else [ONNX_FP32]
+    if cfg.resolved_runtime == "huggingface":
+        return [STUDENT]
+    return [INT8_DYNAMIC, ONNX_FP32] if cfg.prefer_int8 and cfg.device == "cpu" else [ONNX_FP32]
+
+
 def served_artifact(release_manifest: Mapping[str, Any], cfg: ServeConfig, *, engine_built: bool = True) -> str:
     """The release folder the runtime serves: see the module docstring; raise if the release has none.
 
     ``engine_built`` False (the engine's ``status.json`` says skipped) leaves the engine out for Triton.
     """
     artifacts = release_manifest.get("artifacts") or {}
-    if cfg.resolved_runtime == "triton":
-        order = [ENGINE, ONNX_FP32] if engine_built else [ONNX_FP32]
-    else:
-        order = [INT8_DYNAMIC, ONNX_FP32] if cfg.prefer_int8 and cfg.device == "cpu" else [ONNX_FP32]
+    order = _served_order(cfg, engine_built)
     for name in order:
         if name in artifacts:
             return name
@@ -126,28 +154,57 @@ def _metadata(name: str, cfg: ServeConfig, labels: Mapping[str, str]) -> dict[st
     return meta
 
 
+def huggingface_args(cfg: ServeConfig, *, model_name: str, max_model_len: int) -> list[str]:
+    """The ``kserve-huggingfaceserver`` arguments for ``cfg``: vLLM on a GPU, the transformers backend on CPU.
+
+    KServe appends them to the stock runtime's own (``--model_name={{.Name}}``), and the last one wins, so the
+    OpenAI ``model`` field is ``model_name``, as with ``lmforge serve``. The transformers backend gets the task: it
+    infers it from the architecture's name, and a GPT-2 student's ``GPT2LMHeadModel`` matches none of its suffixes.
+    vLLM's own options keep their dashes: the server reads its arguments with ``parse_known_args``, which skips vLLM's
+    underscore-to-dash rewriting, so ``--gpu_memory_utilization`` would be dropped without a word.
+
+    Args:
+        cfg: device, ``hf_dtype``, ``hf_gpu_memory_utilization``.
+        model_name: the name in the routes.
+        max_model_len: the model's context (prompt plus new tokens).
+    """
+    dtype = cfg.hf_dtype if cfg.device == "gpu" else "float32"
+    args = [f"--model_name={model_name}", f"--max_model_len={max_model_len}", f"--dtype={dtype}"]
+    if cfg.device == "gpu":
+        return [*args, "--backend=vllm", f"--gpu-memory-utilization={cfg.hf_gpu_memory_utilization}"]
+    return [*args, "--backend=huggingface", "--task=text_generation"]
+
+
 def build_inference_service(
-    cfg: ServeConfig, *, storage_uri: str, model_name: str, version: str | None = None
+    cfg: ServeConfig,
+    *,
+    storage_uri: str,
+    model_name: str,
+    version: str | None = None,
+    args: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The ``InferenceService`` serving ``storage_uri`` with the runtime ``cfg`` resolves to.
 
     Args:
         cfg: runtime, device, resources, replicas, canary share.
         storage_uri: what KServe downloads to ``/mnt/models``: the served ONNX directory of the release (lmforge
-            runtime) or the Triton model repository (triton runtime).
+            runtime), the Triton model repository (triton runtime) or the student directory (huggingface runtime).
         model_name: the release's model name (labels; the service name unless ``cfg.service_name``).
         version: the release version (a label).
+        args: the model server's arguments (:func:`huggingface_args`); none: the runtime's own.
     """
     name = service_name(cfg, model_name)
-    triton = cfg.resolved_runtime == "triton"
+    runtime = _RUNTIMES[cfg.resolved_runtime]
     model: dict[str, Any] = {
-        "modelFormat": dict(TRITON_FORMAT if triton else LMFORGE_FORMAT),
-        "runtime": TRITON_RUNTIME if triton else LMFORGE_RUNTIME,
+        "modelFormat": dict(runtime.model_format),
+        "runtime": runtime.name,
         "storageUri": storage_uri,
-        "protocolVersion": "v2" if triton else "v1",
+        "protocolVersion": runtime.protocol,
         "resources": _resources(cfg),
     }
-    model["securityContext"] = container_security_context(run_as_user=TRITON_USER if triton else None)
+    if args:
+        model["args"] = list(args)
+    model["securityContext"] = container_security_context(run_as_user=runtime.run_as_user)
     predictor: dict[str, Any] = {
         "minReplicas": cfg.min_replicas,
         "maxReplicas": cfg.max_replicas,

@@ -22,6 +22,7 @@ from lmforge.onnx_runtime import WITH_PAST_FILE
 RELEASE_KIND = "release"
 INT8_DYNAMIC = "int8_dynamic"
 ONNX_FP32 = "onnx_fp32"
+STUDENT = "student"  # the release's Hugging Face model directory (config.json, safetensors, tokenizer)
 CONFIG_FILE = "config.json"
 
 

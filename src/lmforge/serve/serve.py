@@ -14,7 +14,8 @@ wrote. Output directory ``serving``:
 * ``manifest.json``.
 
 The lmforge runtime serves ``<release>/int8_dynamic`` (CPU, when the release has it) or ``<release>/onnx_fp32``; the
-triton runtime the TensorRT engine when it was built, else ``onnx_fp32/decoder_model.onnx`` (no KV cache).
+triton runtime the TensorRT engine when it was built, else ``onnx_fp32/decoder_model.onnx`` (no KV cache); the
+huggingface runtime ``<release>/student``, with the context its ``config.json`` declares as ``--max_model_len``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from lmforge.artifacts import MANIFEST, staged_output, write_manifest
 from lmforge.config.base import validate_config
 from lmforge.config.launch import TolerationConfig
 from lmforge.config.serve import ServeConfig
+from lmforge.contracts import max_positions
 from lmforge.errors import InputDataError
 from lmforge.onnx_runtime import NO_PAST_FILE
 from lmforge.results import StageResult
@@ -40,11 +42,12 @@ from lmforge.serve.manifests import (
     ENGINE,
     build_inference_service,
     build_serving_runtime,
+    huggingface_args,
     served_artifact,
     service_name,
     write_triton_repository,
 )
-from lmforge.serve.model_dir import ONNX_FP32
+from lmforge.serve.model_dir import CONFIG_FILE, ONNX_FP32, STUDENT
 
 log = logging.getLogger("lmforge.serve")
 
@@ -101,6 +104,20 @@ def _triton_repository(cfg: ServeConfig, release: str, artifact: str, name: str,
     return target
 
 
+def _student_context(release: str) -> int:
+    """The context ``<release>/student/config.json`` declares; raise if the runtime could not load the model."""
+    uri = storage.join(release, STUDENT, CONFIG_FILE)
+    if not storage.is_file(uri):
+        raise InputDataError(f"{uri}: not found; the huggingface runtime loads the release's {STUDENT}/ directory")
+    config = _read_json(uri)
+    if not config.get("architectures"):
+        raise InputDataError(f"{uri}: no architectures; kserve-huggingfaceserver infers the model's task from them")
+    context = max_positions(config)
+    if context is None:
+        raise InputDataError(f"{uri}: no n_positions or max_position_embeddings; nothing to give --max_model_len")
+    return context
+
+
 def placed(
     cfg: ServeConfig,
     *,
@@ -152,14 +169,18 @@ def run(
     model_name, version = str(manifest.get("model_name")), manifest.get("version")
     artifact = served_artifact(manifest, cfg, engine_built=_engine_built(release, manifest))
     name = service_name(cfg, model_name)
-    objects = [] if cfg.resolved_runtime == "triton" else [build_serving_runtime(cfg)]  # checks the image first
+    objects = [build_serving_runtime(cfg)] if cfg.resolved_runtime == "lmforge" else []  # checks the image first
+    args: list[str] = []
+    if cfg.resolved_runtime == "huggingface":
+        args = huggingface_args(cfg, model_name=cfg.model_name or model_name, max_model_len=_student_context(release))
     with staged_output(serving) as out, tempfile.TemporaryDirectory(prefix="lmforge-serve-") as work:
         if cfg.resolved_runtime == "triton":
             storage_uri = _triton_repository(cfg, release, artifact, name, out, Path(work))
         else:
             storage_uri = storage.join(release, artifact)
+        if objects:
             (out / "servingruntime.yaml").write_text(yaml.safe_dump(objects[0], sort_keys=False), encoding="utf-8")
-        isvc = build_inference_service(cfg, storage_uri=storage_uri, model_name=model_name, version=version)
+        isvc = build_inference_service(cfg, storage_uri=storage_uri, model_name=model_name, version=version, args=args)
         objects.append(isvc)
         (out / "inferenceservice.yaml").write_text(yaml.safe_dump(isvc, sort_keys=False), encoding="utf-8")
         applied = apply_and_wait(objects, apply=cfg.apply, timeout_s=cfg.apply_timeout_s)

@@ -403,8 +403,9 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
     ),
     StageSpec(
         name="serve",
-        summary="Write the KServe InferenceService for the release (lmforge predictor, or Triton on a GPU) and, with "
-        "serve.apply in a cluster, create or update it and wait for Ready; otherwise record why it was skipped.",
+        summary="Write the KServe InferenceService for the release (lmforge predictor, Triton on a GPU, or KServe's "
+        "Hugging Face runtime) and, with serve.apply in a cluster, create or update it and wait for Ready; otherwise "
+        "record why it was skipped.",
         entry="lmforge.serve.serve:run",
         config=ServeConfig,
         inputs=(

@@ -21,6 +21,8 @@ from lmforge.errors import ConfigError, InputDataError
 from lmforge.export.export_onnx import run as export_onnx
 from lmforge.onnx_runtime import NO_PAST_FILE, WITH_PAST_FILE
 from lmforge.serve.manifests import (
+    HUGGINGFACE_FORMAT,
+    HUGGINGFACE_RUNTIME,
     LMFORGE_FORMAT,
     LMFORGE_RUNTIME,
     TRITON_FORMAT,
@@ -28,6 +30,7 @@ from lmforge.serve.manifests import (
     build_inference_service,
     build_serving_runtime,
     graph_signature,
+    huggingface_args,
     served_artifact,
     write_triton_repository,
 )
@@ -110,6 +113,64 @@ def test_canary_inference_service_sends_its_share_to_the_new_release(version: st
     assert isvc["spec"]["predictor"]["canaryTrafficPercent"] == 10
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+def test_cpu_huggingface_inference_service_runs_the_transformers_backend_in_float32(version: str) -> None:
+    cfg = _cfg(runtime="huggingface")
+    args = huggingface_args(cfg, model_name="lmforge-demo", max_model_len=256)
+    isvc = build_inference_service(cfg, storage_uri="s3://b/student", model_name="lmforge-demo", args=args)
+    _validate(isvc, version)
+    model = isvc["spec"]["predictor"]["model"]
+    assert (model["runtime"], model["modelFormat"], model["storageUri"]) == (
+        HUGGINGFACE_RUNTIME,
+        HUGGINGFACE_FORMAT,
+        "s3://b/student",
+    )
+    assert model["args"] == [
+        "--model_name=lmforge-demo",
+        "--max_model_len=256",
+        "--dtype=float32",
+        "--backend=huggingface",
+        "--task=text_generation",
+    ]
+    assert "nvidia.com/gpu" not in model["resources"].get("limits", {})
+    assert "nodeSelector" not in isvc["spec"]["predictor"]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_gpu_huggingface_inference_service_runs_vllm_on_the_gpu_pool(version: str) -> None:
+    cfg = _cfg(runtime="huggingface", device="gpu", hf_dtype="bfloat16", hf_gpu_memory_utilization=0.5)
+    args = huggingface_args(cfg, model_name="m", max_model_len=1024)
+    isvc = build_inference_service(cfg, storage_uri="s3://b/student", model_name="lmforge-demo", args=args)
+    _validate(isvc, version)
+    predictor = isvc["spec"]["predictor"]
+    assert predictor["model"]["args"] == [
+        "--model_name=m",
+        "--max_model_len=1024",
+        "--dtype=bfloat16",
+        "--backend=vllm",
+        "--gpu-memory-utilization=0.5",
+    ]
+    assert predictor["model"]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert predictor["nodeSelector"] == {"lmforge.io/pool": "gpu"}
+    assert predictor["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def test_huggingface_half_precision_on_cpu_is_refused_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match="hf_dtype float16 needs device gpu"):
+        _cfg(runtime="huggingface", hf_dtype="float16")
+    assert _cfg(runtime="huggingface", device="gpu", hf_dtype="float16").hf_dtype == "float16"
+    assert _cfg(runtime="lmforge", hf_dtype="float16").resolved_runtime == "lmforge"  # ignored there
+
+
+def test_the_stock_huggingface_runtime_serves_the_format_and_protocol_the_service_asks_for() -> None:
+    runtime = yaml.safe_load((KSERVE / "v0.20.0" / "kserve-huggingfaceserver.yaml").read_text())
+    assert runtime["metadata"]["name"] == HUGGINGFACE_RUNTIME
+    formats = {(f["name"], f.get("version")) for f in runtime["spec"]["supportedModelFormats"]}
+    assert (HUGGINGFACE_FORMAT["name"], HUGGINGFACE_FORMAT["version"]) in formats
+    isvc = build_inference_service(_cfg(runtime="huggingface"), storage_uri=STORAGE, model_name="m")
+    assert isvc["spec"]["predictor"]["model"]["protocolVersion"] in runtime["spec"]["protocolVersions"]
+
+
 def test_an_unknown_field_fails_the_strict_validation() -> None:
     isvc = build_inference_service(_cfg(), storage_uri=STORAGE, model_name="m")
     isvc["spec"]["predictor"]["model"]["replicas"] = 2
@@ -148,6 +209,11 @@ def test_served_artifact_prefers_int8_on_cpu_and_the_engine_for_triton() -> None
     assert served_artifact(RELEASE, _cfg(prefer_int8=False)) == "onnx_fp32"
     assert served_artifact(RELEASE, _cfg(device="gpu")) == "engine"
     assert served_artifact({"artifacts": {"onnx_fp32": {}}}, _cfg(device="gpu")) == "onnx_fp32"
+    assert served_artifact(RELEASE, _cfg(runtime="huggingface", device="gpu")) == "student"
+    with pytest.raises(
+        InputDataError, match=r"nothing for the huggingface runtime to serve \(needs one of \['student'\]"
+    ):
+        served_artifact({"version": "v1", "artifacts": {"onnx_fp32": {}}}, _cfg(runtime="huggingface"))
     with pytest.raises(InputDataError, match="nothing for the lmforge runtime"):
         served_artifact({"version": "v1", "artifacts": {"student": {}}}, _cfg())
 
@@ -218,16 +284,28 @@ def test_triton_engine_repository_takes_its_tensors_from_the_source_graph(onnx_d
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("fields", [{}, {"device": "gpu"}, {"runtime": "triton", "device": "gpu"}], ids=str)
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"device": "gpu"},
+        {"runtime": "triton", "device": "gpu"},
+        {"runtime": "huggingface"},
+        {"runtime": "huggingface", "device": "gpu"},
+    ],
+    ids=str,
+)
 def test_predictor_pods_meet_pod_security_restricted_and_mount_no_api_token(version: str, fields: dict) -> None:
     """The predictor pod KServe makes of the InferenceService and its runtime (lmforge's ServingRuntime, or the
-    stock Triton one) passes the ``restricted`` checks (tests/support/pod_security.py); the InferenceService alone
-    passes them too, whatever the runtime adds, and still validates strictly."""
+    stock Triton or Hugging Face one) passes the ``restricted`` checks (tests/support/pod_security.py); the
+    InferenceService alone passes them too, whatever the runtime adds, and still validates strictly."""
     cfg = _cfg(image="registry.example/lmforge-serve:1", service_account="lmforge-serve", **fields)
     isvc = build_inference_service(cfg, storage_uri=STORAGE, model_name="lmforge-demo")
     _validate(isvc, version)
     if cfg.resolved_runtime == "triton":
         runtime = yaml.safe_load((KSERVE / version / "kserve-tritonserver.yaml").read_text())
+    elif cfg.resolved_runtime == "huggingface":  # copied from v0.20.0 only
+        runtime = yaml.safe_load((KSERVE / "v0.20.0" / "kserve-huggingfaceserver.yaml").read_text())
     else:
         runtime = build_serving_runtime(cfg)
     assert restricted_violations(predictor_pod(isvc)) == []
