@@ -52,6 +52,7 @@ import httpx
 import numpy as np
 import torch
 
+from bench import decode_peers
 from bench.common import load_average, machine_facts, result_path, text_table, write_results
 from lmforge.artifacts import write_manifest
 from lmforge.config import ExportConfig, ModelConfig, QuantizeConfig, load_preset
@@ -70,8 +71,11 @@ STUDENT = ModelConfig(arch="gpt2", n_layer=2, n_head=4, n_embd=128, block_size=1
 MODEL_NAME = "bench"
 
 
-def build_demo_model(root: Path, docs: int = 200) -> tuple[Path, Path]:
-    """The tiny-cpu student shape with random weights: (HF model dir, dynamic INT8 ONNX dir)."""
+def build_demo_model(
+    root: Path, docs: int = 200, *, shape: ModelConfig = STUDENT, vocab_size: int | None = None
+) -> tuple[Path, Path]:
+    """A model of ``shape`` (default: the tiny-cpu student) with random weights and the demo tokenizer, its
+    embedding ``vocab_size`` rows (default: the tokenizer's): (HF model dir, dynamic INT8 ONNX dir)."""
     texts = [d["text"] for d in itertools.islice(shakespeare_documents(), docs)]
     tok = train_bpe_tokenizer(texts, vocab_size=2048, min_frequency=2, eos_token="<|endoftext|>", pad_token="<|pad|>")
     tok.save_pretrained(root / "tokenizer")
@@ -87,7 +91,7 @@ def build_demo_model(root: Path, docs: int = 200) -> tuple[Path, Path]:
         writer.add_document("val" if i % 10 == 0 else "train", np.array(tok(text)["input_ids"] + [tok.eos_token_id]))
     writer.close()
     write_manifest(root / "shards", "token-shards")
-    model = build_model(STUDENT, len(tok), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, seed=0)
+    model = build_model(shape, vocab_size or len(tok), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, seed=0)
     save_model_dir(model, tok, root / "model")
     write_manifest(root / "model", "model")
     export_onnx.run(ExportConfig(), model=root / "model", onnx_model=root / "onnx")
@@ -325,6 +329,30 @@ def decode_rows(served: Path, levels: list[int], texts: list[str], args: argpars
     return rows
 
 
+def built(root: Path, shape: ModelConfig = STUDENT, vocab_size: int | None = None) -> tuple[Path, Path]:
+    """:func:`build_demo_model` into ``root``, unless an earlier run left it there: (HF model dir, INT8 ONNX dir)."""
+    if not (root / "int8" / "model.onnx").is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        build_demo_model(root, shape=shape, vocab_size=vocab_size)
+    return root / "model", root / "int8"
+
+
+def peer_rows(root: Path, texts: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """lmforge's decode loop and CTranslate2 on the student and the gpt2-124m shapes (:mod:`bench.decode_peers`)."""
+    rows = []
+    shapes = {"student": (STUDENT, None), "gpt2-124m": (decode_peers.GPT2_124M, decode_peers.GPT2_VOCAB)}
+    for name, (shape, vocab) in shapes.items():
+        hf_model, int8 = built(root / name, shape, vocab)
+        tok = load_tokenizer(hf_model)
+        ids = [tok(t)["input_ids"] for t in texts]
+        engines = {"lmforge_int8": decode_peers.lmforge_decoder(int8, args.max_tokens)}
+        if name == "gpt2-124m":
+            engines["lmforge_fp32"] = decode_peers.lmforge_decoder(root / name / "onnx", args.max_tokens)
+        engines["ct2_int8"] = decode_peers.ct2_decoder(hf_model, root / name / "ct2", args.max_tokens)
+        rows += decode_peers.engine_rows(name, engines, ids, args.peer_batches, args.rounds)
+    return rows
+
+
 def hostile_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per concurrency: the well-formed requests' p99 under the hostile load over the clean one's (same round and
     server; each round's ratio and their median), the statuses that missed, and the log lines per request."""
@@ -381,13 +409,17 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["batched", "unbatched", "transformers", "decode"])
     parser.add_argument("--rounds", type=int, default=3, help="times every mode runs, taking turns")
     parser.add_argument("--hostile-share", type=float, default=0.1, help="share of hostile requests (hostile mode)")
+    parser.add_argument("--peer", choices=["ct2"], help="also run lmforge's decode loop against CTranslate2")
+    parser.add_argument("--peer-batches", type=int, nargs="+", default=[1, 8], help="batch sizes of --peer")
+    parser.add_argument("--build-dir", type=Path, help="where built models are kept between runs (default: temp)")
     parser.add_argument("--out", type=Path, default=result_path("serve_bench"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
     with tempfile.TemporaryDirectory() as tmp:
+        root = args.build_dir or Path(tmp)
         if args.model is None:
-            hf_model, served = build_demo_model(Path(tmp))
+            hf_model, served = built(root / "student")
         else:
             release_student = args.model / "student" if is_release(args.model) else None
             hf_model, served = args.hf_model or release_student, args.model
@@ -414,6 +446,7 @@ def main() -> None:
                 else:
                     new = server_rows(served, mode, modes[mode], args.concurrency, texts, args)
                 every += [{**row, "round": round_} for row in new]
+        peer = peer_rows(root, texts, args) if args.peer else []
     hostile = [r for r in every if r["mode"] in ("clean", "hostile")]
     every = [r for r in every if r["mode"] not in ("clean", "hostile")]
     rows = median_rows(every)
@@ -436,6 +469,9 @@ def main() -> None:
     }
     if hostile:
         result["hostile"] = hostile_summary(hostile)
+    if peer:
+        result["peer"] = {"rows": peer, "ratios_over_ct2_int8": decode_peers.ratios(peer)}
+        print("lmforge / ct2 tokens/s:", {k: round(v, 2) for k, v in result["peer"]["ratios_over_ct2_int8"].items()})
     machine = {**machine, "load_average_after": load_average()}  # load_average: at the start
     print(f"wrote {write_results('serve_bench', result, path=args.out, machine=machine)}")
 
