@@ -5,19 +5,21 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from lmforge.artifacts import write_manifest
-from lmforge.config import ExportConfig
+from lmforge.config import ExportConfig, ServeConfig
 from lmforge.errors import InputDataError
 from lmforge.export.export_onnx import run as export_onnx
 from lmforge.onnx_runtime import WITH_PAST_FILE, OrtDecoderWithPast
 from lmforge.serve.batcher import DoneEvent, DynamicBatcher, ErrorEvent, QueueFullError, TokenEvent
 from lmforge.serve.generate import GenerationRequest, drop_rows, generate_batch, left_padded
 from lmforge.serve.model_dir import resolve_served_model
+from lmforge.serve.predictor import LmforgePredictor
 from tests.support.serve_helpers import redraw_weights
 
 pytestmark = pytest.mark.slow
@@ -161,6 +163,54 @@ def test_batcher_reserves_places_for_all_prompts_of_a_request_or_refuses_it_whol
         batcher.close()
 
     asyncio.run(scenario())
+
+
+class _Gated:
+    """A decoder whose second run waits for ``gate``: the first request is mid-decode when the next one arrives."""
+
+    def __init__(self, decoder: OrtDecoderWithPast, gate: threading.Event) -> None:
+        self.decoder, self.gate, self.runs = decoder, gate, 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.decoder, name)
+
+    def step(self, *args: object) -> tuple[np.ndarray, list[np.ndarray]]:
+        self.runs += 1
+        if self.runs == 2:
+            self.gate.wait(timeout=60)  # a safety valve only: the test sets the gate at once
+        return self.decoder.step(*args)
+
+
+def test_a_short_request_joins_a_running_long_one_and_finishes_first(onnx_dir, decoder) -> None:
+    long, short = GenerationRequest(PROMPTS[0], 40), GenerationRequest(PROMPTS[1], 2)
+
+    async def scenario() -> tuple[list[str], dict[str, DoneEvent]]:
+        predictor = LmforgePredictor("tiny", resolve_served_model(onnx_dir), ServeConfig(max_wait_ms=0.0))
+        predictor.load()
+        gate = threading.Event()
+        predictor.decoder = _Gated(predictor.decoder, gate)
+        order: list[str] = []
+        done: dict[str, DoneEvent] = {}
+
+        async def finish(name: str, queue: asyncio.Queue) -> None:
+            while not isinstance(event := await queue.get(), DoneEvent):
+                assert isinstance(event, TokenEvent)
+            order.append(name)
+            done[name] = event
+
+        long_events = predictor.batcher.submit(long, stream=True)
+        assert isinstance(await long_events.get(), TokenEvent)  # the long request is decoding
+        short_events = predictor.batcher.submit(short)
+        gate.set()
+        await asyncio.gather(finish("long", long_events), finish("short", short_events))
+        predictor.stop()
+        return order, done
+
+    order, done = asyncio.run(scenario())
+    assert order == ["short", "long"]
+    assert done["short"].result.token_ids == _alone(decoder, short)
+    assert done["long"].result.token_ids == _alone(decoder, long)
+    assert done["short"].batch_size == 2
 
 
 def _release(root: Path, onnx_dir: Path, artifacts: list[str], withheld: dict[str, str]) -> Path:
