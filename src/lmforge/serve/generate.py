@@ -16,8 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnxruntime as ort
 
-from lmforge.onnx_runtime import OrtDecoderWithPast
+from lmforge.onnx_runtime import OrtDecoderWithPast, cache_arrays
 
 log = logging.getLogger("lmforge.serve")
 
@@ -158,7 +159,7 @@ class RunningBatch:
         self.rows: list[_Row] = []
         self.tokens = np.zeros(0, dtype=np.int64)
         self.mask = np.zeros((0, 0), dtype=np.int64)
-        self.past = self.decoder.empty_past(0)
+        self.past: list[np.ndarray] | list[ort.OrtValue] = self.decoder.empty_past(0)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -170,14 +171,16 @@ class RunningBatch:
         for row in rows:
             row.rng = row_generator(row.request, row.result, row.key, size)
         ids, mask = left_padded(requests, self.pad_token_id)
-        logits, past = self.decoder.step(ids, mask, self.decoder.empty_past(len(rows)))
+        logits, past = self.decoder.step_bound(ids, mask, self.decoder.empty_past(len(rows)))
         tokens, keep, finished = self._advance(rows, logits)
         if not keep:
             return finished
-        if len(keep) < len(rows):
-            tokens, mask, past = drop_rows(keep, tokens, mask, past)
+        if not self.rows and len(keep) == len(rows):
+            self.rows, self.tokens, self.mask, self.past = rows, tokens, mask, past
+            return finished
+        tokens, mask, past = drop_rows(keep, tokens, mask, cache_arrays(past))
         length = max(mask.shape[1], self.mask.shape[1])
-        old_mask, old_past = _left_pad(self.mask, self.past, length)
+        old_mask, old_past = _left_pad(self.mask, cache_arrays(self.past), length)
         new_mask, new_past = _left_pad(mask, past, length)
         self.rows += [rows[b] for b in keep]
         self.tokens = np.concatenate([self.tokens, tokens])
@@ -188,13 +191,13 @@ class RunningBatch:
     def step(self) -> Finished:
         """Decode one token for every row; returns the rows that finished with it (they left the batch)."""
         mask = np.concatenate([self.mask, np.ones((len(self.rows), 1), dtype=np.int64)], axis=1)
-        logits, past = self.decoder.step(self.tokens[:, None], mask, self.past)
+        logits, past = self.decoder.step_bound(self.tokens[:, None], mask, self.past)
         tokens, keep, finished = self._advance(self.rows, logits)
         if not keep:
             self._empty()
         elif len(keep) < len(self.rows):
             self.rows = [self.rows[b] for b in keep]
-            self.tokens, self.mask, self.past = drop_rows(keep, tokens, mask, past)
+            self.tokens, self.mask, self.past = drop_rows(keep, tokens, mask, cache_arrays(past))
         else:
             self.tokens, self.mask, self.past = tokens, mask, past
         return finished

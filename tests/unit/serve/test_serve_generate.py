@@ -15,7 +15,7 @@ from lmforge.artifacts import write_manifest
 from lmforge.config import ExportConfig, ServeConfig
 from lmforge.errors import InputDataError
 from lmforge.export.export_onnx import run as export_onnx
-from lmforge.onnx_runtime import WITH_PAST_FILE, OrtDecoderWithPast
+from lmforge.onnx_runtime import WITH_PAST_FILE, OrtDecoderWithPast, cache_arrays
 from lmforge.serve.batcher import DoneEvent, DynamicBatcher, ErrorEvent, QueueFullError, TokenEvent
 from lmforge.serve.generate import GenerationRequest, drop_rows, generate_batch, left_padded
 from lmforge.serve.model_dir import resolve_served_model
@@ -174,11 +174,18 @@ class _Gated:
     def __getattr__(self, name: str) -> object:
         return getattr(self.decoder, name)
 
-    def step(self, *args: object) -> tuple[np.ndarray, list[np.ndarray]]:
+    def _wait(self) -> None:
         self.runs += 1
         if self.runs == 2:
             self.gate.wait(timeout=60)  # a safety valve only: the test sets the gate at once
+
+    def step(self, *args: object) -> tuple[np.ndarray, list]:
+        self._wait()
         return self.decoder.step(*args)
+
+    def step_bound(self, *args: object) -> tuple[np.ndarray, list]:
+        self._wait()
+        return self.decoder.step_bound(*args)
 
 
 def test_a_short_request_joins_a_running_long_one_and_finishes_first(onnx_dir, decoder) -> None:
@@ -266,3 +273,17 @@ def test_dropping_rows_trims_the_columns_that_are_padding_in_every_row_left() ->
     np.testing.assert_array_equal(kept_past[0], past[0][1:, :, 2:])
     _, untrimmed, _ = drop_rows([0, 2], np.array([10, 11, 12]), mask, past)
     np.testing.assert_array_equal(untrimmed, mask[[0, 2]])
+
+
+def test_a_bound_step_gives_the_logits_and_cache_of_a_plain_step(decoder) -> None:
+    ids, mask = left_padded([GenerationRequest(p, 1) for p in PROMPTS], pad_token_id=1)
+    logits, past = decoder.step(ids, mask, decoder.empty_past(len(PROMPTS)))
+    bound_logits, bound_past = decoder.step_bound(ids, mask, decoder.empty_past(len(PROMPTS)))
+    np.testing.assert_array_equal(bound_logits, logits)
+    mask = np.concatenate([mask, np.ones((len(PROMPTS), 1), dtype=np.int64)], axis=1)
+    token = logits[:, -1:].argmax(-1)
+    logits, past = decoder.step(token, mask, past)
+    bound_logits, bound_past = decoder.step_bound(token, mask, bound_past)  # the cache fed back as OrtValues
+    np.testing.assert_array_equal(bound_logits, logits)
+    for bound, plain in zip(cache_arrays(bound_past), past, strict=True):
+        np.testing.assert_array_equal(bound, plain)
