@@ -1,4 +1,4 @@
-"""Serving benchmark: the lmforge predictor under load on loopback, with and without dynamic batching, and
+"""Serving benchmark: the lmforge predictor under load on loopback, with and without batching, and
 ``transformers`` ``generate`` in a loop at the same concurrency.
 
 Model: ``--model`` (a release ``models/<name>/<version>/``, whose ``student`` is the PyTorch peer, or an ONNX model
@@ -12,7 +12,8 @@ For each round, mode and concurrency (1, 8, 32 by default) a closed loop of ``co
 prompts from the demo text to ``/openai/v1/completions`` (greedy, ``max_tokens``) until ``--requests`` requests
 are answered or ``--duration-s`` has passed, whichever is first. Modes:
 
-* ``batched`` — the predictor with dynamic batching (``--max-batch-size``, ``--max-wait-ms``);
+* ``batched`` — the predictor with continuous batching (``--max-batch-size``, ``--max-wait-ms``); its ``mean_batch``
+  is the mean size of the groups that joined the running batch;
 * ``unbatched`` — the same predictor with ``max_batch_size`` 1 (one request at a time, in arrival order);
 * ``transformers`` — the HF model (FP32 PyTorch) in this process, ``concurrency`` threads each calling
   ``generate(do_sample=False)`` for one prompt at a time (no server, no HTTP);
@@ -31,6 +32,9 @@ keeps every round. Reports p50/p90/p99 request latency, generated tokens/s and r
 
     python -m bench.serve_bench                                          # the built model
     python -m bench.serve_bench --model lmforge-out/registry/models/lmforge-demo/<version>   # the demo's release
+
+``--peer ct2`` adds, after the modes, lmforge's decode loop against CTranslate2 on the student and the ``gpt2-124m``
+shapes (:mod:`bench.decode_peers`; ``pip install ctranslate2``: a benchmark peer, not an lmforge dependency).
 
 The record (``bench/results/serve_bench.json`` unless ``--out``) carries the machine's facts (``bench.common``).
 """
