@@ -19,6 +19,9 @@ are answered or ``--duration-s`` has passed, whichever is first. Modes:
   ``generate(do_sample=False)`` for one prompt at a time (no server, no HTTP);
 * ``decode`` — the predictor's batched decoding alone (``generate_batch`` on the served ONNX model in this
   process, batch = concurrency, no HTTP, no queue): what batching buys where HTTP and tokenizing cost nothing.
+* ``scheduler`` — the predictor's schedulers alone (this process, no HTTP, no tokenizing), taking turns: the
+  continuous batcher the predictor runs and the batch-at-a-time one (``DynamicBatcher`` over ``generate_batch``),
+  a closed loop of ``concurrency`` clients each;
 * ``hostile`` — the batched predictor under ``--requests`` requests at each concurrency, once with well-formed
   requests only and once with ``--hostile-share`` of them hostile (bad sampling values, 10k-prompt bodies,
   malformed and 100k-deep JSON: ``tests/support/serve_helpers.py``), the two loads taking turns on one server:
@@ -66,7 +69,8 @@ from lmforge.export import export_onnx, quantize_int8
 from lmforge.formats.token_shards import ShardWriter
 from lmforge.model.build import build_model, load_causal_lm, load_tokenizer, save_model_dir
 from lmforge.onnx_runtime import OrtDecoderWithPast
-from lmforge.serve.generate import GenerationRequest, generate_batch
+from lmforge.serve.batcher import Batcher, ContinuousBatcher, DoneEvent, DynamicBatcher
+from lmforge.serve.generate import GenerationRequest, RunningBatch, generate_batch
 from lmforge.serve.model_dir import is_release, resolve_served_model
 from tests.support.serve_helpers import mixed_load, serving
 
@@ -357,6 +361,56 @@ def peer_rows(root: Path, texts: list[str], args: argparse.Namespace) -> list[di
     return rows
 
 
+def scheduler_rows(served: Path, levels: list[int], texts: list[str], args: argparse.Namespace) -> list[dict]:
+    """The predictor's two schedulers in this process, no HTTP: ``continuous`` (:class:`ContinuousBatcher`, what the
+    predictor runs) and ``batch_at_a_time`` (:class:`DynamicBatcher` over ``generate_batch``), taking turns per
+    concurrency level, ``--max-batch-size`` and ``--max-wait-ms`` each; a closed loop of ``concurrency`` clients."""
+    model_dir = resolve_served_model(served).path
+    tok = load_tokenizer(model_dir)
+    decoder = OrtDecoderWithPast(model_dir, threads=args.threads, spinning=False)
+    requests = [GenerationRequest(tuple(tok(t)["input_ids"]), args.max_tokens) for t in texts]
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    bounds = {"max_batch_size": args.max_batch_size, "max_wait_ms": args.max_wait_ms, "max_queue": 1024}
+    schedulers = {
+        "continuous": lambda: ContinuousBatcher(
+            lambda cb: RunningBatch(decoder, eos_token_id=eos, pad_token_id=pad, on_token=cb), **bounds
+        ),
+        "batch_at_a_time": lambda: DynamicBatcher(
+            lambda r, cb: generate_batch(decoder, r, eos_token_id=eos, pad_token_id=pad, on_token=cb), **bounds
+        ),
+    }
+
+    async def closed_loop(batcher: Batcher, concurrency: int) -> tuple[list[float], int, float]:
+        latencies: list[float] = []
+        sent = iter(range(args.requests))
+
+        async def client() -> None:
+            for i in sent:
+                start = time.perf_counter()
+                events = batcher.submit(requests[i % len(requests)])
+                while not isinstance(event := await events.get(), DoneEvent):
+                    pass
+                latencies.append(time.perf_counter() - start)
+                counts.append(len(event.result.token_ids))
+
+        counts: list[int] = []
+        start = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        batcher.close()
+        return latencies, sum(counts), time.perf_counter() - start
+
+    rows = []
+    for concurrency in levels:
+        for name, make in schedulers.items():
+            lat, tokens, wall = asyncio.run(closed_loop(make(), concurrency))
+            row = {"mode": f"scheduler_{name}", "concurrency": concurrency, **summarize(lat, tokens, wall)}
+            row["mean_batch"] = 0.0
+            row["load_1m_after"] = os.getloadavg()[0]
+            log.info("%s", row)
+            rows.append(row)
+    return rows
+
+
 def hostile_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per concurrency: the well-formed requests' p99 under the hostile load over the clean one's (same round and
     server; each round's ratio and their median), the statuses that missed, and the log lines per request."""
@@ -445,6 +499,8 @@ def main() -> None:
                     new = transformers_rows(hf_model, args.concurrency, texts, args)
                 elif mode == "decode":
                     new = decode_rows(served, args.concurrency, texts, args)
+                elif mode == "scheduler":
+                    new = scheduler_rows(served, args.concurrency, texts, args)
                 elif mode == "hostile":
                     new = hostile_rows(served, modes["batched"], args.concurrency, texts, args)
                 else:
