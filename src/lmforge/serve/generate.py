@@ -1,5 +1,8 @@
 """Batched decoding with the KV-cache graph: prompts of any length in one batch, each row as if it ran alone.
 
+:class:`RunningBatch` decodes a step at a time and takes new requests between steps (continuous batching);
+:func:`generate_batch` runs one group of requests to its end.
+
 Rows are left-padded to the longest prompt with attention mask 0 on the padding; the cache graph ``model.onnx`` derives
 position ids from the mask (``cumsum(mask) - 1``), so a padded row sees the same positions and attends to the same
 tokens as the unpadded prompt. After every step a finished row (EOS or its own ``max_tokens``) leaves the batch: its
