@@ -1,4 +1,4 @@
-"""Serving benchmark: the lmforge predictor under load on loopback, with and without dynamic batching, and
+"""Serving benchmark: the lmforge predictor under load on loopback, with and without batching, and
 ``transformers`` ``generate`` in a loop at the same concurrency.
 
 Model: ``--model`` (a release ``models/<name>/<version>/``, whose ``student`` is the PyTorch peer, or an ONNX model
@@ -12,12 +12,16 @@ For each round, mode and concurrency (1, 8, 32 by default) a closed loop of ``co
 prompts from the demo text to ``/openai/v1/completions`` (greedy, ``max_tokens``) until ``--requests`` requests
 are answered or ``--duration-s`` has passed, whichever is first. Modes:
 
-* ``batched`` — the predictor with dynamic batching (``--max-batch-size``, ``--max-wait-ms``);
+* ``batched`` — the predictor with continuous batching (``--max-batch-size``, ``--max-wait-ms``); its ``mean_batch``
+  is the mean size of the groups that joined the running batch;
 * ``unbatched`` — the same predictor with ``max_batch_size`` 1 (one request at a time, in arrival order);
 * ``transformers`` — the HF model (FP32 PyTorch) in this process, ``concurrency`` threads each calling
   ``generate(do_sample=False)`` for one prompt at a time (no server, no HTTP);
 * ``decode`` — the predictor's batched decoding alone (``generate_batch`` on the served ONNX model in this
   process, batch = concurrency, no HTTP, no queue): what batching buys where HTTP and tokenizing cost nothing.
+* ``scheduler`` — the predictor's schedulers alone (this process, no HTTP, no tokenizing), taking turns: the
+  continuous batcher the predictor runs and the batch-at-a-time one (``DynamicBatcher`` over ``generate_batch``),
+  a closed loop of ``concurrency`` clients each;
 * ``hostile`` — the batched predictor under ``--requests`` requests at each concurrency, once with well-formed
   requests only and once with ``--hostile-share`` of them hostile (bad sampling values, 10k-prompt bodies,
   malformed and 100k-deep JSON: ``tests/support/serve_helpers.py``), the two loads taking turns on one server:
@@ -31,6 +35,9 @@ keeps every round. Reports p50/p90/p99 request latency, generated tokens/s and r
 
     python -m bench.serve_bench                                          # the built model
     python -m bench.serve_bench --model lmforge-out/registry/models/lmforge-demo/<version>   # the demo's release
+
+``--peer ct2`` adds, after the modes, lmforge's decode loop against CTranslate2 on the student and the ``gpt2-124m``
+shapes (:mod:`bench.decode_peers`; ``pip install ctranslate2``: a benchmark peer, not an lmforge dependency).
 
 The record (``bench/results/serve_bench.json`` unless ``--out``) carries the machine's facts (``bench.common``).
 """
@@ -52,13 +59,15 @@ import httpx
 import numpy as np
 import torch
 
+from bench import decode_peers
 from bench.common import load_average, machine_facts, result_path, text_table, write_results
 from lmforge.config import ExportConfig, ModelConfig, QuantizeConfig, load_preset
 from lmforge.data.demo import shakespeare_documents
 from lmforge.export import export_onnx, quantize_int8
 from lmforge.model.build import load_causal_lm, load_tokenizer
 from lmforge.onnx_runtime import OrtDecoderWithPast
-from lmforge.serve.generate import GenerationRequest, generate_batch
+from lmforge.serve.batcher import Batcher, ContinuousBatcher, DoneEvent, DynamicBatcher
+from lmforge.serve.generate import GenerationRequest, RunningBatch, generate_batch
 from lmforge.serve.model_dir import is_release, resolve_served_model
 from tests.support.demo_artifacts import write_random_model, write_shards, write_tokenizer
 from tests.support.serve_helpers import mixed_load, serving
@@ -68,12 +77,15 @@ STUDENT = ModelConfig(arch="gpt2", n_layer=2, n_head=4, n_embd=128, block_size=1
 MODEL_NAME = "bench"
 
 
-def build_demo_model(root: Path, docs: int = 200) -> tuple[Path, Path]:
-    """The tiny-cpu student shape with random weights: (HF model dir, dynamic INT8 ONNX dir)."""
+def build_demo_model(
+    root: Path, docs: int = 200, *, shape: ModelConfig = STUDENT, vocab_size: int | None = None
+) -> tuple[Path, Path]:
+    """A model of ``shape`` (default: the tiny-cpu student) with random weights and the demo tokenizer, its
+    embedding ``vocab_size`` rows (default: the tokenizer's): (HF model dir, dynamic INT8 ONNX dir)."""
     texts = [d["text"] for d in itertools.islice(shakespeare_documents(), docs)]
     tokenizer = write_tokenizer(texts, root / "tokenizer", vocab_size=2048)
     write_shards(texts, tokenizer, root / "shards", shard_tokens=10_000_000)
-    write_random_model(STUDENT, tokenizer, root / "model")
+    write_random_model(shape, tokenizer, root / "model", vocab_size)
     export_onnx.run(ExportConfig(), model=root / "model", onnx_model=root / "onnx")
     qcfg = QuantizeConfig.model_validate(load_preset("tiny-cpu")["quantize_int8"])
     quantize_int8.run(
@@ -309,6 +321,80 @@ def decode_rows(served: Path, levels: list[int], texts: list[str], args: argpars
     return rows
 
 
+def built(root: Path, shape: ModelConfig = STUDENT, vocab_size: int | None = None) -> tuple[Path, Path]:
+    """:func:`build_demo_model` into ``root``, unless an earlier run left it there: (HF model dir, INT8 ONNX dir)."""
+    if not (root / "int8" / "model.onnx").is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        build_demo_model(root, shape=shape, vocab_size=vocab_size)
+    return root / "model", root / "int8"
+
+
+def peer_rows(root: Path, texts: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """lmforge's decode loop and CTranslate2 on the student and the gpt2-124m shapes (:mod:`bench.decode_peers`)."""
+    rows = []
+    shapes = {"student": (STUDENT, None), "gpt2-124m": (decode_peers.GPT2_124M, decode_peers.GPT2_VOCAB)}
+    for name, (shape, vocab) in shapes.items():
+        hf_model, int8 = built(root / name, shape, vocab)
+        tok = load_tokenizer(hf_model)
+        ids = [tok(t)["input_ids"] for t in texts]
+        engines = {"lmforge_int8": decode_peers.lmforge_decoder(int8, args.max_tokens)}
+        if name == "gpt2-124m":
+            engines["lmforge_fp32"] = decode_peers.lmforge_decoder(root / name / "onnx", args.max_tokens)
+        engines["ct2_int8"] = decode_peers.ct2_decoder(hf_model, root / name / "ct2", args.max_tokens)
+        rows += decode_peers.engine_rows(name, engines, ids, args.peer_batches, args.rounds)
+    return rows
+
+
+def scheduler_rows(served: Path, levels: list[int], texts: list[str], args: argparse.Namespace) -> list[dict]:
+    """The predictor's two schedulers in this process, no HTTP: ``continuous`` (:class:`ContinuousBatcher`, what the
+    predictor runs) and ``batch_at_a_time`` (:class:`DynamicBatcher` over ``generate_batch``), taking turns per
+    concurrency level, ``--max-batch-size`` and ``--max-wait-ms`` each; a closed loop of ``concurrency`` clients."""
+    model_dir = resolve_served_model(served).path
+    tok = load_tokenizer(model_dir)
+    decoder = OrtDecoderWithPast(model_dir, threads=args.threads, spinning=False)
+    requests = [GenerationRequest(tuple(tok(t)["input_ids"]), args.max_tokens) for t in texts]
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    bounds = {"max_batch_size": args.max_batch_size, "max_wait_ms": args.max_wait_ms, "max_queue": 1024}
+    schedulers = {
+        "continuous": lambda: ContinuousBatcher(
+            lambda cb: RunningBatch(decoder, eos_token_id=eos, pad_token_id=pad, on_token=cb), **bounds
+        ),
+        "batch_at_a_time": lambda: DynamicBatcher(
+            lambda r, cb: generate_batch(decoder, r, eos_token_id=eos, pad_token_id=pad, on_token=cb), **bounds
+        ),
+    }
+
+    async def closed_loop(batcher: Batcher, concurrency: int) -> tuple[list[float], int, float]:
+        latencies: list[float] = []
+        sent = iter(range(args.requests))
+
+        async def client() -> None:
+            for i in sent:
+                start = time.perf_counter()
+                events = batcher.submit(requests[i % len(requests)])
+                while not isinstance(event := await events.get(), DoneEvent):
+                    pass
+                latencies.append(time.perf_counter() - start)
+                counts.append(len(event.result.token_ids))
+
+        counts: list[int] = []
+        start = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        batcher.close()
+        return latencies, sum(counts), time.perf_counter() - start
+
+    rows = []
+    for concurrency in levels:
+        for name, make in schedulers.items():
+            lat, tokens, wall = asyncio.run(closed_loop(make(), concurrency))
+            row = {"mode": f"scheduler_{name}", "concurrency": concurrency, **summarize(lat, tokens, wall)}
+            row["mean_batch"] = 0.0
+            row["load_1m_after"] = os.getloadavg()[0]
+            log.info("%s", row)
+            rows.append(row)
+    return rows
+
+
 def hostile_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per concurrency: the well-formed requests' p99 under the hostile load over the clean one's (same round and
     server; each round's ratio and their median), the statuses that missed, and the log lines per request."""
@@ -365,13 +451,17 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["batched", "unbatched", "transformers", "decode"])
     parser.add_argument("--rounds", type=int, default=3, help="times every mode runs, taking turns")
     parser.add_argument("--hostile-share", type=float, default=0.1, help="share of hostile requests (hostile mode)")
+    parser.add_argument("--peer", choices=["ct2"], help="also run lmforge's decode loop against CTranslate2")
+    parser.add_argument("--peer-batches", type=int, nargs="+", default=[1, 8], help="batch sizes of --peer")
+    parser.add_argument("--build-dir", type=Path, help="where built models are kept between runs (default: temp)")
     parser.add_argument("--out", type=Path, default=result_path("serve_bench"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
     with tempfile.TemporaryDirectory() as tmp:
+        root = args.build_dir or Path(tmp)
         if args.model is None:
-            hf_model, served = build_demo_model(Path(tmp))
+            hf_model, served = built(root / "student")
         else:
             release_student = args.model / "student" if is_release(args.model) else None
             hf_model, served = args.hf_model or release_student, args.model
@@ -393,11 +483,14 @@ def main() -> None:
                     new = transformers_rows(hf_model, args.concurrency, texts, args)
                 elif mode == "decode":
                     new = decode_rows(served, args.concurrency, texts, args)
+                elif mode == "scheduler":
+                    new = scheduler_rows(served, args.concurrency, texts, args)
                 elif mode == "hostile":
                     new = hostile_rows(served, modes["batched"], args.concurrency, texts, args)
                 else:
                     new = server_rows(served, mode, modes[mode], args.concurrency, texts, args)
                 every += [{**row, "round": round_} for row in new]
+        peer = peer_rows(root, texts, args) if args.peer else []
     hostile = [r for r in every if r["mode"] in ("clean", "hostile")]
     every = [r for r in every if r["mode"] not in ("clean", "hostile")]
     rows = median_rows(every)
@@ -420,6 +513,9 @@ def main() -> None:
     }
     if hostile:
         result["hostile"] = hostile_summary(hostile)
+    if peer:
+        result["peer"] = {"rows": peer, "ratios_over_ct2_int8": decode_peers.ratios(peer)}
+        print("lmforge / ct2 tokens/s:", {k: round(v, 2) for k, v in result["peer"]["ratios_over_ct2_int8"].items()})
     machine = {**machine, "load_average_after": load_average()}  # load_average: at the start
     print(f"wrote {write_results('serve_bench', result, path=args.out, machine=machine)}")
 

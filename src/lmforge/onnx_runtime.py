@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -119,6 +120,30 @@ def cpu_session(path: Path, threads: int | None = None, *, spinning: bool = True
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
+def _seq_len(cache: np.ndarray | ort.OrtValue) -> int:
+    """Positions held by one cache tensor ``[batch, heads, seq, head_dim]``."""
+    return cache.shape()[2] if isinstance(cache, ort.OrtValue) else cache.shape[2]
+
+
+def cache_arrays(past: Sequence[np.ndarray | ort.OrtValue]) -> list[np.ndarray]:
+    """A cache as numpy arrays (those :meth:`OrtDecoderWithPast.step_bound` returned are copied out)."""
+    return [value.numpy() if isinstance(value, ort.OrtValue) else value for value in past]
+
+
+def _checked_step_inputs(
+    input_ids: np.ndarray, attention_mask: np.ndarray, past_len: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens and mask as int64; raise unless the mask covers the ``past_len`` cached and the new tokens."""
+    input_ids = np.asarray(input_ids, dtype=np.int64)
+    attention_mask = np.asarray(attention_mask, dtype=np.int64)
+    if attention_mask.shape != (input_ids.shape[0], past_len + input_ids.shape[1]):
+        raise ValueError(
+            f"attention_mask shape {attention_mask.shape} must be [batch, past + seq] = "
+            f"[{input_ids.shape[0]}, {past_len + input_ids.shape[1]}]"
+        )
+    return input_ids, attention_mask
+
+
 class OrtCausalLM:
     """A causal LM exported to ONNX, run by an ONNX Runtime CPU session.
 
@@ -206,18 +231,38 @@ class OrtDecoderWithPast:
             attention_mask: mask of the cached and the new tokens ``[batch, past + seq]``.
             past: the cache returned by the previous step (or :meth:`empty_past`).
         """
-        input_ids = np.asarray(input_ids, dtype=np.int64)
-        attention_mask = np.asarray(attention_mask, dtype=np.int64)
-        past_len = past[0].shape[2]
-        if attention_mask.shape != (input_ids.shape[0], past_len + input_ids.shape[1]):
-            raise ValueError(
-                f"attention_mask shape {attention_mask.shape} must be [batch, past + seq] = "
-                f"[{input_ids.shape[0]}, {past_len + input_ids.shape[1]}]"
-            )
+        input_ids, attention_mask = _checked_step_inputs(input_ids, attention_mask, past[0].shape[2])
         logits, *present = self.session.run(
             ["logits", *self.present_names], self.feeds(input_ids, attention_mask, past)
         )
         return logits, present
+
+    def step_bound(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, past: Sequence[np.ndarray | ort.OrtValue]
+    ) -> tuple[np.ndarray, list[ort.OrtValue]]:
+        """:meth:`step` with the cache left in ONNX Runtime's buffers: the updated cache comes back as ``OrtValue``
+        objects that the next step takes as they are (:func:`cache_arrays` turns them into arrays).
+
+        The graph concatenates past and new keys itself, so its cache cannot be updated in place; what IO binding
+        saves is the copy of the whole cache into new numpy arrays at every step (:meth:`step`'s ``run``), which
+        grows with batch, layers and length (47 MB a step at batch 8 on the gpt2-124m shape at 80 positions).
+        """
+        past_len = _seq_len(past[0])
+        input_ids, attention_mask = _checked_step_inputs(input_ids, attention_mask, past_len)
+        binding = self.session.io_binding()
+        for name, value in token_feeds(input_ids, attention_mask).items():
+            if name in self.input_names:
+                binding.bind_cpu_input(name, value)
+        for name, value in zip(self.past_names, past, strict=True):
+            if isinstance(value, ort.OrtValue):
+                binding.bind_ortvalue_input(name, value)
+            else:
+                binding.bind_cpu_input(name, value)
+        for name in ("logits", *self.present_names):
+            binding.bind_output(name, "cpu")
+        self.session.run_with_iobinding(binding)
+        logits, *present = binding.get_outputs()
+        return logits.numpy(), present
 
     def feeds(self, input_ids: np.ndarray, attention_mask: np.ndarray, past: list[np.ndarray]) -> dict[str, np.ndarray]:
         """The graph's inputs for one step: tokens, mask, the positions derived from the mask (when the graph takes

@@ -2,7 +2,7 @@
 
 * :mod:`lmforge.serve.server` — :func:`~lmforge.serve.server.serve_model`: the predictor in ``kserve.ModelServer``
   (REST v1, Open Inference Protocol v2, OpenAI completions) for a release or an ONNX model directory;
-* :mod:`lmforge.serve.predictor` — the ``kserve.Model``: ONNX Runtime with the KV-cache graph, dynamic batching
+* :mod:`lmforge.serve.predictor` — the ``kserve.Model``: ONNX Runtime with the KV-cache graph, continuous batching
   (:mod:`~lmforge.serve.batcher`, :mod:`~lmforge.serve.generate`) and streaming;
 * :mod:`lmforge.serve.manifests` — KServe ``InferenceService`` / ``ServingRuntime`` dicts and the Triton model
   repository (``config.pbtxt``);

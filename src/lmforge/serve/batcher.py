@@ -1,21 +1,26 @@
-"""Request-level dynamic batching: requests that arrive together are decoded together.
+"""Request-level batching: requests that arrive together are decoded together.
 
-A request waits in a queue; the scheduler takes the oldest, then up to ``max_batch_size - 1`` more, waiting at
-most ``max_wait_ms`` after the oldest one arrived, and decodes the batch in a worker thread (ONNX Runtime releases
-the GIL, so the event loop keeps accepting requests meanwhile). One batch runs at a time; requests that arrive
-during it form the next one. A streaming request gets every new token on its event queue at once. A request
-whose client went away is still decoded to its end (at most ``max_tokens``).
+A request waits in a queue. :class:`ContinuousBatcher` (what the predictor runs) decodes one running batch, a step
+at a time, in a worker thread (ONNX Runtime releases the GIL, so the event loop keeps accepting requests meanwhile):
+requests queued while it runs join it at the next step, up to ``max_batch_size`` rows, and a row leaves as soon as it
+finishes, so a short request never waits for a long one. :class:`DynamicBatcher` decodes batch after batch with any
+:data:`BatchRunner`: a request queued during a batch waits for it to finish. Either one, when idle, takes the oldest
+request and waits at most ``max_wait_ms`` after it arrived for up to ``max_batch_size - 1`` more. A streaming request
+gets every new token on its event queue at once. A request whose client went away is still decoded to its end (at
+most ``max_tokens``).
 
-A request with several prompts first reserves a place in the queue for all of them (:meth:`DynamicBatcher.reserve`):
+A request with several prompts first reserves a place in the queue for all of them (:meth:`Batcher.reserve`):
 refused whole, before any prompt is tokenized, when they cannot all wait; its prompts then go in together.
 A request whose own decoding failed gets its error; the others of its batch get their results.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import collections
 import concurrent.futures
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -24,11 +29,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmforge.errors import LmforgeError
-from lmforge.serve.generate import GenerationRequest, GenerationResult, TokenCallback
+from lmforge.serve.generate import Finished, GenerationRequest, GenerationResult, RunningBatch, TokenCallback
 
 log = logging.getLogger("lmforge.serve")
 
 BatchRunner = Callable[[Sequence[GenerationRequest], TokenCallback], list[GenerationResult]]
+"""Decodes a list of requests, calling its callback with (index, token) per new token."""
+NewBatch = Callable[[TokenCallback], RunningBatch]
+"""An empty running batch whose rows report each new token to the callback (with their key)."""
 
 
 class QueueFullError(LmforgeError):
@@ -66,6 +74,8 @@ class _Pending:
     events: asyncio.Queue[Event]
     stream: bool
     enqueued: float = field(default_factory=time.monotonic)
+    batch_size: int = 0
+    """Rows in the running batch when this request joined it (:class:`ContinuousBatcher`)."""
 
 
 @dataclass
@@ -87,18 +97,16 @@ class BatchStats:
         }
 
 
-class DynamicBatcher:
-    """Queue requests and decode them in batches of up to ``max_batch_size`` with ``run_batch``.
+class Batcher(abc.ABC):
+    """The queue the batchers share: places, reservations, and the wait for company.
 
     Args:
-        run_batch: decodes a list of requests, calling its callback with (index, token) per new token.
         max_batch_size: most requests per batch (1: every request alone, in arrival order).
         max_wait_ms: how long the oldest queued request waits for company.
         max_queue: most requests waiting; :meth:`submit` raises :class:`QueueFullError` beyond.
     """
 
-    def __init__(self, run_batch: BatchRunner, *, max_batch_size: int, max_wait_ms: float, max_queue: int) -> None:
-        self.run_batch = run_batch
+    def __init__(self, *, max_batch_size: int, max_wait_ms: float, max_queue: int) -> None:
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000.0
         self.max_queue = max_queue
@@ -162,15 +170,42 @@ class DynamicBatcher:
                 break
         return [self._queue.popleft() for _ in range(min(self.max_batch_size, len(self._queue)))]
 
+    @abc.abstractmethod
+    async def _schedule(self) -> None:
+        """Decode the queued requests, forever (the task :meth:`submit` starts)."""
+
+    def _count(self, joining: int, size: int) -> None:
+        """Count a batch (or a group joining one) of ``joining`` requests, ``size`` rows in all."""
+        self.stats.batches += 1
+        self.stats.requests += joining
+        self.stats.largest_batch = max(self.stats.largest_batch, size)
+        self.stats.batch_sizes[size] += 1
+
+    def close(self) -> None:
+        """Stop the scheduler and the decoding thread (requests still queued get no answer)."""
+        if self._task is not None:
+            self._task.cancel()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class DynamicBatcher(Batcher):
+    """Queue requests and decode them batch after batch, each of up to ``max_batch_size``, with ``run_batch``.
+
+    Args:
+        run_batch: decodes a list of requests (see :data:`BatchRunner`).
+        max_batch_size, max_wait_ms, max_queue: see :class:`Batcher`.
+    """
+
+    def __init__(self, run_batch: BatchRunner, *, max_batch_size: int, max_wait_ms: float, max_queue: int) -> None:
+        super().__init__(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, max_queue=max_queue)
+        self.run_batch = run_batch
+
     async def _schedule(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             batch = await self._next_batch()
             size = len(batch)
-            self.stats.batches += 1
-            self.stats.requests += size
-            self.stats.largest_batch = max(self.stats.largest_batch, size)
-            self.stats.batch_sizes[size] += 1
+            self._count(size, size)
 
             def on_token(index: int, token: int, batch: list[_Pending] = batch) -> None:
                 if batch[index].stream:
@@ -188,17 +223,70 @@ class DynamicBatcher:
             for pending, result in zip(batch, results, strict=True):
                 pending.events.put_nowait(ErrorEvent(result.error) if result.error else DoneEvent(result, size))
 
-    def close(self) -> None:
-        """Stop the scheduler and the decoding thread (requests still queued get no answer)."""
-        if self._task is not None:
-            self._task.cancel()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+
+class ContinuousBatcher(Batcher):
+    """Queue requests and decode them in one running batch that they join between steps (see the module).
+
+    ``stats`` counts each group that joins as a batch, its size the rows decoding once it joined.
+
+    Args:
+        new_batch: makes the running batch (see :data:`NewBatch`).
+        max_batch_size, max_wait_ms, max_queue: see :class:`Batcher`.
+    """
+
+    def __init__(self, new_batch: NewBatch, *, max_batch_size: int, max_wait_ms: float, max_queue: int) -> None:
+        super().__init__(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, max_queue=max_queue)
+        self.new_batch = new_batch
+
+    def _joining(self, running: int) -> list[_Pending]:
+        """The queued requests that fit in the running batch beside its ``running`` rows."""
+        return [self._queue.popleft() for _ in range(min(self.max_batch_size - running, len(self._queue)))]
+
+    async def _schedule(self) -> None:
+        loop = asyncio.get_running_loop()
+        members: dict[int, _Pending] = {}  # the running batch's requests by key; changed only between decode calls
+        keys = itertools.count()
+
+        def on_token(key: int, token: int) -> None:
+            if members[key].stream:
+                loop.call_soon_threadsafe(members[key].events.put_nowait, TokenEvent(token))
+
+        def finish(finished: Finished) -> None:
+            for key, result in finished:
+                pending = members.pop(key)
+                event = ErrorEvent(result.error) if result.error else DoneEvent(result, pending.batch_size)
+                loop.call_soon_threadsafe(pending.events.put_nowait, event)
+
+        batch = self.new_batch(on_token)
+        while True:
+            joining = self._joining(len(batch)) if batch else await self._next_batch()
+            size = len(batch) + len(joining)
+            self._count(len(joining), size)
+            joined = {next(keys): pending for pending in joining}
+            for pending in joining:
+                pending.batch_size = size
+            members.update(joined)
+            try:
+                await loop.run_in_executor(self._executor, self._decode, batch, joined, finish)
+            except Exception as exc:  # every request of the batch gets the error; the scheduler keeps serving
+                log.exception("decoding a batch of %d failed", len(members))
+                for pending in members.values():
+                    pending.events.put_nowait(ErrorEvent(exc))
+                members.clear()
+                batch = self.new_batch(on_token)
+
+    def _decode(self, batch: RunningBatch, joined: dict[int, _Pending], finish: Callable[[Finished], None]) -> None:
+        """In the worker thread: admit ``joined``, then step until the batch empties or queued requests can join."""
+        if joined:
+            finish(batch.admit([p.request for p in joined.values()], list(joined)))
+        while batch and not (self._queue and len(batch) < self.max_batch_size):
+            finish(batch.step())
 
 
 class Reservation:
-    """Places held in a :class:`DynamicBatcher`'s queue (see :meth:`DynamicBatcher.reserve`)."""
+    """Places held in a :class:`Batcher`'s queue (see :meth:`Batcher.reserve`)."""
 
-    def __init__(self, batcher: DynamicBatcher, count: int) -> None:
+    def __init__(self, batcher: Batcher, count: int) -> None:
         self._batcher = batcher
         self.left = count
 

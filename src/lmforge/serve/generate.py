@@ -1,5 +1,8 @@
 """Batched decoding with the KV-cache graph: prompts of any length in one batch, each row as if it ran alone.
 
+:class:`RunningBatch` decodes a step at a time and takes new requests between steps (continuous batching);
+:func:`generate_batch` runs one group of requests to its end.
+
 Rows are left-padded to the longest prompt with attention mask 0 on the padding; the cache graph ``model.onnx`` derives
 position ids from the mask (``cumsum(mask) - 1``), so a padded row sees the same positions and attends to the same
 tokens as the unpadded prompt. After every step a finished row (EOS or its own ``max_tokens``) leaves the batch: its
@@ -16,8 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnxruntime as ort
 
-from lmforge.onnx_runtime import OrtDecoderWithPast
+from lmforge.onnx_runtime import OrtDecoderWithPast, cache_arrays
 
 log = logging.getLogger("lmforge.serve")
 
@@ -67,18 +71,15 @@ def _failed(result: GenerationResult, index: int, size: int, exc: Exception) -> 
     result.finish_reason, result.error = "error", exc
 
 
-def row_generators(
-    requests: Sequence[GenerationRequest], results: list[GenerationResult]
-) -> list[np.random.Generator | None]:
-    """Each sampling request's random generator (``None`` when greedy); a request whose seed fails is marked failed."""
-    rngs: list[np.random.Generator | None] = []
-    for i, req in enumerate(requests):
-        try:
-            rngs.append(np.random.default_rng(req.seed) if req.temperature > 0.0 else None)
-        except Exception as exc:  # this request fails alone; its row still runs the prefill, then leaves
-            _failed(results[i], i, len(requests), exc)
-            rngs.append(None)
-    return rngs
+def row_generator(
+    request: GenerationRequest, result: GenerationResult, key: int, size: int
+) -> np.random.Generator | None:
+    """The request's random generator (``None`` when greedy); a request whose seed fails is marked failed."""
+    try:
+        return np.random.default_rng(request.seed) if request.temperature > 0.0 else None
+    except Exception as exc:  # this request fails alone; its row still runs the prefill, then leaves
+        _failed(result, key, size, exc)
+        return None
 
 
 def left_padded(requests: Sequence[GenerationRequest], pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -92,43 +93,6 @@ def left_padded(requests: Sequence[GenerationRequest], pad_token_id: int) -> tup
     return ids, mask
 
 
-def _sample(
-    logits: np.ndarray,
-    index: int,
-    requests: Sequence[GenerationRequest],
-    rngs: Sequence[np.random.Generator | None],
-    results: list[GenerationResult],
-) -> int | None:
-    """Request ``index``'s next token from its last-position ``logits``; ``None`` once the request has failed."""
-    if results[index].error is not None:
-        return None
-    with np.errstate(all="ignore"):  # a NaN from one row's sampling is that row's error, not a warning
-        try:
-            return next_token(logits, requests[index], rngs[index])
-        except Exception as exc:  # one request's sampling fails alone; the other rows go on
-            _failed(results[index], index, len(requests), exc)
-            return None
-
-
-def _accept(
-    token: int,
-    index: int,
-    requests: Sequence[GenerationRequest],
-    results: list[GenerationResult],
-    eos_token_id: int | None,
-    on_token: TokenCallback | None,
-) -> bool:
-    """Record request ``index``'s new ``token``; whether it goes on (not EOS, fewer than its ``max_tokens``)."""
-    result = results[index]
-    if eos_token_id is not None and token == eos_token_id:
-        result.finish_reason = "stop"
-        return False
-    result.token_ids.append(token)
-    if on_token is not None:
-        on_token(index, token)
-    return len(result.token_ids) < requests[index].max_tokens
-
-
 def drop_rows(
     keep: list[int], tokens: np.ndarray, mask: np.ndarray, past: list[np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
@@ -138,6 +102,144 @@ def drop_rows(
     if start:
         mask, past = mask[:, start:], [p[:, :, start:] for p in past]
     return tokens, mask, past
+
+
+def _left_pad(mask: np.ndarray, past: list[np.ndarray], length: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """``mask`` and ``past`` padded on the left (mask 0, zero cache) to ``length`` positions."""
+    extra = length - mask.shape[1]
+    if not extra:
+        return mask, past
+    return np.pad(mask, ((0, 0), (extra, 0))), [np.pad(p, ((0, 0), (0, 0), (extra, 0), (0, 0))) for p in past]
+
+
+@dataclass
+class _Row:
+    """A request in the running batch: its key for the callback, its result so far and its random generator."""
+
+    key: int
+    request: GenerationRequest
+    result: GenerationResult
+    rng: np.random.Generator | None
+    batch_size: int
+    """Rows in the batch when this one joined (what a failure's log line names)."""
+
+
+Finished = list[tuple[int, GenerationResult]]
+"""The key and the result of each request that left the batch."""
+
+
+class RunningBatch:
+    """Rows decoding together, one token each per :meth:`step`; requests join (:meth:`admit`) between steps.
+
+    The batch holds each row's next input token, the attention mask of what its cache holds, and the cache. A joining
+    group is prefilled alone, then its rows and the running ones are left-padded to the longer cache and stacked: a
+    padded row sees the same positions (derived from the mask) and attends to the same tokens as alone. A row leaves
+    as soon as it finishes.
+
+    Args:
+        decoder: the KV-cache graph's session.
+        eos_token_id: the token that ends a row (``None``: only ``max_tokens`` does).
+        pad_token_id: the token of the prompts' left padding.
+        on_token: called with (key, token id) for each new token, EOS excluded.
+    """
+
+    def __init__(
+        self,
+        decoder: OrtDecoderWithPast,
+        *,
+        eos_token_id: int | None,
+        pad_token_id: int,
+        on_token: TokenCallback | None = None,
+    ) -> None:
+        self.decoder = decoder
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+        self.on_token = on_token
+        self._empty()
+
+    def _empty(self) -> None:
+        """No rows, no cache."""
+        self.rows: list[_Row] = []
+        self.tokens = np.zeros(0, dtype=np.int64)
+        self.mask = np.zeros((0, 0), dtype=np.int64)
+        self.past: list[np.ndarray] | list[ort.OrtValue] = self.decoder.empty_past(0)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def admit(self, requests: Sequence[GenerationRequest], keys: Sequence[int]) -> Finished:
+        """Prefill ``requests`` (callback keys ``keys``) and add them to the batch; returns those done already."""
+        size = len(self.rows) + len(requests)
+        rows = [_Row(k, r, GenerationResult(), None, size) for k, r in zip(keys, requests, strict=True)]
+        for row in rows:
+            row.rng = row_generator(row.request, row.result, row.key, size)
+        ids, mask = left_padded(requests, self.pad_token_id)
+        logits, past = self.decoder.step_bound(ids, mask, self.decoder.empty_past(len(rows)))
+        tokens, keep, finished = self._advance(rows, logits)
+        if not keep:
+            return finished
+        if not self.rows and len(keep) == len(rows):
+            self.rows, self.tokens, self.mask, self.past = rows, tokens, mask, past
+            return finished
+        tokens, mask, past = drop_rows(keep, tokens, mask, cache_arrays(past))
+        length = max(mask.shape[1], self.mask.shape[1])
+        old_mask, old_past = _left_pad(self.mask, cache_arrays(self.past), length)
+        new_mask, new_past = _left_pad(mask, past, length)
+        self.rows += [rows[b] for b in keep]
+        self.tokens = np.concatenate([self.tokens, tokens])
+        self.mask = np.concatenate([old_mask, new_mask])
+        self.past = [np.concatenate(pair) for pair in zip(old_past, new_past, strict=True)]
+        return finished
+
+    def step(self) -> Finished:
+        """Decode one token for every row; returns the rows that finished with it (they left the batch)."""
+        mask = np.concatenate([self.mask, np.ones((len(self.rows), 1), dtype=np.int64)], axis=1)
+        logits, past = self.decoder.step_bound(self.tokens[:, None], mask, self.past)
+        tokens, keep, finished = self._advance(self.rows, logits)
+        if not keep:
+            self._empty()
+        elif len(keep) < len(self.rows):
+            self.rows = [self.rows[b] for b in keep]
+            self.tokens, self.mask, self.past = drop_rows(keep, tokens, mask, cache_arrays(past))
+        else:
+            self.tokens, self.mask, self.past = tokens, mask, past
+        return finished
+
+    def _advance(self, rows: list[_Row], logits: np.ndarray) -> tuple[np.ndarray, list[int], Finished]:
+        """Each row's next token from its last-position logits: (tokens, the rows that go on, those finished)."""
+        tokens = np.zeros(len(rows), dtype=np.int64)
+        keep: list[int] = []
+        finished: Finished = []
+        for b, row in enumerate(rows):
+            token = self._sample(row, logits[b, -1])
+            if token is not None:
+                tokens[b] = token
+                if self._accept(row, token):
+                    keep.append(b)
+                    continue
+            finished.append((row.key, row.result))
+        return tokens, keep, finished
+
+    def _sample(self, row: _Row, logits: np.ndarray) -> int | None:
+        """The row's next token; ``None`` once the row has failed."""
+        if row.result.error is not None:
+            return None
+        with np.errstate(all="ignore"):  # a NaN from one row's sampling is that row's error, not a warning
+            try:
+                return next_token(logits, row.request, row.rng)
+            except Exception as exc:  # one request's sampling fails alone; the other rows go on
+                _failed(row.result, row.key, row.batch_size, exc)
+                return None
+
+    def _accept(self, row: _Row, token: int) -> bool:
+        """Record the row's new ``token``; whether it goes on (not EOS, fewer than its ``max_tokens``)."""
+        if self.eos_token_id is not None and token == self.eos_token_id:
+            row.result.finish_reason = "stop"
+            return False
+        row.result.token_ids.append(token)
+        if self.on_token is not None:
+            self.on_token(row.key, token)
+        return len(row.result.token_ids) < row.request.max_tokens
 
 
 def generate_batch(
@@ -151,25 +253,8 @@ def generate_batch(
     """Decode every request in one batch; results in the order of ``requests``."""
     if not requests:
         return []
-    results = [GenerationResult() for _ in requests]
-    rngs = row_generators(requests, results)
-    ids, mask = left_padded(requests, pad_token_id)
-    logits, past = decoder.step(ids, mask, decoder.empty_past(len(requests)))
-    rows = list(range(len(requests)))  # request index of each batch row
-    while True:
-        tokens = np.zeros(len(rows), dtype=np.int64)
-        keep = []
-        for b, r in enumerate(rows):
-            token = _sample(logits[b, -1], r, requests, rngs, results)
-            if token is None:
-                continue
-            tokens[b] = token
-            if _accept(token, r, requests, results, eos_token_id, on_token):
-                keep.append(b)
-        if not keep:
-            return results
-        if len(keep) < len(rows):
-            rows = [rows[b] for b in keep]
-            tokens, mask, past = drop_rows(keep, tokens, mask, past)
-        mask = np.concatenate([mask, np.ones((len(rows), 1), dtype=np.int64)], axis=1)
-        logits, past = decoder.step(tokens[:, None].astype(np.int64), mask, past)
+    batch = RunningBatch(decoder, eos_token_id=eos_token_id, pad_token_id=pad_token_id, on_token=on_token)
+    results: dict[int, GenerationResult] = dict(batch.admit(requests, range(len(requests))))
+    while batch:
+        results.update(batch.step())
+    return [results[i] for i in range(len(requests))]

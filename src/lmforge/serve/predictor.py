@@ -11,7 +11,7 @@ Routes (the ``kserve.ModelServer`` serves the first two; :mod:`lmforge.serve.ope
   (``BYTES [n]``), ``token_ids`` (``INT64 [n, longest]``, right-padded with -1) and ``token_count`` (``INT32 [n]``).
 * OpenAI ``POST /openai/v1/completions`` (with ``stream: true`` as server-sent events).
 
-Every prompt becomes one row of the dynamic batcher (:mod:`lmforge.serve.batcher`). A request is checked in this
+Every prompt becomes one row of the continuous batcher (:mod:`lmforge.serve.batcher`). A request is checked in this
 order, each step before any work of the next: its prompt count (``serve.max_prompts_per_request``), a place in the
 queue for all its prompts (else HTTP 503, nothing done), then each prompt and its sampling settings, tokenized in a
 worker thread (the event loop keeps answering health checks and other requests meanwhile). A bad request raises
@@ -37,8 +37,8 @@ from lmforge.errors import LmforgeError
 from lmforge.model.build import load_tokenizer
 from lmforge.onnx_runtime import OrtDecoderWithPast
 from lmforge.serve._kserve import InferenceError, InferOutput, InferRequest, InferResponse, InvalidInput, Model
-from lmforge.serve.batcher import DoneEvent, DynamicBatcher, ErrorEvent, Event, QueueFullError, TokenEvent
-from lmforge.serve.generate import GenerationRequest, GenerationResult, TokenCallback, generate_batch
+from lmforge.serve.batcher import ContinuousBatcher, DoneEvent, ErrorEvent, Event, QueueFullError, TokenEvent
+from lmforge.serve.generate import GenerationRequest, RunningBatch, TokenCallback
 from lmforge.serve.model_dir import ServedModel, context_length
 from lmforge.serve.params import (
     SAMPLING_KEYS,
@@ -134,7 +134,7 @@ class LmforgePredictor(Model):
         self.cfg = cfg
         self.decoder: OrtDecoderWithPast | None = None
         self.tokenizer: Any = None
-        self.batcher: DynamicBatcher | None = None
+        self.batcher: ContinuousBatcher | None = None
         self.limits: Limits | None = None
         self.eos_token_id: int | None = None
         self.pad_token_id = 0
@@ -155,8 +155,8 @@ class LmforgePredictor(Model):
             default_temperature=self.cfg.default_temperature,
             max_prompts=self.cfg.max_prompts_per_request,
         )
-        self.batcher = DynamicBatcher(
-            self._run_batch,
+        self.batcher = ContinuousBatcher(
+            self._new_batch,
             max_batch_size=self.cfg.max_batch_size,
             max_wait_ms=self.cfg.max_wait_ms,
             max_queue=self.cfg.max_queue,
@@ -180,10 +180,10 @@ class LmforgePredictor(Model):
         self._tokenize.shutdown(wait=False, cancel_futures=True)
         super().stop()
 
-    def _run_batch(self, requests: Sequence[GenerationRequest], on_token: TokenCallback) -> list[GenerationResult]:
+    def _new_batch(self, on_token: TokenCallback) -> RunningBatch:
         assert self.decoder is not None
-        return generate_batch(
-            self.decoder, requests, eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id, on_token=on_token
+        return RunningBatch(
+            self.decoder, eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id, on_token=on_token
         )
 
     # ---- requests -------------------------------------------------------------------------------------------

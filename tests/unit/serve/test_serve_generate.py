@@ -5,17 +5,20 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from lmforge.artifacts import write_manifest
+from lmforge.config import ServeConfig
 from lmforge.errors import InputDataError
-from lmforge.onnx_runtime import WITH_PAST_FILE, OrtDecoderWithPast
+from lmforge.onnx_runtime import WITH_PAST_FILE, OrtDecoderWithPast, cache_arrays
 from lmforge.serve.batcher import DoneEvent, DynamicBatcher, ErrorEvent, QueueFullError, TokenEvent
 from lmforge.serve.generate import GenerationRequest, drop_rows, generate_batch, left_padded
 from lmforge.serve.model_dir import resolve_served_model
+from lmforge.serve.predictor import LmforgePredictor
 from tests.support.serve_helpers import export_redrawn
 
 pytestmark = pytest.mark.slow
@@ -158,6 +161,61 @@ def test_batcher_reserves_places_for_all_prompts_of_a_request_or_refuses_it_whol
     asyncio.run(scenario())
 
 
+class _Gated:
+    """A decoder whose second run waits for ``gate``: the first request is mid-decode when the next one arrives."""
+
+    def __init__(self, decoder: OrtDecoderWithPast, gate: threading.Event) -> None:
+        self.decoder, self.gate, self.runs = decoder, gate, 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.decoder, name)
+
+    def _wait(self) -> None:
+        self.runs += 1
+        if self.runs == 2:
+            self.gate.wait(timeout=60)  # a safety valve only: the test sets the gate at once
+
+    def step(self, *args: object) -> tuple[np.ndarray, list]:
+        self._wait()
+        return self.decoder.step(*args)
+
+    def step_bound(self, *args: object) -> tuple[np.ndarray, list]:
+        self._wait()
+        return self.decoder.step_bound(*args)
+
+
+def test_a_short_request_joins_a_running_long_one_and_finishes_first(onnx_dir, decoder) -> None:
+    long, short = GenerationRequest(PROMPTS[0], 40), GenerationRequest(PROMPTS[1], 2)
+
+    async def scenario() -> tuple[list[str], dict[str, DoneEvent]]:
+        predictor = LmforgePredictor("tiny", resolve_served_model(onnx_dir), ServeConfig(max_wait_ms=0.0))
+        predictor.load()
+        gate = threading.Event()
+        predictor.decoder = _Gated(predictor.decoder, gate)
+        order: list[str] = []
+        done: dict[str, DoneEvent] = {}
+
+        async def finish(name: str, queue: asyncio.Queue) -> None:
+            while not isinstance(event := await queue.get(), DoneEvent):
+                assert isinstance(event, TokenEvent)
+            order.append(name)
+            done[name] = event
+
+        long_events = predictor.batcher.submit(long, stream=True)
+        assert isinstance(await long_events.get(), TokenEvent)  # the long request is decoding
+        short_events = predictor.batcher.submit(short)
+        gate.set()
+        await asyncio.gather(finish("long", long_events), finish("short", short_events))
+        predictor.stop()
+        return order, done
+
+    order, done = asyncio.run(scenario())
+    assert order == ["short", "long"]
+    assert done["short"].result.token_ids == _alone(decoder, short)
+    assert done["long"].result.token_ids == _alone(decoder, long)
+    assert done["short"].batch_size == 2
+
+
 def _release(root: Path, onnx_dir: Path, artifacts: list[str], withheld: dict[str, str]) -> Path:
     release = root / "models" / "demo" / "v1"
     for name in artifacts:
@@ -211,3 +269,17 @@ def test_dropping_rows_trims_the_columns_that_are_padding_in_every_row_left() ->
     np.testing.assert_array_equal(kept_past[0], past[0][1:, :, 2:])
     _, untrimmed, _ = drop_rows([0, 2], np.array([10, 11, 12]), mask, past)
     np.testing.assert_array_equal(untrimmed, mask[[0, 2]])
+
+
+def test_a_bound_step_gives_the_logits_and_cache_of_a_plain_step(decoder) -> None:
+    ids, mask = left_padded([GenerationRequest(p, 1) for p in PROMPTS], pad_token_id=1)
+    logits, past = decoder.step(ids, mask, decoder.empty_past(len(PROMPTS)))
+    bound_logits, bound_past = decoder.step_bound(ids, mask, decoder.empty_past(len(PROMPTS)))
+    np.testing.assert_array_equal(bound_logits, logits)
+    mask = np.concatenate([mask, np.ones((len(PROMPTS), 1), dtype=np.int64)], axis=1)
+    token = logits[:, -1:].argmax(-1)
+    logits, past = decoder.step(token, mask, past)
+    bound_logits, bound_past = decoder.step_bound(token, mask, bound_past)  # the cache fed back as OrtValues
+    np.testing.assert_array_equal(bound_logits, logits)
+    for bound, plain in zip(cache_arrays(bound_past), past, strict=True):
+        np.testing.assert_array_equal(bound, plain)
