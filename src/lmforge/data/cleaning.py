@@ -228,7 +228,7 @@ def cleaned_chunks(cfg: CleanConfig, docs: Iterator[Document], workers: int) -> 
         for chunk in itertools.chain(head, chunks):
             backlog = sum(1 for _, result in held if _pending(result))
             if backlog < _BACKLOG_CHUNKS * helpers:
-                held.append((chunk, pool.submit(_clean_chunk, [d.text for d in chunk])))
+                held.append((chunk, _submitted(pool, chunk)))
             else:
                 held.append((chunk, clean_here(chunk)))
             while held and (len(held) > _HELD_CHUNKS * workers or not _pending(held[0][1])):
@@ -241,6 +241,17 @@ def cleaned_chunks(cfg: CleanConfig, docs: Iterator[Document], workers: int) -> 
     finally:  # stopped early (bad input, a failed write): the backlog is dropped, not cleaned
         pool.shutdown(cancel_futures=True)
     yield [], ([], here.counters())
+
+
+def _submitted(pool: ProcessPoolExecutor, chunk: list[Document]) -> Future[_Cleaned]:
+    """``chunk`` sent to the pool. A pool that has noticed a worker's death refuses it: then a future failed with
+    that error, so that the chunks before it come out first and the first lost one is named (:func:`_resolved`)."""
+    try:
+        return pool.submit(_clean_chunk, [d.text for d in chunk])
+    except BrokenProcessPool as err:
+        refused: Future[_Cleaned] = Future()
+        refused.set_exception(err)
+        return refused
 
 
 def _take_back(held: _Held, clean_here: Callable[[list[Document]], _Cleaned]) -> None:

@@ -6,6 +6,7 @@ import gzip
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -426,9 +427,22 @@ def test_a_shard_stopped_early_drops_the_pools_backlog_instead_of_cleaning_it(ca
     assert sum(cancels) >= 1  # measured here: 5 chunks dropped; the pool had taken 2 more
 
 
-def test_a_worker_process_that_dies_fails_the_shard_naming_the_documents_it_held():
+@pytest.mark.parametrize("noticed", [False, True], ids=["as-it-comes", "pool-broken-at-the-next-submit"])
+def test_a_worker_process_that_dies_fails_the_shard_naming_the_documents_it_held(noticed, monkeypatch):
+    """Whenever the pool notices the death, the error names what was lost; with ``noticed`` the next chunk is
+    sent only once the executor has marked itself broken (CPython's ``_broken``), so that sending it fails: the
+    race a loaded machine loses."""
     import multiprocessing
     import signal
+    from concurrent.futures import ProcessPoolExecutor
+
+    submit = ProcessPoolExecutor.submit
+
+    def submit_once_broken(pool: ProcessPoolExecutor, *args, **kwargs):
+        deadline = time.monotonic() + 30
+        while not pool._broken and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return submit(pool, *args, **kwargs)
 
     cfg = CleanConfig.model_validate({"language": {"enabled": False}})
     chunks = cleaning.cleaned_chunks(cfg, iter_documents("demo://shakespeare"), 2)
@@ -436,6 +450,8 @@ def test_a_worker_process_that_dies_fails_the_shard_naming_the_documents_it_held
     workers = multiprocessing.active_children()
     assert len(workers) == 1
     os.kill(workers[0].pid, signal.SIGKILL)  # as the kernel's OOM killer does
+    if noticed:
+        monkeypatch.setattr(ProcessPoolExecutor, "submit", submit_once_broken)
     with pytest.raises(
         WorkerLostError, match=r"worker process died while it held documents \S+:(\d+) to \S+:\d+ "
     ) as lost:
