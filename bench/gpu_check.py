@@ -43,11 +43,11 @@ GENERATE_TOKENS = 32
 ROW_LIMITS: dict[str, int] = {
     "gpu_tests": 120,
     "mfu_compile_off": 45,
-    "mfu_compile_on": 90,
+    "mfu_compile_on": 80,
     "mfu_zero2": 45,
     "mfu_zero3": 45,
     "mfu_ddp": 5,
-    "mfu_fsdp2": 45,
+    "mfu_fsdp2": 30,
     "generate": 40,
     "serve": 50,
     "tensorrt": 15,
