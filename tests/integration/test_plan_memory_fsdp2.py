@@ -1,0 +1,40 @@
+"""The plan's per-rank model-state estimate for FSDP2 against what each rank really holds: the bytes of its local
+shards of the weights, gradients and AdamW moments after one step under torchrun (gloo, CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lmforge.plan import count_parameters, model_state_bytes
+from tests.support import fsdp2_memory_child as child
+
+pytestmark = pytest.mark.slow
+
+
+def _measure(mesh: dict[str, int], ranks: int, out: Path) -> list[dict[str, int]]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--standalone",
+        child.__file__, json.dumps(mesh), str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[proc.stderr.find("Traceback") :][:4000]
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(ranks)]
+
+
+@pytest.mark.parametrize("mesh", [{"data_parallel_shard": 2}, {"tensor_parallel": 2}], ids=["dp2", "tp2"])
+def test_the_plans_model_state_per_rank_is_within_15_percent_of_the_sharded_bytes(mesh, tmp_path):
+    ranks = _measure(mesh, 2, tmp_path)
+    parameters, _ = count_parameters(child.MODEL, child.VOCAB)
+    estimate = model_state_bytes(backend="fsdp2", zero_stage=0, ranks=2, trained=parameters)
+    for rank in ranks:
+        assert rank["parameters"] == parameters  # the plan counts the model the loop builds
+        held = rank["weights"] + rank["gradients"] + rank["optimizer"]
+        assert abs(held - estimate) <= 0.15 * held, (mesh, rank, estimate)

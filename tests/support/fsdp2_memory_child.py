@@ -1,0 +1,57 @@
+"""Measures what one rank of an FSDP2 job holds of the model state (not a test).
+
+Usage: torchrun --nproc_per_node N fsdp2_memory_child.py MESH_JSON OUT_DIR
+
+Builds the tiny Llama of the FSDP2 tests, shards it as the training loop does (``setup_backend``), takes one AdamW
+step on random tokens, and writes ``OUT_DIR/rank<R>.json``: the bytes of this rank's local shards of the weights,
+the gradients and the optimizer moments (what the plan's ``model_state_bytes`` estimates), and the parameter count.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from lmforge.config import DistributedConfig, ModelConfig, TrainConfig
+from lmforge.model.build import build_model
+from lmforge.train.distributed import distributed_context
+from lmforge.train.loop import setup_backend
+
+MODEL = ModelConfig(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=64)
+VOCAB = 256
+
+
+def _local_bytes(tensor: torch.Tensor) -> int:
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() * local.element_size()
+
+
+def main() -> None:
+    mesh, out = json.loads(sys.argv[1]), Path(sys.argv[2])
+    distributed = DistributedConfig.model_validate({"backend": "fsdp2", "mesh": mesh})
+    cfg = TrainConfig(max_steps=1, batch_size=2, seq_len=16, precision="fp32", distributed=distributed)
+    with distributed_context(cfg.distributed) as ctx:
+        model = build_model(MODEL, VOCAB, eos_id=0, pad_id=1, seed=0)
+        parameters = sum(p.numel() for p in model.parameters())
+        backend = setup_backend(model, cfg, ctx)
+        ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
+        backend.forward_model(input_ids=ids, labels=ids).loss.backward()
+        backend.optimizer.step()
+        params = [p for p in model.parameters() if p.requires_grad]
+        state = [t for p in params for t in backend.optimizer.state[p].values() if t.dim() > 0]
+        record = {
+            "parameters": parameters,
+            "weights": sum(_local_bytes(p) for p in params),
+            "gradients": sum(_local_bytes(p.grad) for p in params if p.grad is not None),
+            "optimizer": sum(_local_bytes(t) for t in state),
+        }
+        (out / f"rank{ctx.rank}.json").write_text(json.dumps(record))
+        dist.barrier()
+
+
+if __name__ == "__main__":
+    main()
