@@ -124,16 +124,20 @@ def model_state_bytes(*, backend: str, zero_stage: int, ranks: int, trained: int
     return weights + grads + optimizer
 
 
-def layer_activation_bytes(model: ModelConfig) -> int:
-    """Bytes one layer keeps per token for the backward pass (16-bit, fused attention; Korthikanti et al. 2022).
+def layer_activation_bytes(model: ModelConfig, tensor_parallel: int = 1) -> float:
+    """Bytes one layer keeps per token for the backward pass on one rank (16-bit, fused attention; Korthikanti et
+    al. 2022).
 
     A GPT block keeps ``34·h``: attention ``11·h`` (its input, Q, K, V, the projection's input, a dropout mask),
     the MLP ``19·h`` (its input, the hidden layer before and after the activation, a dropout mask) and the norms
     ``4·h``. Keys and values are kept at their own width ``k`` (KV heads · head size; ``h`` without grouped-query
-    attention) and the hidden layer at the MLP's width ``i`` (``4·h`` by default): ``14·h + 4·k + 4·i``.
+    attention) and the hidden layer at the MLP's width ``i`` (``4·h`` by default): ``14·h + 4·k + 4·i``. Tensor
+    parallelism over ``t`` ranks splits what lies between a column- and a row-parallel matrix (Q, K, V, the
+    projection's input, the MLP's hidden layer: ``4·h + 4·k + 4·i``); the rest (``10·h``: block and norm inputs,
+    dropout masks) stays whole on every rank, as without sequence parallelism.
     """
     kv_width = model.kv_heads * (model.n_embd // model.n_head)
-    return 14 * model.n_embd + 4 * kv_width + 4 * model.mlp_width
+    return 10 * model.n_embd + (4 * model.n_embd + 4 * kv_width + 4 * model.mlp_width) / tensor_parallel
 
 
 def _memory_bytes(
@@ -148,13 +152,15 @@ def _memory_bytes(
     seq_len: int,
     vocab_size: int,
     checkpointing: bool,
+    tensor_parallel: int,
 ) -> float:
     tokens = seq_len * micro_batch
+    layer = layer_activation_bytes(model, tensor_parallel)
     if checkpointing:
-        activations = tokens * (_CHECKPOINTED_BYTES * model.n_embd * model.n_layer + layer_activation_bytes(model))
+        activations = tokens * (_CHECKPOINTED_BYTES * model.n_embd * model.n_layer + layer)
     else:
-        activations = tokens * layer_activation_bytes(model) * model.n_layer
-    logits = _LOGIT_BYTES * seq_len * micro_batch * vocab_size
+        activations = tokens * layer * model.n_layer
+    logits = _LOGIT_BYTES * seq_len * micro_batch * vocab_size  # whole on every rank: the TP head gathers them
     state = model_state_bytes(backend=backend, zero_stage=zero_stage, ranks=ranks, trained=trained)
     return state + frozen_bytes + activations + logits
 
@@ -180,6 +186,7 @@ def plan_training(
     def stage_plan(name: str, train: Any, model: ModelConfig, total: int, trained: int, frozen_bytes: float,
                    flops_token: float) -> StagePlan:  # fmt: skip
         data_ranks = _data_ranks(name, train.distributed, ranks)
+        tensor_parallel = ranks // data_ranks
         tokens = train.max_steps * train.batch_size * train.grad_accum * train.seq_len * data_ranks
         memory = _memory_bytes(
             backend=train.distributed.backend,
@@ -192,6 +199,7 @@ def plan_training(
             seq_len=train.seq_len,
             vocab_size=vocab_size,
             checkpointing=train.grad_checkpointing,
+            tensor_parallel=tensor_parallel,
         )
         flops = tokens * flops_token
         hours = flops / (ranks * accelerator.peak_flops * mfu) / 3600

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from lmforge.cli import app
-from lmforge.config import LaunchConfig, ModelConfig
+from lmforge.config import DistributedConfig, LaunchConfig, ModelConfig
 from lmforge.errors import ConfigError
 from lmforge.model.build import build_model
 from lmforge.plan import (
@@ -129,3 +129,25 @@ def test_plan_command_prints_every_training_stage_and_fails_on_an_oversized_plan
     assert refused.exit_code != 0
     assert "A10G 24 GB less 10% headroom" in refused.output
     assert all(len(line) <= 80 for line in refused.output.splitlines() if not line.startswith("error:"))
+
+
+def test_tensor_parallel_splits_the_activations_between_the_parallel_matrices_only():
+    """Llama 3 8B's shape on 4 nodes × 8 GPUs with fsdp2, TP=8 × FSDP=4, no checkpointing: per layer and token
+    10·h stays whole on every rank (block and norm inputs, dropout masks) and 4·h + 4·k + 4·i is split 8 ways;
+    the logits stay whole (the TP head gathers them); the model state is sharded over all 32 ranks."""
+    vocab, d, layers, kv, mlp, seq, micro, ranks, tp = 128256, 4096, 32, 8 * 128, 14336, 8192, 1, 32, 8
+    per_token_layer = 10 * d + (4 * d + 4 * kv + 4 * mlp) / tp
+    config = resolve_config("llama-8b")
+    train = config.pretrain.train.model_copy(
+        update={
+            "batch_size": micro,
+            "grad_checkpointing": False,
+            "distributed": DistributedConfig.model_validate({"backend": "fsdp2", "mesh": {"tensor_parallel": tp}}),
+        }
+    )
+    config = config.model_copy(update={"pretrain": config.pretrain.model_copy(update={"train": train})})
+    pretrain = plan_training(config, vocab_size=vocab, launch=LaunchConfig(num_nodes=4, gpus_per_node=8))[0]
+    memory = 16 * pretrain.parameters / ranks + seq * micro * per_token_layer * layers + 8 * seq * micro * vocab
+    assert layer_activation_bytes(config.pretrain.model, tp) == per_token_layer
+    assert layer_activation_bytes(config.pretrain.model) == 14 * d + 4 * kv + 4 * mlp  # one rank: unchanged
+    assert pretrain.memory_gb_per_gpu == pytest.approx(memory / 1e9, rel=1e-9)
