@@ -321,6 +321,7 @@ def _whole_adapted(
     config = model.config
 
     def build() -> peft.PeftModel:
+        # Every weight is overwritten by the gathered state, so the LoRA init seed does not matter.
         return _adapted(AutoModelForCausalLM.from_config(config).float(), lora_config, base_uri, 0, torch.device("cpu"))
 
     return whole_model(model, ctx, build)
