@@ -1,5 +1,6 @@
 """FSDP2, tensor parallelism and both together under torchrun (gloo, CPU) match one process at the same global
-batch; a distributed checkpoint saved at one mesh resumes at another; the exported model is a plain HF model."""
+batch; a distributed checkpoint saved at one mesh resumes at another; the exported model is a plain HF model; LoRA on
+a sharded base matches one process and saves an adapter that peft loads."""
 
 from __future__ import annotations
 
@@ -7,19 +8,21 @@ import json
 import shutil
 from pathlib import Path
 
+import peft
 import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from lmforge.config import DistillConfig, DistributedConfig, ModelConfig, PretrainConfig, TrainConfig
+from lmforge.config import DistillConfig, DistributedConfig, LoraConfig, ModelConfig, PretrainConfig, TrainConfig
 from lmforge.contracts import HISTORY_FILE
-from lmforge.train import distill, pretrain
+from lmforge.model.build import load_causal_lm
+from lmforge.train import distill, finetune_lora, pretrain
 from lmforge.train.checkpoint import step_name
 from lmforge.train.dcp import read_metadata
 from tests.support.distributed_child import launch
 
-STEPS, SAVED_AT, DISTILL_STEPS = 20, 10, 6
+STEPS, SAVED_AT, DISTILL_STEPS, LORA_STEPS = 20, 10, 6, 6
 GLOBAL_BATCH = 8
 FSDP2 = "fsdp2"
 
@@ -64,6 +67,23 @@ def _distill(data_ranks: int) -> DistillConfig:
     return DistillConfig(student_layer_fraction=0.5, alpha=0.5, train=train)
 
 
+def _lora(data_ranks: int) -> LoraConfig:
+    """LoRA on the tiny GPT-2, its base sharded over ``data_ranks`` FSDP2 ranks (1: one plain process, the reference).
+    The global batch is 2 micro-batches of 4 examples (examples differ in length and the loop averages
+    per-micro-batch means, so the two ranks' micro-batches are one process's two accumulation steps)."""
+    train = TrainConfig(
+        max_steps=LORA_STEPS, batch_size=4, grad_accum=2 // data_ranks, seq_len=48, lr=5e-3, min_lr=5e-4,
+        warmup_steps=2, precision="fp32", eval_interval=LORA_STEPS, eval_batches=1, log_interval=1,
+        distributed=DistributedConfig(backend=FSDP2 if data_ranks > 1 else "torch"),
+    )  # fmt: skip
+    return LoraConfig(r=4, alpha=8, dropout=0.0, train=train)
+
+
+def _lora_io(base: Path, qa: Path, out: Path) -> dict[str, str]:
+    merged = str(out / "merged")
+    return {"base_model": str(base), "qa_uri": str(qa), "adapter": str(out / "adapter"), "merged_model": merged}
+
+
 def _resume_dir(root: Path, name: str) -> Path:
     """A checkpoint dir holding only the tensor-parallel run's checkpoint of step SAVED_AT."""
     target = root / name
@@ -72,9 +92,9 @@ def _resume_dir(root: Path, name: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir, tiny_model_dir) -> dict[str, Path]:
-    """One-process references; dp_shard=2 (2 micro-batches a step), TP=2 (checkpointing) and a dp_shard=2
-    distillation on 2 ranks, 2×2
+def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir, tiny_model_dir, qa_jsonl) -> dict[str, Path]:
+    """One-process references; dp_shard=2 (2 micro-batches a step), TP=2 (checkpointing), a dp_shard=2
+    distillation and a dp_shard=2 LoRA on 2 ranks, 2×2
     (recomputing activations) on 4 ranks; then the TP=2 checkpoint of step 10 resumed on one process and on
     dp_shard=2."""
     root = tmp_path_factory.mktemp("fsdp2")
@@ -82,11 +102,14 @@ def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir, tiny_model_dir) 
     pretrain.run(_cfg(None), shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=root / "single")
     distill_io = {"teacher": str(tiny_model_dir), "shards": str(tiny_shards_dir)}
     distill.run(_distill(1), **distill_io, student=root / "distill_one")
+    finetune_lora.run(_lora(1), **_lora_io(tiny_model_dir, qa_jsonl, root / "lora_one"))
     tp2 = _cfg({"tensor_parallel": 2}, checkpoint_dir=root / "tp2_checkpoints", every_steps=SAVED_AT)
     distill_dp2 = {"stage": "distill", "config": _distill(2).model_dump_json(),
                    "io": {**distill_io, "student": str(root / "distill_dp2")}}  # fmt: skip
     dp2 = _cfg({"data_parallel_shard": 2}, grad_accum=2)  # gradients reduce-scattered on the 2nd micro-batch only
-    launch([_job(dp2, root / "dp2"), _job(tp2, root / "tp2"), distill_dp2], **data)
+    lora_dp2 = {"stage": "finetune_lora", "config": _lora(2).model_dump_json(),
+                "io": _lora_io(tiny_model_dir, qa_jsonl, root / "lora_dp2")}  # fmt: skip
+    launch([_job(dp2, root / "dp2"), _job(tp2, root / "tp2"), distill_dp2, lora_dp2], **data)
     dp2_tp2 = _cfg({"data_parallel_shard": 2, "tensor_parallel": 2}, recompute=True)
     launch([_job(dp2_tp2, root / "dp2_tp2")], nproc=4, **data)
     resumed_dp2 = _cfg({"data_parallel_shard": 2}, checkpoint_dir=_resume_dir(root, "resume_dp2"))
@@ -122,6 +145,31 @@ def test_distillation_with_a_sharded_student_matches_one_process_within_1e4(runs
     assert sharded["step"] == list(range(1, DISTILL_STEPS + 1))
     worst = _worst(one["train_loss"], sharded["train_loss"])
     assert worst < 1e-4, f"distill: max |Δloss| {worst:.2e} over {DISTILL_STEPS} steps"
+
+
+@pytest.mark.slow
+def test_lora_on_a_sharded_base_matches_one_process_within_1e4_at_every_step(runs):
+    one, sharded = (json.loads((runs[name] / "merged" / HISTORY_FILE).read_text()) for name in ("lora_one", "lora_dp2"))
+    assert sharded["step"] == list(range(1, LORA_STEPS + 1))
+    worst = _worst(one["train_loss"], sharded["train_loss"])
+    assert worst < 1e-4, f"lora: max |Δloss| {worst:.2e} over {LORA_STEPS} steps"
+    assert sharded["eval_loss"] == pytest.approx(one["eval_loss"], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_lora_adapter_gathered_from_a_sharded_base_loads_in_peft_and_equals_the_merged_model(runs, tiny_model_dir):
+    """The adapter holds the whole LoRA weights (equal to one process's), and applied to the untouched base it
+    computes the merged model's logits: the base stayed frozen."""
+    adapter, merged = runs["lora_dp2"] / "adapter", load_causal_lm(runs["lora_dp2"] / "merged")
+    weights = load_file(adapter / "adapter_model.safetensors")
+    expected = load_file(runs["lora_one"] / "adapter" / "adapter_model.safetensors")
+    assert weights.keys() == expected.keys()
+    for key, tensor in expected.items():
+        assert torch.allclose(weights[key], tensor, atol=1e-4), key
+    adapted = peft.PeftModel.from_pretrained(load_causal_lm(tiny_model_dir), adapter).eval()
+    ids = torch.randint(2, merged.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(adapted(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-4)
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from typing import Any
 
 import peft
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.pytorch_utils import Conv1D
 
 from lmforge import storage
@@ -38,7 +38,7 @@ from lmforge.train.distributed import (
     main_rank_outputs,
     refuse_occupied,
 )
-from lmforge.train.loop import curves_section, quarantine_facts, tokens_per_sec, train
+from lmforge.train.loop import curves_section, quarantine_facts, tokens_per_sec, train, whole_model
 from lmforge.train.losses import causal_lm_loss
 
 logger = logging.getLogger("lmforge.finetune_lora")
@@ -181,17 +181,19 @@ def peft_config(cfg: LoraConfig, model: PreTrainedModel, targets: list[str]) -> 
 
 
 def check_backend(tcfg: TrainConfig) -> None:
-    """Refuse ZeRO-3 and FSDP2, which shard the base weights that saving and merging the adapter read whole."""
-    if tcfg.distributed.backend == "fsdp2":
+    """Refuse ZeRO-3, which partitions the base weights that saving and merging the adapter read whole, and tensor
+    parallelism, whose plan splits plain Linear layers, not the LoRA-wrapped ones."""
+    if tcfg.distributed.backend == "fsdp2" and tcfg.distributed.mesh.tensor_parallel > 1:
         raise ConfigError(
-            "finetune_lora.train.distributed.backend: fsdp2 shards the base model's weights, but saving the PEFT "
-            "adapter and merging it need them whole; use backend torch (DDP) or deepspeed with zero.stage 1 or 2"
+            f"finetune_lora.train.distributed.mesh.tensor_parallel ({tcfg.distributed.mesh.tensor_parallel}): LoRA "
+            "does not split the adapted layers over tensor-parallel ranks; use tensor_parallel: 1 (data_parallel_shard "
+            "alone shards the base)"
         )
     if tcfg.distributed.backend == "deepspeed" and tcfg.distributed.deepspeed.zero.stage == 3:
         raise ConfigError(
             "finetune_lora.train.distributed.deepspeed.zero.stage: stage 3 partitions the base model's weights, "
             "but saving the PEFT adapter and merging it need them whole; use stage 1 or 2 (they shard the "
-            "adapter's optimizer state and gradients; the frozen base has neither) or backend torch (DDP)"
+            "adapter's optimizer state and gradients; the frozen base has neither), backend torch (DDP) or fsdp2"
         )
 
 
@@ -235,13 +237,15 @@ def run(
     held-out examples, measured before training (``base_heldout_loss``, LoRA's B is zero at step 0) and
     after (``tuned_heldout_loss``).
 
-    Runs as one process, or on every rank of a ``torchrun`` / Kubeflow Trainer job (DDP or DeepSpeed
-    ZeRO-1/2): each rank trains on its own part of every step's batch and rank 0 writes the outputs.
+    Runs as one process, or on every rank of a ``torchrun`` / Kubeflow Trainer job (DDP, DeepSpeed ZeRO-1/2 or
+    FSDP2 without tensor parallelism): each rank trains on its own part of every step's batch and rank 0 writes
+    the outputs (FSDP2's shards gathered first).
 
     Raises:
         InputDataError: the base model has no weights or tokenizer, the data is empty or malformed, or an
             output directory is not empty.
-        ConfigError: a target module does not exist or cannot take LoRA, seq_len does not fit, or ZeRO stage 3.
+        ConfigError: a target module does not exist or cannot take LoRA, seq_len does not fit, ZeRO stage 3, or
+            FSDP2 with tensor_parallel > 1.
     """
     check_backend(cfg.train)
     refuse_occupied(adapter, merged_model)  # on every rank, before any of them trains
@@ -304,6 +308,23 @@ def _adapted(
     # Lineage: the adapter names the URI the base came from, not this run's scratch copy.
     adapted.peft_config["default"].base_model_name_or_path = base_uri
     return adapted
+
+
+def _whole_adapted(
+    model: peft.PeftModel, lora_config: peft.LoraConfig, base_uri: str, ctx: DistContext
+) -> peft.PeftModel | None:
+    """The trained adapted model with all of its weights on rank 0 (None elsewhere); called on every rank.
+
+    An FSDP2-sharded model's base and adapter shards are gathered into a fresh adapted copy on the CPU, which peft
+    saves and merges as it does an unsharded one.
+    """
+    config = model.config
+
+    def build() -> peft.PeftModel:
+        # Every weight is overwritten by the gathered state, so the LoRA init seed does not matter.
+        return _adapted(AutoModelForCausalLM.from_config(config).float(), lora_config, base_uri, 0, torch.device("cpu"))
+
+    return whole_model(model, ctx, build)
 
 
 def _log_plan(
@@ -404,8 +425,9 @@ def _run(
         history = train(
             model, tcfg, causal_lm_loss, train_batch, lambda: heldout_batches, desc="finetune_lora", dist=ctx
         )
+        whole = _whole_adapted(model, lora_config, base_uri, ctx)
         adapter_out, merged_out = outputs
-        if adapter_out is None or merged_out is None:
+        if whole is None or adapter_out is None or merged_out is None:
             return StageResult(
                 summary={"adapter_dir": str(adapter_dir), "merged_dir": str(merged_dir), "rank": ctx.rank}
             )
@@ -413,7 +435,7 @@ def _run(
         metrics = _metrics(history, parameters, split_count)
         config = cfg.model_dump(mode="json") | {"resolved_target_modules": targets, "scaling": cfg.scaling}
         manifest = {"inputs": inputs, "config": config, "metrics": metrics}
-        _save(model, tokenizer, (adapter_out, merged_out), history, manifest)
+        _save(whole, tokenizer, (adapter_out, merged_out), history, manifest)
     logger.info(
         "finetune_lora: held-out answer loss %.4f -> %.4f", metrics["base_heldout_loss"], metrics["tuned_heldout_loss"]
     )

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from peft import PeftModel
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate
@@ -35,10 +36,12 @@ def device_mesh(ctx: DistContext) -> DeviceMesh:
 
 
 def transformer_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The model's transformer blocks: ``model.layers`` of a Llama, ``transformer.h`` of a GPT-2."""
+    """The model's transformer blocks: ``model.layers`` of a Llama, ``transformer.h`` of a GPT-2 (of the base model
+    under a PEFT adapter)."""
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
     for path in ("model.layers", "transformer.h"):
         try:
-            blocks = model.get_submodule(path)
+            blocks = base.get_submodule(path)
         except AttributeError:
             continue
         if isinstance(blocks, torch.nn.ModuleList):

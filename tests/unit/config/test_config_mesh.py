@@ -95,8 +95,10 @@ def test_plan_counts_tokens_of_data_parallel_ranks_only_and_shards_the_state_ove
     assert ddp.memory_gb_per_gpu - fsdp_tp.memory_gb_per_gpu == pytest.approx((state - state / 4 + activations) / 1e9)
 
 
-def test_lora_refuses_fsdp2_which_would_shard_the_base_the_adapter_is_saved_from():
+def test_lora_refuses_tensor_parallel_whose_plan_cannot_split_the_adapted_layers():
     from lmforge.train.finetune_lora import check_backend
 
-    with pytest.raises(ConfigError, match=r"^finetune_lora\.train\.distributed\.backend: fsdp2 shards"):
-        check_backend(TrainConfig(distributed=DistributedConfig(backend="fsdp2")))
+    mesh = MeshConfig(tensor_parallel=2)
+    with pytest.raises(ConfigError, match=r"^finetune_lora\.train\.distributed\.mesh\.tensor_parallel \(2\): LoRA"):
+        check_backend(TrainConfig(distributed=DistributedConfig(backend="fsdp2", mesh=mesh)))
+    check_backend(TrainConfig(distributed=DistributedConfig(backend="fsdp2")))  # data_parallel_shard alone: allowed
