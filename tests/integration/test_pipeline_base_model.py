@@ -31,6 +31,7 @@ OVERRIDES = {
         "max_eval_tokens": 1024,
         "latency_runs": 1,
         "generation.enabled": False,
+        "harness.limit": 8,  # the packaged tasks on 8 documents each: what they score is not the subject here
         "gate.max_student_perplexity": 1.0e9,
         "gate.max_int8_perplexity_delta": 1.0,
         "gate.min_student_exact_match": None,
