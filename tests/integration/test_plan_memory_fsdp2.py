@@ -4,28 +4,19 @@ shards of the weights, gradients and AdamW moments after one step under torchrun
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from lmforge.plan import count_parameters, model_state_bytes
 from tests.support import fsdp2_memory_child as child
+from tests.support.distributed_child import torchrun
 
 pytestmark = pytest.mark.slow
 
 
 def _measure(mesh: dict[str, int], ranks: int, out: Path) -> list[dict[str, int]]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("WORLD_SIZE", None)
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--standalone",
-        child.__file__, json.dumps(mesh), str(out),
-    ]  # fmt: skip
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[proc.stderr.find("Traceback") :][:4000]
+    torchrun(child.__file__, json.dumps(mesh), str(out), nproc=ranks, timeout=300)
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(ranks)]
 
 

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,9 +15,9 @@ from lmforge.config import DistributedConfig, PretrainConfig
 from lmforge.contracts import HISTORY_FILE
 from lmforge.model.build import load_causal_lm
 from lmforge.train import pretrain
+from tests.support.distributed_child import launch
 from tests.support.tiny_training import tiny_pretrain
 
-CHILD = Path(__file__).parents[1] / "support" / "distributed_child.py"
 STEPS = 20
 
 
@@ -48,17 +45,7 @@ def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir) -> dict[str, Pat
     root = tmp_path_factory.mktemp("distributed")
     pretrain.run(_cfg(8), shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=root / "single")
     jobs = [[_cfg(4, JOBS[name]).model_dump_json(), str(root / name)] for name in JOBS]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "DS_ACCELERATOR": "cpu"}
-    env.pop("WORLD_SIZE", None)
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-            str(CHILD), str(tiny_shards_dir), str(tiny_tokenizer_dir), json.dumps(jobs),
-        ],
-        capture_output=True, text=True, env=env, timeout=540,
-    )  # fmt: skip
-    first_error = proc.stderr.find("Traceback")
-    assert proc.returncode == 0, proc.stderr[first_error : first_error + 4000]
+    launch(jobs, shards=str(tiny_shards_dir), tokenizer=str(tiny_tokenizer_dir))
     return {"single": root / "single", **{name: root / name for name in JOBS}}
 
 

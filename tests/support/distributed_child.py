@@ -43,8 +43,8 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-def launch(jobs: list, *, shards: str = "", tokenizer: str = "", nproc: int = 2, timeout: float = 540) -> None:
-    """Run ``jobs`` (see the module docstring) under ``torchrun --standalone`` with ``nproc`` gloo CPU ranks.
+def torchrun(script: str | Path, *args: str, nproc: int = 2, timeout: float = 540) -> None:
+    """Run ``script args`` under ``torchrun --standalone`` with ``nproc`` gloo CPU ranks (one thread each).
 
     Raises:
         AssertionError: torchrun failed; the message holds the first traceback of its output.
@@ -53,11 +53,16 @@ def launch(jobs: list, *, shards: str = "", tokenizer: str = "", nproc: int = 2,
     env.pop("WORLD_SIZE", None)
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone",
-        str(Path(__file__)), shards, tokenizer, json.dumps(jobs),
+        str(script), *args,
     ]  # fmt: skip
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
     first_error = proc.stderr.find("Traceback")
     assert proc.returncode == 0, proc.stderr[first_error : first_error + 4000]
+
+
+def launch(jobs: list, *, shards: str = "", tokenizer: str = "", nproc: int = 2, timeout: float = 540) -> None:
+    """Run ``jobs`` (see the module docstring) on every rank of a :func:`torchrun` job of ``nproc`` ranks."""
+    torchrun(Path(__file__), shards, tokenizer, json.dumps(jobs), nproc=nproc, timeout=timeout)
 
 
 if __name__ == "__main__":
