@@ -308,7 +308,9 @@ def _kd_loss(cfg: DistillConfig, teacher: PreTrainedModel, kd: ChunkedKDLoss, mi
     def loss_fn(model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
         ids, targets = batch["input_ids"], batch["targets"]
         teacher_logits = None
-        if cfg.alpha > 0:  # alpha = 0 is plain next-token training: the teacher's logits would be multiplied by 0
+        # alpha = 0 is plain next-token training: the teacher's logits would be multiplied by 0. Otherwise every
+        # rank runs the teacher once per micro-batch, which a sharded teacher's all-gathers need.
+        if cfg.alpha > 0:
             with torch.no_grad():
                 teacher_logits = teacher(input_ids=ids, use_cache=False).logits
         student_logits = model(input_ids=ids, use_cache=False).logits
