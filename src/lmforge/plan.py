@@ -11,10 +11,12 @@ Parameters are counted exactly, on models built on PyTorch's ``meta`` device (no
 * memory per GPU: weights, gradients and AdamW states (16 bytes per trained parameter in lmforge's fp32-master
   loop, fsdp2 sharding all of it over every rank; DeepSpeed's bf16: 2 + 2 + 12, ZeRO-1/2/3 dividing the
   optimizer / gradient / weight parts by the ranks, Rajbhandari et al. 2020), frozen weights (4 bytes, the teacher
-  in bf16: 2), activations (Korthikanti et al. 2022: ``34·s·b·h`` bytes per layer in 16-bit with a fused
-  attention that keeps no ``s²`` scores, of which keys and values ``4·s·b·h`` and the MLP's hidden layer
-  ``16·s·b·h`` scale with their own widths; with gradient checkpointing ``2·s·b·h`` per layer plus one layer
-  recomputed), and the fp32 logits and their gradient (``8·s·b·V``);
+  in bf16: 2; a teacher sharded with ``distill.teacher_sharding: fsdp2`` holds 1/ranks of its weights plus, gathered
+  during its forward pass, the root's (embeddings, final norm, head) and one block's), activations (Korthikanti et
+  al. 2022: ``34·s·b·h`` bytes per layer in 16-bit with a fused attention that keeps no ``s²`` scores, of which keys
+  and values ``4·s·b·h`` and the MLP's hidden layer ``16·s·b·h`` scale with their own widths; with gradient
+  checkpointing ``2·s·b·h`` per layer plus one layer recomputed), and the fp32 logits and their gradient
+  (``8·s·b·V``);
 * hours = FLOPs / (ranks · peak · MFU), with the accelerator's dense bf16 peak from
   :data:`lmforge.train.mfu.PEAK_FLOPS_BF16` and an assumed MFU.
 
@@ -41,6 +43,7 @@ TRAINING_STAGES = ("pretrain", "finetune_lora", "distill")
 _ADAM_BYTES = {"torch": (4, 4, 8), "deepspeed": (2, 2, 12), "fsdp2": (4, 4, 8)}
 _CHECKPOINTED_BYTES = 2  # the saved layer input (16-bit) per token and unit of width
 _LOGIT_BYTES = 8  # fp32 logits and their gradient, per token and vocabulary entry
+_TEACHER_BYTES = 2.0  # the distillation teacher's weights in bf16, per parameter
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,20 @@ def lora_trainable_parameters(cfg: Any, model: ModelConfig, vocab_size: int) -> 
         warnings.simplefilter("ignore", FutureWarning)
         wrapped = peft.get_peft_model(base, peft_config(cfg, base, target_modules(base, cfg.target_modules)))
     return sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+
+
+def sharded_frozen_bytes(model: ModelConfig, vocab_size: int, *, ranks: int, bytes_per_parameter: float) -> float:
+    """Bytes per GPU of a frozen model sharded by FSDP2 over ``ranks`` (:mod:`lmforge.train.frozen_shard`): its
+    share of every weight, plus the root's weights (embeddings, final norm, head) and one block's, gathered while
+    a forward pass runs through them."""
+    from lmforge.train.fsdp2 import transformer_blocks
+
+    meta = _meta_model(model, vocab_size)
+    total = sum(p.numel() for p in meta.parameters())
+    blocks = transformer_blocks(meta)
+    root = total - sum(p.numel() for p in blocks.parameters())
+    block = sum(p.numel() for p in blocks[0].parameters())
+    return bytes_per_parameter * (total / ranks + root + block)
 
 
 def _attention_flops(model: ModelConfig, seq_len: int, units: int) -> float:
@@ -207,6 +224,9 @@ def plan_training(
 
     pretrain, lora, distill = config.pretrain.train, config.finetune_lora.train, config.distill.train
     matmul_teacher = n_teacher - lookup
+    teacher_bytes = _TEACHER_BYTES * n_teacher
+    if config.distill.teacher_sharding == "fsdp2":
+        teacher_bytes = sharded_frozen_bytes(teacher, vocab_size, ranks=ranks, bytes_per_parameter=_TEACHER_BYTES)
     return [
         stage_plan(
             "pretrain", pretrain, teacher, n_teacher, n_teacher, 0.0,
@@ -218,7 +238,7 @@ def plan_training(
             4.0 * matmul_teacher + 6.0 * n_lora + _attention_flops(teacher, lora.seq_len, 6),
         ),
         stage_plan(
-            "distill", distill, student, n_student, n_student, 2.0 * n_teacher,
+            "distill", distill, student, n_student, n_student, teacher_bytes,
             flops_per_token(n_student - student_lookup, student.n_layer, student.n_head,
                             student.n_embd // student.n_head, distill.seq_len)
             + 2.0 * matmul_teacher + _attention_flops(teacher, distill.seq_len, 2),

@@ -541,6 +541,14 @@ class DistillConfig(StrictModel):
     teacher_dtype: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="Teacher weights dtype; auto = bf16 on a GPU that supports it, else fp32."
     )
+    teacher_sharding: Literal["replicated", "fsdp2"] = Field(
+        "replicated",
+        description="replicated: every rank holds the whole frozen teacher. fsdp2: the teacher is sharded over all "
+        "ranks (FSDP2 fully_shard per block and the root), each rank holding 1/ranks of its weights and gathering "
+        "one block at a time while it runs the teacher on its own batch, for a teacher that does not fit one GPU; "
+        "the student stays data-parallel as train.distributed.backend says (torch DDP or fsdp2, not deepspeed). A "
+        "single process without a process group holds the whole teacher either way.",
+    )
     qa_fraction: float = Field(
         0.5,
         ge=0.0,
@@ -556,4 +564,13 @@ class DistillConfig(StrictModel):
     @model_validator(mode="after")
     def _steps(self) -> DistillConfig:
         _refuse_zero_steps(self.train)
+        return self
+
+    @model_validator(mode="after")
+    def _teacher_sharding_with_backend(self) -> DistillConfig:
+        if self.teacher_sharding == "fsdp2" and self.train.distributed.backend == "deepspeed":
+            raise ValueError(
+                "teacher_sharding fsdp2 shards the teacher beside a DDP or fsdp2 student; with "
+                "train.distributed.backend deepspeed use teacher_sharding replicated (or backend torch or fsdp2)"
+            )
         return self

@@ -91,6 +91,27 @@ def test_llama_3_presets_fit_an_80_gb_gpu_with_headroom_on_2_and_4_nodes_of_8(pr
     refuse_oversized(plans, Accelerator.named("H100"))  # 80 GB less 10 % headroom
 
 
+def test_a_sharded_teacher_counts_its_share_plus_the_root_and_one_block_gathered():
+    """GPT-2 small as the distillation teacher on 8 GPUs, bf16 (2 bytes a weight): replicated, each GPU holds all of
+    it; sharded, 1/8 of it plus the root's weights (embeddings, final norm, tied head) and one block's."""
+    vocab, d, layers, context, ranks = 50257, 768, 12, 1024, 8
+    block = 12 * d * d + 13 * d
+    root = vocab * d + context * d + 2 * d  # wte, wpe, ln_f
+    params = root + layers * block
+    sharded_bytes = 2 * (params / ranks + root + block)
+    launch = LaunchConfig(gpus_per_node=ranks)
+
+    replicated = plan_training(resolve_config("gpt2-124m"), vocab_size=vocab, launch=launch)[2]
+    config = resolve_config("gpt2-124m", {"distill.teacher_sharding": "fsdp2"})
+    sharded = plan_training(config, vocab_size=vocab, launch=launch)[2]
+
+    assert sharded.stage == "distill"
+    assert replicated.memory_gb_per_gpu - sharded.memory_gb_per_gpu == pytest.approx(
+        (2 * params - sharded_bytes) / 1e9, rel=1e-9
+    )
+    assert sharded.flops == replicated.flops  # every rank still runs the whole teacher forward on its own batch
+
+
 def test_lora_trained_parameters_equal_the_stages_peft_model():
     cfg = resolve_stage_config("finetune_lora", "tiny-cpu")
     shape = resolve_config("tiny-cpu").pretrain.model
