@@ -16,7 +16,8 @@ Parameters are counted exactly, on models built on PyTorch's ``meta`` device (no
   al. 2022: ``34·s·b·h`` bytes per layer in 16-bit with a fused attention that keeps no ``s²`` scores, of which keys
   and values ``4·s·b·h`` and the MLP's hidden layer ``16·s·b·h`` scale with their own widths; with gradient
   checkpointing ``2·s·b·h`` per layer plus one layer recomputed), and the fp32 logits and their gradient
-  (``8·s·b·V``);
+  (``8·s·b·V``); with pipeline stages, those of the busiest stage (the first keeps the activations of the most
+  micro-batches in flight, the last the logits);
 * hours = FLOPs / (ranks · peak · MFU), with the accelerator's dense bf16 peak from
   :data:`lmforge.train.mfu.PEAK_FLOPS_BF16` and an assumed MFU.
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 from lmforge.config import LaunchConfig, ModelConfig
@@ -170,16 +172,38 @@ def _memory_bytes(
     vocab_size: int,
     checkpointing: bool,
     tensor_parallel: int,
+    in_flight: int = 1,
+    with_logits: bool = True,
 ) -> float:
+    """Bytes on one GPU; ``in_flight``: micro-batches whose activations (and logits) are kept at once (a pipeline
+    stage's), ``with_logits``: whether this rank computes the logits (a pipeline's last stage)."""
     tokens = seq_len * micro_batch
     layer = layer_activation_bytes(model, tensor_parallel)
-    if checkpointing:
-        activations = tokens * (_CHECKPOINTED_BYTES * model.n_embd * model.n_layer + layer)
+    if checkpointing:  # each micro-batch keeps its layer inputs; one layer at a time is recomputed
+        activations = tokens * (_CHECKPOINTED_BYTES * model.n_embd * model.n_layer * in_flight + layer)
     else:
-        activations = tokens * layer * model.n_layer
-    logits = _LOGIT_BYTES * seq_len * micro_batch * vocab_size  # whole on every rank: the TP head gathers them
+        activations = tokens * layer * model.n_layer * in_flight
+    # whole on every rank: the TP head gathers them
+    logits = _LOGIT_BYTES * tokens * vocab_size * in_flight if with_logits else 0.0
     state = model_state_bytes(backend=backend, zero_stage=zero_stage, ranks=ranks, trained=trained)
     return state + frozen_bytes + activations + logits
+
+
+def _pipeline_memory_bytes(stages: int, schedule: str, grad_accum: int, **memory: Any) -> float:
+    """Bytes on the busiest GPU of a pipeline of ``stages`` stages: the first stage (the embeddings and the most
+    micro-batches in flight: ``stages`` with 1F1B, all with GPipe) or the last (the head — a copy of a tied
+    embedding — and the logits: of one micro-batch with 1F1B, all with GPipe). Each stage holds
+    ``ceil(n_layer / stages)`` blocks at most, its weights sharded over its own ranks."""
+    model: ModelConfig = memory.pop("model")
+    layers = -(-model.n_layer // stages)
+    embeddings = memory["vocab_size"] * model.n_embd + (model.block_size * model.n_embd if model.arch == "gpt2" else 0)
+    blocks = (memory.pop("trained") - embeddings) * layers / model.n_layer
+    memory |= {"model": model.model_copy(update={"n_layer": layers}), "trained": round(blocks) + embeddings}
+    memory["ranks"] //= stages
+    gpipe = schedule == "gpipe"
+    first = _memory_bytes(**memory, in_flight=grad_accum if gpipe else min(stages, grad_accum), with_logits=False)
+    last = _memory_bytes(**memory, in_flight=grad_accum if gpipe else 1, with_logits=True)
+    return max(first, last)
 
 
 def plan_training(
@@ -203,9 +227,14 @@ def plan_training(
     def stage_plan(name: str, train: Any, model: ModelConfig, total: int, trained: int, frozen_bytes: float,
                    flops_token: float) -> StagePlan:  # fmt: skip
         data_ranks = _data_ranks(name, train.distributed, ranks)
-        tensor_parallel = ranks // data_ranks
+        mesh = train.distributed.mesh
+        tensor_parallel = mesh.tensor_parallel if train.distributed.backend == "fsdp2" else 1
         tokens = train.max_steps * train.batch_size * train.grad_accum * train.seq_len * data_ranks
-        memory = _memory_bytes(
+        memory_of = _memory_bytes
+        if mesh.pipeline_parallel > 1:
+            memory_of = partial(_pipeline_memory_bytes, mesh.pipeline_parallel, mesh.pipeline_schedule,
+                                train.grad_accum)  # fmt: skip
+        memory = memory_of(
             backend=train.distributed.backend,
             zero_stage=train.distributed.deepspeed.zero.stage,
             ranks=ranks,

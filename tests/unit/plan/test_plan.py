@@ -172,3 +172,32 @@ def test_tensor_parallel_splits_the_activations_between_the_parallel_matrices_on
     assert layer_activation_bytes(config.pretrain.model, tp) == per_token_layer
     assert layer_activation_bytes(config.pretrain.model) == 14 * d + 4 * kv + 4 * mlp  # one rank: unchanged
     assert pretrain.memory_gb_per_gpu == pytest.approx(memory / 1e9, rel=1e-9)
+
+
+@pytest.mark.parametrize(("schedule", "first_in_flight", "last_in_flight"), [("1f1b", 4, 1), ("gpipe", 8, 8)])
+def test_pipeline_stages_plan_the_busiest_stage(schedule, first_in_flight, last_in_flight):
+    """Llama 3 8B's shape on 4 nodes × 8 GPUs, 4 stages × FSDP=8, 8 micro-batches a step, no checkpointing: a
+    stage holds 32 / 4 = 8 blocks and the embeddings (the last stage: the head, a copy of the tied embedding),
+    sharded over its 8 ranks. The first stage keeps the activations of 4 micro-batches with 1F1B (one per stage in
+    flight), all 8 with GPipe; the last stage the logits of one micro-batch with 1F1B, all 8 with GPipe."""
+    vocab, d, layers, kv, mlp, seq, stages = 128256, 4096, 32, 8 * 128, 14336, 8192, 4
+    mesh = {"pipeline_parallel": stages, "pipeline_schedule": schedule}
+    config = resolve_config("llama-8b")
+    train = config.pretrain.train.model_copy(
+        update={
+            "batch_size": 1,
+            "grad_accum": 8,
+            "grad_checkpointing": False,
+            "distributed": DistributedConfig.model_validate({"backend": "fsdp2", "mesh": mesh}),
+        }
+    )
+    config = config.model_copy(update={"pretrain": config.pretrain.model_copy(update={"train": train})})
+    pretrain = plan_training(config, vocab_size=vocab, launch=LaunchConfig(num_nodes=4, gpus_per_node=8))[0]
+    embeddings = vocab * d
+    stage_parameters = (pretrain.parameters - embeddings) * 8 / layers + embeddings
+    state = 16 * stage_parameters / 8
+    per_layer = seq * (14 * d + 4 * kv + 4 * mlp)
+    first = state + per_layer * 8 * first_in_flight
+    last = state + per_layer * 8 * last_in_flight + 8 * seq * vocab * last_in_flight
+    assert pretrain.memory_gb_per_gpu == pytest.approx(max(first, last) / 1e9, rel=1e-6)
+    assert pretrain.tokens == train.max_steps * 8 * seq * 8  # 8 data-parallel ranks, 8 micro-batches of 1
