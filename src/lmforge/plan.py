@@ -123,7 +123,7 @@ def sharded_frozen_bytes(model: ModelConfig, vocab_size: int, *, ranks: int, byt
     meta = _meta_model(model, vocab_size)
     total = sum(p.numel() for p in meta.parameters())
     blocks = transformer_blocks(meta)
-    root = total - sum(p.numel() for p in blocks.parameters())
+    root = total - sum(p.numel() for block in blocks for p in block.parameters())
     block = sum(p.numel() for p in blocks[0].parameters())
     return bytes_per_parameter * (total / ranks + root + block)
 
