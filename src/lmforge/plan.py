@@ -189,6 +189,15 @@ def _memory_bytes(
     return state + frozen_bytes + activations + logits
 
 
+def pipeline_stage_parameters(model: ModelConfig, vocab_size: int, parameters: int, stages: int) -> int:
+    """Parameters of the largest of ``stages`` pipeline stages: ``ceil(n_layer / stages)`` blocks' share of the
+    non-embedding ``parameters`` and the embeddings (on the first stage; their size again on the last, whose head
+    is a copy of the tied embedding)."""
+    layers = -(-model.n_layer // stages)
+    embeddings = vocab_size * model.n_embd + (model.block_size * model.n_embd if model.arch == "gpt2" else 0)
+    return round((parameters - embeddings) * layers / model.n_layer) + embeddings
+
+
 def _pipeline_memory_bytes(stages: int, schedule: str, grad_accum: int, **memory: Any) -> float:
     """Bytes on the busiest GPU of a pipeline of ``stages`` stages: the first stage (the embeddings and the most
     micro-batches in flight: ``stages`` with 1F1B, all with GPipe) or the last (the head — a copy of a tied
@@ -196,9 +205,8 @@ def _pipeline_memory_bytes(stages: int, schedule: str, grad_accum: int, **memory
     ``ceil(n_layer / stages)`` blocks at most, its weights sharded over its own ranks."""
     model: ModelConfig = memory.pop("model")
     layers = -(-model.n_layer // stages)
-    embeddings = memory["vocab_size"] * model.n_embd + (model.block_size * model.n_embd if model.arch == "gpt2" else 0)
-    blocks = (memory.pop("trained") - embeddings) * layers / model.n_layer
-    memory |= {"model": model.model_copy(update={"n_layer": layers}), "trained": round(blocks) + embeddings}
+    trained = pipeline_stage_parameters(model, memory["vocab_size"], memory.pop("trained"), stages)
+    memory |= {"model": model.model_copy(update={"n_layer": layers}), "trained": trained}
     memory["ranks"] //= stages
     gpipe = schedule == "gpipe"
     first = _memory_bytes(**memory, in_flight=grad_accum if gpipe else min(stages, grad_accum), with_logits=False)
