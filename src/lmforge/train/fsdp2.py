@@ -73,31 +73,53 @@ def check_tensor_parallel(model: torch.nn.Module, tensor_parallel: int) -> None:
 
 def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
     """Split a Llama over ``tp_mesh``: q/k/v and MLP gate/up column-wise, o and down row-wise, embeddings and head
-    by vocabulary rows. Norms and rotary embeddings stay whole on every rank (replicated activations, exact).
+    by vocabulary rows, and the sequence between them (sequence parallelism, Korthikanti et al. 2022): the RMS norms
+    and the residual stream hold ``seq_len / tensor_parallel`` positions per rank, gathered before attention and
+    the MLP and reduce-scattered after them. Rotary embeddings stay whole on every rank. The result is exact.
 
     The head's output is gathered whole, so the loss sees ordinary logits. A tied head is tied again to the
     split embedding table (both are split by vocabulary rows).
     """
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
 
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
-    plan: dict[str, Any] = {
-        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
-        "lm_head": ColwiseParallel(output_layouts=Replicate()),
+    sequence, whole = Shard(1), Replicate()
+    split: dict[str, Any] = {
+        "model.embed_tokens": RowwiseParallel(input_layouts=whole, output_layouts=sequence, use_local_output=False),
+        "lm_head": ColwiseParallel(input_layouts=sequence, output_layouts=whole),
     }
+    around: dict[str, Any] = {"model.norm": SequenceParallel()}
     for index in range(len(transformer_blocks(model))):
         block = f"model.layers.{index}"
-        plan |= {f"{block}.self_attn.{name}": ColwiseParallel() for name in _ATTENTION_COLUMNS}
-        plan |= {f"{block}.mlp.{name}": ColwiseParallel() for name in _MLP_COLUMNS}
-        plan |= {f"{block}.self_attn.o_proj": RowwiseParallel(), f"{block}.mlp.down_proj": RowwiseParallel()}
-    for name in plan:
+        split |= {f"{block}.self_attn.{name}": ColwiseParallel() for name in _ATTENTION_COLUMNS}
+        split |= {f"{block}.mlp.{name}": ColwiseParallel() for name in _MLP_COLUMNS}
+        split |= {
+            f"{block}.{name}": RowwiseParallel(output_layouts=sequence, use_local_output=False)
+            for name in ("self_attn.o_proj", "mlp.down_proj")
+        }
+        around |= {
+            f"{block}.input_layernorm": SequenceParallel(),
+            f"{block}.post_attention_layernorm": SequenceParallel(),
+            f"{block}.self_attn": PrepareModuleInput(
+                input_kwarg_layouts={"hidden_states": sequence}, desired_input_kwarg_layouts={"hidden_states": whole}
+            ),
+            f"{block}.mlp": PrepareModuleInput(input_layouts=(sequence,), desired_input_layouts=(whole,)),
+        }
+    for name in split:
         module = model.get_submodule(name)
         if not isinstance(module, torch.nn.Linear | torch.nn.Embedding):
             raise ConfigError(
                 f"distributed.mesh.tensor_parallel: {name} is a {type(module).__name__}, not a Linear or Embedding "
                 "(adapters and custom layers are not split); use tensor_parallel: 1"
             )
-    parallelize_module(model, tp_mesh, plan)
+    parallelize_module(model, tp_mesh, split | around)
     if tied:
         model.lm_head.weight = model.get_input_embeddings().weight
 
