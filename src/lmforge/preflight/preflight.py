@@ -13,10 +13,10 @@ an unchanged URI changes.
 
 With a preset it plans every training stage (:mod:`lmforge.plan`) on the launch's ``accelerator``: one console
 line per stage, the plan as JSON (its ``plan`` output, which ``evaluate`` sets against what each stage measured)
-and ``plan_<stage>_<figure>`` metrics. A stage's
-hours use the MFU it measured in the newest tracked run of the same preset when MLflow has one
-(:mod:`lmforge.tracking.measured`), else the assumed :data:`~lmforge.plan.DEFAULT_MFU`; a plan whose memory per GPU
-does not fit the accelerator fails the ``training_plan`` check, naming the stage, the estimate and what to change.
+and ``plan_<stage>_<figure>`` metrics. A stage's hours use the MFU it measured in the newest tracked run of the
+same preset when MLflow has one (:mod:`lmforge.tracking.measured`), else the assumed
+:data:`~lmforge.plan.DEFAULT_MFU`; a plan whose memory per GPU does not fit the accelerator fails the
+``training_plan`` check, naming the stage, the estimate and what to change.
 
 It also predicts what cleaning will keep: the ``clean`` rules (under the chosen ``clean.profile``) run over
 the first :data:`RETENTION_SAMPLE_RECORDS` documents of the sample. Below the gate's ``retention_warning`` it warns,
@@ -395,13 +395,16 @@ def _plan_training(
     measured = {
         stage: Utilization(mfu, f"run {run}") for stage, (mfu, run) in measured_mfu(preset, TRAINING_STAGES).items()
     }
-    plans = plan_training(
-        SimpleNamespace(**configs),
-        vocab_size=configs["tokenize"].vocab_size,
-        launch=launch,
-        accelerator=accelerator,
-        measured=measured,
-    )
+    try:  # a setting only the stage's model reveals (a LoRA target it lacks) fails here too
+        plans = plan_training(
+            SimpleNamespace(**configs),
+            vocab_size=configs["tokenize"].vocab_size,
+            launch=launch,
+            accelerator=accelerator,
+            measured=measured,
+        )
+    except ConfigError as exc:
+        return str(exc)
     report.plan = plan_record(plans, accelerator, preset=preset)
     for plan in plans:
         log.info("preflight plan %s", plan_line(plan, accelerator))

@@ -61,6 +61,17 @@ def test_a_plan_over_the_accelerators_memory_fails_preflight_naming_the_stage_es
     assert "train.grad_checkpointing" in message and "launch.accelerator" in message
 
 
+def test_a_lora_target_the_model_lacks_fails_the_plan_check_with_the_others(inputs, tmp_path):
+    with pytest.raises(PreflightError) as info:
+        preflight.run_checks(
+            **inputs | {"corpus_uri": str(tmp_path / "missing.jsonl")}, s3_secret_name="", preset="tiny-cpu",
+            stage_overrides={"finetune_lora": {"target_modules": ["q_proj"]}},
+        )  # fmt: skip
+    message = str(info.value)
+    assert "training_plan: finetune_lora.target_modules: 'q_proj' matches no module of the gpt2 model" in message
+    assert "corpus_readable" in message  # the other checks ran all the same
+
+
 def test_without_a_preset_nothing_is_planned(inputs):
     result = preflight.run(**inputs, s3_secret_name="", preset="")
     assert result.summary["plan"] == "" and "training_plan" not in result.summary["checks"]
