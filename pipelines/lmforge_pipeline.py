@@ -221,7 +221,7 @@ Raw text to a cleaned corpus, pretrained, LoRA-tuned, distilled, INT8 and Tensor
         launch: JSON object of LaunchConfig fields for the training steps, e.g. {"num_nodes": 4, "gpus_per_node": 8}:
             num_nodes > 1 runs pretrain, LoRA and distill each as a Kubeflow Trainer TrainJob ({"backend":
             "pytorchjob"}: PyTorchJob) and needs staging_uri (and an s3:// or demo:// qa_uri); gpus_per_node defaults
-            to gpu_count.
+            to gpu_count; accelerator (default H100) is the GPU model preflight plans the training steps on.
         staging_uri: s3://bucket/prefix where multi-node jobs read their inputs and write their outputs
             (<staging_uri>/<run id>/<task>/); needed only when launch sets num_nodes > 1. The GPU presets' checkpoints
             go to <staging_uri>/checkpoints/<run id>/<stage>/ (without staging_uri: under release_root).
@@ -396,6 +396,7 @@ def _lmforge_dag(arguments: dict[str, Any]) -> None:
         release_root=p.release_root,
         **settings("evaluate"),
         model_name=checked.outputs["model_name"],
+        plan=checked.outputs["plan"],
     )
     evaluated.set_display_name("9 evaluate + gate")
 

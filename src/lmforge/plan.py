@@ -21,12 +21,14 @@ Parameters are counted exactly, on models built on PyTorch's ``meta`` device (no
 * hours = FLOPs / (ranks · peak · MFU), with the accelerator's dense bf16 peak from
   :data:`lmforge.train.mfu.PEAK_FLOPS_BF16` and an assumed MFU.
 
-A plan whose memory exceeds the accelerator's, less :data:`HEADROOM`, is refused with what to change.
+A plan whose memory exceeds the accelerator's, less :data:`HEADROOM`, is refused with what to change. A stage's MFU
+may instead be one it measured in an earlier run (:class:`Utilization`): preflight takes it from MLflow.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
@@ -40,6 +42,9 @@ HEADROOM = 0.10
 """Fraction of the accelerator's memory a plan leaves free (allocator fragmentation, CUDA context, NCCL buffers)."""
 DEFAULT_MFU = 0.40
 """Assumed model FLOPs utilization when none is given: what well-tuned bf16 training of this size reaches."""
+PEAK_SOURCE = "vendor data sheets: dense bf16 tensor-core peak of the SXM part (lmforge.train.mfu.PEAK_FLOPS_BF16)"
+"""Where :class:`Accelerator`'s peak FLOP/s and memory come from."""
+ASSUMED = "assumed"
 TRAINING_STAGES = ("pretrain", "finetune_lora", "distill")
 # per trained parameter: weights, gradients, optimizer states (fsdp2 keeps fp32 masters, sharded like ZeRO-3)
 _ADAM_BYTES = {"torch": (4, 4, 8), "deepspeed": (2, 2, 12), "fsdp2": (4, 4, 8)}
@@ -61,10 +66,21 @@ class StagePlan:
     gpus: int
     hours: float
     gpu_hours: float
+    mfu: float
+    mfu_source: str
+    """``assumed``, or ``run <id>``: the pipeline run whose measured MFU the hours use."""
 
     def as_dict(self) -> dict[str, Any]:
         """The plan as plain data (console, KFP Metrics, JSON)."""
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Utilization:
+    """A model FLOPs utilization and where it comes from: ``assumed`` or ``run <id>`` (measured there)."""
+
+    mfu: float
+    source: str = ASSUMED
 
 
 @dataclass(frozen=True)
@@ -105,7 +121,7 @@ def lora_trainable_parameters(cfg: Any, model: ModelConfig, vocab_size: int) -> 
     """Parameters the ``finetune_lora`` stage trains on ``model``: the adapters (and any ``modules_to_save``)."""
     import peft
 
-    from lmforge.train.finetune_lora import peft_config, target_modules
+    from lmforge.model.lora import peft_config, target_modules
 
     base = _meta_model(model, vocab_size)
     with warnings.catch_warnings():  # peft asks transformers a deprecated question; not the user's concern
@@ -225,8 +241,12 @@ def plan_training(
     launch: LaunchConfig | None = None,
     accelerator: Accelerator | None = None,
     mfu: float = DEFAULT_MFU,
+    measured: Mapping[str, Utilization] | None = None,
 ) -> list[StagePlan]:
-    """The plan of every training stage of a resolved pipeline config (``resolve_config``'s result)."""
+    """The plan of every training stage of a resolved pipeline config (``resolve_config``'s result).
+
+    A stage's hours use its ``measured`` utilization when given, else ``mfu`` (assumed).
+    """
     launch = launch or LaunchConfig()
     accelerator = accelerator or Accelerator.named("H100")
     ranks = world_size(launch)
@@ -260,8 +280,12 @@ def plan_training(
             tensor_parallel=tensor_parallel,
         )
         flops = tokens * flops_token
-        hours = flops / (ranks * accelerator.peak_flops * mfu) / 3600
-        return StagePlan(name, total, trained, tokens, flops, memory / 1e9, ranks, hours, hours * ranks)
+        utilization = (measured or {}).get(name, Utilization(mfu))
+        hours = flops / (ranks * accelerator.peak_flops * utilization.mfu) / 3600
+        return StagePlan(
+            name, total, trained, tokens, flops, memory / 1e9, ranks, hours, hours * ranks, utilization.mfu,
+            utilization.source,
+        )  # fmt: skip
 
     pretrain, lora, distill = config.pretrain.train, config.finetune_lora.train, config.distill.train
     matmul_teacher = n_teacher - lookup
@@ -299,7 +323,7 @@ def _data_ranks(stage: str, distributed: Any, ranks: int) -> int:
 
 
 def _student_layers(distill: Any, teacher: ModelConfig) -> int:
-    from lmforge.train.distill import student_layers
+    from lmforge.model.student import student_layers
 
     return len(student_layers(teacher.n_layer, distill.student_layer_fraction))
 
@@ -318,3 +342,24 @@ def refuse_oversized(plans: list[StagePlan], accelerator: Accelerator) -> None:
             f"{lines}. Lower train.batch_size (raise grad_accum to keep the batch), turn on "
             "train.grad_checkpointing, use distributed.backend deepspeed with a higher zero.stage, or add GPUs"
         )
+
+
+def plan_record(plans: list[StagePlan], accelerator: Accelerator, *, preset: str) -> dict[str, Any]:
+    """The plan as preflight records it (its ``plan`` output, as JSON): the accelerator with its figures' source and
+    every stage's plan."""
+    return {
+        "preset": preset,
+        "accelerator": {**asdict(accelerator), "source": PEAK_SOURCE},
+        "headroom": HEADROOM,
+        "stages": [plan.as_dict() for plan in plans],
+    }
+
+
+def plan_line(plan: StagePlan, accelerator: Accelerator) -> str:
+    """One console line of a stage's plan: size, tokens, FLOPs, memory per GPU, hours and the MFU behind them."""
+    return (
+        f"{plan.stage}: {plan.parameters / 1e6:.3g}M parameters ({plan.trained_parameters / 1e6:.3g}M trained), "
+        f"{plan.tokens:.3g} tokens, {plan.flops:.3g} FLOPs, {plan.memory_gb_per_gpu:.3g} GB per GPU of "
+        f"{accelerator.memory_gb:.0f}, {plan.hours:.3g} h on {plan.gpus}x {accelerator.name} = "
+        f"{plan.gpu_hours:.3g} GPU-h at MFU {plan.mfu:.0%} ({plan.mfu_source})"
+    )

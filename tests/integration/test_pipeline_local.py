@@ -222,6 +222,20 @@ def test_report_and_gate_and_release(local_run, tmp_path):
         assert numbers[(task, "acc")] == scores["acc"]
 
 
+def test_the_report_sets_preflights_plan_against_what_each_stage_measured_on_this_cpu(local_run):
+    run, _ = local_run
+    evaluation = run.output("evaluate", "evaluation")
+    compared = json.loads((evaluation / "results.json").read_text())["plan_vs_actual"]
+    rows = {(row["stage"], row["figure"]): row for row in compared["rows"]}
+    assert {stage for stage, _ in rows} == {"pretrain", "finetune_lora", "distill"}
+    for stage in ("pretrain", "finetune_lora", "distill"):
+        assert rows[stage, "tokens"]["actual"] > 0 and rows[stage, "hours"]["actual"] > 0, stage
+        assert rows[stage, "MFU"]["planned"] == 0.4 and rows[stage, "MFU"]["actual"] is None, stage  # no CPU peak
+    assert set(compared["mfu_sources"].values()) == {"assumed"}
+    assert "No stage measured MFU" in compared["note"]
+    assert "## Plan against actual" in (evaluation / "report.md").read_text(encoding="utf-8")
+
+
 def test_serve_writes_the_inference_service_of_the_release_and_skips_the_apply_without_a_cluster(local_run):
     from lmforge_kfp.commands import _serve_hint
     from lmforge_kfp.components.images import service_image

@@ -79,6 +79,11 @@ _RUNTIME_OF_NAME = {
 }
 
 
+Accelerator = Literal["H200", "H100", "A100", "L40S", "A10G", "L4"]
+"""The GPU models :data:`lmforge.train.mfu.PEAK_FLOPS_BF16` knows the peak FLOP/s and memory of (a test keeps them
+equal)."""
+
+
 def _default_tolerations() -> list[TolerationConfig]:
     return [TolerationConfig(**GPU_POOL_TOLERATION)]
 
@@ -131,6 +136,13 @@ class LaunchConfig(StrictModel):
         description="How a TrainJob places its pods (selector, tolerations, service account, /dev/shm): "
         "runtimePatches (Kubeflow Trainer >= v2.2) or podTemplateOverrides (Trainer v2.1, as in Kubeflow 1.11); "
         "auto reads which one the cluster serves from its OpenAPI v3 document for trainer.kubeflow.org/v1alpha1.",
+    )
+    accelerator: Accelerator = Field(
+        "H100",
+        description="GPU model of the nodes the training steps land on: H200, H100, A100 (80 GB), L40S, A10G or "
+        "L4. Preflight plans every training stage on it (hours from its dense bf16 peak FLOP/s, memory against its "
+        "size; both from the vendor data sheets, lmforge.train.mfu) and refuses a plan that does not fit. It "
+        "places nothing: node_selector and the pipeline's gpu_* parameters choose the nodes.",
     )
     num_nodes: int = Field(1, ge=1, description="Training nodes (pods); more than 1 launches a job.")
     gpus_per_node: int = Field(1, ge=0, description=f"{GPU_RESOURCE} per node; also the processes per node.")

@@ -49,6 +49,7 @@ from lmforge.evaluate.gate import GateDecision, check_gate, check_mark, headline
 from lmforge.evaluate.generation import evaluate_generation, group_by_prompt, prompt_and_reference, samples
 from lmforge.evaluate.harness import PREFIX as HARNESS_PREFIX
 from lmforge.evaluate.harness import flat_metrics, run_harness
+from lmforge.evaluate.plan_actual import plan_against_actual
 from lmforge.evaluate.report import comparison_rows, html_report, markdown_summary
 from lmforge.evaluate.verdict import verdict_lines
 from lmforge.formats.token_shards import INDEX, TokenShards
@@ -413,11 +414,13 @@ def run(
     run_id: str = "",
     preset: str = "",
     base: str | Path | None = None,
+    plan: str = "",
 ) -> StageResult:
     """The ``evaluate`` stage: :func:`evaluate_models` on the pipeline's models, by their artifact names.
 
     ``run_id`` and ``preset`` (the run's, from the stage's context) are named in the report. ``base`` is the
     pretrained model the teacher was tuned from (``pretrain``'s output), evaluated next to teacher and student.
+    ``plan`` is preflight's training plan (JSON), set against the training histories in the report.
 
     Raises:
         ConfigError: ``release_root`` without ``model_name`` (the production release would be unknown).
@@ -440,7 +443,21 @@ def run(
         run_id=run_id,
         preset=preset,
         base=base,
+        plan=_parse_plan(plan),
     )
+
+
+def _parse_plan(plan: str) -> dict[str, Any] | None:
+    """Preflight's training plan from its JSON (``None`` when empty)."""
+    if not plan:
+        return None
+    try:
+        parsed = json.loads(plan)
+    except json.JSONDecodeError as exc:
+        raise InputDataError(f"evaluate: plan is not valid JSON ({exc.msg}); pass preflight's plan output") from exc
+    if not isinstance(parsed, dict):
+        raise InputDataError("evaluate: plan must be a JSON object (preflight's plan output)")
+    return parsed
 
 
 def evaluate_models(
@@ -458,6 +475,7 @@ def evaluate_models(
     run_id: str = "",
     preset: str = "",
     base: str | Path | None = None,
+    plan: Mapping[str, Any] | None = None,
 ) -> StageResult:
     """Evaluate every given model and write ``report.html``, ``report.md``, ``results.json``.
 
@@ -477,6 +495,8 @@ def evaluate_models(
         run_id, preset: named in the report (with the config every model's manifest records).
         base: the pretrained (base) model the teacher was tuned from, evaluated as PyTorch model ``base`` so that the
             report shows base, teacher and student side by side and the gate can bound forgetting.
+        plan: preflight's training plan; ``results["plan_vs_actual"]`` sets it against the training histories of
+            base, teacher and student (:mod:`lmforge.evaluate.plan_actual`).
     """
     setup = _prepare(cfg, shards_dir, _with_base(models, onnx_models, base), onnx_models, engine_dir, qa_uri)
     evaluated, answers, harness, served = _score_models(cfg, setup, engine_dir)
@@ -497,7 +517,9 @@ def evaluate_models(
         "data": data_summary(Path(shards_dir), Path(cleaned_dir) if cleaned_dir is not None else None),
     }
     decision = _judge(cfg, results)
-    report, summary_md = _reports(results, setup.paths, cfg, run_id, preset)
+    histories = {name: h for name, path in setup.paths.items() if (h := read_history(path)) is not None}
+    results["plan_vs_actual"] = plan_against_actual(plan, histories, _world_sizes(setup.paths))
+    report, summary_md = _reports(results, setup.paths, histories, cfg, run_id, preset)
     metrics = _model_metrics(evaluated, decision.passed)
     inputs = _input_records(Path(shards_dir), setup, engine_dir, results)
     _write_evaluation(output_dir, cfg, results, {REPORT_HTML: report, REPORT_MD: summary_md}, inputs, metrics)
@@ -679,12 +701,22 @@ def _judge(cfg: EvaluateConfig, results: dict[str, Any]) -> GateDecision:
     return decision
 
 
+def _world_sizes(paths: Mapping[str, Path]) -> dict[str, int]:
+    """The training processes each model's manifest records (``metrics.world_size``), where it does."""
+    sizes = {name: read_manifest(path).get("metrics", {}).get("world_size") for name, path in paths.items()}
+    return {name: int(size) for name, size in sizes.items() if isinstance(size, int | float) and size >= 1}
+
+
 def _reports(
-    results: Mapping[str, Any], paths: Mapping[str, Path], cfg: EvaluateConfig, run_id: str, preset: str
+    results: Mapping[str, Any],
+    paths: Mapping[str, Path],
+    histories: Mapping[str, Mapping[str, Any]],
+    cfg: EvaluateConfig,
+    run_id: str,
+    preset: str,
 ) -> tuple[str, str]:
     """``(report.html, report.md)``: the HTML report shows each model's training history and the config each was
     made with (as its manifest records it) and this stage's own."""
-    histories = {name: h for name, path in paths.items() if (h := read_history(path)) is not None}
     configs = {name: read_manifest(path).get("config") for name, path in paths.items()}
     configs["evaluate"] = cfg.model_dump(mode="json")
     report = html_report(results, histories, run_id=run_id or None, preset=preset or None, config=configs)

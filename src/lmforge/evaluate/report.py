@@ -2,7 +2,8 @@
 
 The page has no external scripts, styles or fonts: plots are embedded PNGs, styles inline. Sections:
 summary, gate checks, model comparison (table and bar charts of quality, size and speed), generation
-metrics and samples, loss curves, data-stage summary, TensorRT status, method.
+metrics and samples, loss curves, the training plan against what each stage measured, data-stage summary,
+TensorRT status, method.
 """
 
 from __future__ import annotations
@@ -336,6 +337,27 @@ def _curves_html(histories: Mapping[str, Mapping[str, Any]]) -> str:
     return charts(parts)
 
 
+PLAN_COLUMNS = ("stage", "figure", "planned", "actual", "actual / planned")
+
+
+def plan_rows(plan_vs_actual: Mapping[str, Any] | None) -> list[list[Any]]:
+    """The "Plan against actual" table's rows (:data:`PLAN_COLUMNS`); none without a plan."""
+    rows = (plan_vs_actual or {}).get("rows") or []
+    return [[row["stage"], row["figure"], row["planned"], row["actual"], row["ratio"]] for row in rows]
+
+
+def _plan_sources(plan_vs_actual: Mapping[str, Any]) -> str:
+    sources = plan_vs_actual.get("mfu_sources") or {}
+    return "Planned MFU: " + "; ".join(f"{stage} {source}" for stage, source in sources.items()) + "."
+
+
+def _plan_html(plan_vs_actual: Mapping[str, Any] | None) -> str:
+    if not plan_vs_actual:
+        return '<p class="note">No training plan was given to the evaluation (preflight plans with a preset).</p>'
+    note = f"{plan_vs_actual.get('note', '')} {_plan_sources(plan_vs_actual)}"
+    return table(PLAN_COLUMNS, plan_rows(plan_vs_actual)) + f'<p class="note">{html.escape(note)}</p>'
+
+
 def _method_html(results: Mapping[str, Any]) -> str:
     context, stride = results.get("context", "?"), results.get("stride", results.get("context", "?"))
     overlap = "non-overlapping" if stride == context else f"sliding, stride {stride}"
@@ -379,7 +401,8 @@ def html_report(
     preset: str | None = None,
     config: Mapping[str, Any] | None = None,
 ) -> str:
-    """The self-contained evaluation page: summary, gate, comparison, loss curves, data, TensorRT, config, method.
+    """The self-contained evaluation page: summary, gate, comparison, loss curves, plan against actual, data,
+    TensorRT, config, method.
 
     Args:
         results: the evaluation's ``results.json`` content (with ``gate`` and ``passed``).
@@ -409,6 +432,7 @@ def html_report(
         ("Standard evaluations", harness_html(results.get("harness") or {})),
         ("Generation", _generation_html(results)),
         ("Loss curves", _curves_html(histories or {})),
+        ("Plan against actual", _plan_html(results.get("plan_vs_actual"))),
         ("Data", _data_html(results.get("data") or {})),
         ("TensorRT", _tensorrt_html(results.get("tensorrt") or {})),
         ("Configuration", _config_html(config, preset)),
@@ -453,6 +477,7 @@ def markdown_summary(results: Mapping[str, Any], *, run_id: str | None = None, p
     for row in comparison_rows(results):
         lines.append("| " + " | ".join(_md(row[k]) for k, _ in TABLE_COLUMNS) + " |")
     lines += harness_markdown(results.get("harness") or {})
+    lines += plan_markdown(results.get("plan_vs_actual"))
     lines += ["", "## Gate", ""]
     for check in gate.get("checks", []):
         mark = check_mark(check)
@@ -468,6 +493,15 @@ def markdown_summary(results: Mapping[str, Any], *, run_id: str | None = None, p
             for name, answer in row.get("answers", {}).items():
                 lines.append(f"  - {name}: {_md(answer) if answer else '(empty)'}")
     return "\n".join(lines) + "\n"
+
+
+def plan_markdown(plan_vs_actual: Mapping[str, Any] | None) -> list[str]:
+    """The "Plan against actual" section of the Markdown summary; nothing without a plan."""
+    if not plan_vs_actual:
+        return []
+    lines = ["", "## Plan against actual", "", "| " + " | ".join(PLAN_COLUMNS) + " |", "|" + "---|" * len(PLAN_COLUMNS)]
+    lines += ["| " + " | ".join(_md(cell) for cell in row) + " |" for row in plan_rows(plan_vs_actual)]
+    return [*lines, "", _md(f"{plan_vs_actual.get('note', '')} {_plan_sources(plan_vs_actual)}")]
 
 
 def verdict_html(lines: Sequence[str]) -> str:

@@ -11,6 +11,13 @@ input data and models. The fingerprints are passed to the stages reading them (`
 ``pretrain``, ``finetune_lora``, ``distill``) as parameters, so a KFP cache key changes whenever the data behind
 an unchanged URI changes.
 
+With a preset it plans every training stage (:mod:`lmforge.plan`) on the launch's ``accelerator``: one console
+line per stage, the plan as JSON (its ``plan`` output, which ``evaluate`` sets against what each stage measured)
+and ``plan_<stage>_<figure>`` metrics. A stage's hours use the MFU it measured in the newest tracked run of the
+same preset when MLflow has one (:mod:`lmforge.tracking.measured`), else the assumed
+:data:`~lmforge.plan.DEFAULT_MFU`; a plan whose memory per GPU does not fit the accelerator fails the
+``training_plan`` check, naming the stage, the estimate and what to change.
+
 It also predicts what cleaning will keep: the ``clean`` rules (under the chosen ``clean.profile``) run over
 the first :data:`RETENTION_SAMPLE_RECORDS` documents of the sample. Below the gate's ``retention_warning`` it warns,
 naming the rule that removes most, the setting behind it and the profile that would keep more
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import json
 import logging
 import os
 import socket
@@ -34,12 +42,13 @@ from collections.abc import Callable, Mapping
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from types import SimpleNamespace
+from typing import Any
 from urllib.parse import urlsplit
 
 from lmforge import storage
 from lmforge.artifacts import sha256_file
-from lmforge.config import CleanConfig, EvaluateConfig, GateConfig, StrictModel
+from lmforge.config import CleanConfig, EvaluateConfig, GateConfig, LaunchConfig, StrictModel
 from lmforge.data.corpus import CorpusReader, first_file_uri
 from lmforge.data.demo import is_demo, materialize
 from lmforge.errors import ConfigError, FieldMissingError, LmforgeError, PreflightError, StorageError, did_you_mean
@@ -48,9 +57,6 @@ from lmforge.naming import default_model_name
 from lmforge.release import catalog
 from lmforge.results import StageResult
 from lmforge.stages.configs import resolve_stage_config, sections
-
-if TYPE_CHECKING:
-    from lmforge.config import LaunchConfig
 
 log = logging.getLogger("lmforge.preflight")
 
@@ -69,6 +75,8 @@ class PreflightReport:
     fingerprints: dict[str, str] = field(default_factory=dict)
     predicted_retention: float | None = None
     warnings: list[str] = field(default_factory=list)
+    plan: dict[str, Any] | None = None
+    """The training plan (:func:`lmforge.plan.plan_record`), when a preset was given and its configs resolve."""
 
     @property
     def failed(self) -> dict[str, str]:
@@ -305,7 +313,8 @@ def run_checks(
     With an input or the release root on S3, first check that the S3 endpoint answers; when it does not,
     the checks of the S3 locations are left out (each would wait for botocore's retries). With ``preset``,
     resolve every stage's config from it and ``stage_overrides`` (:func:`resolve_stage_configs`), so a bad value
-    fails here and not when its stage starts. The corpus and the Q&A data are sampled (``sample_records``
+    fails here and not when its stage starts; when they resolve, plan the training stages on the launch's accelerator
+    (``report.plan``, check ``training_plan``). The corpus and the Q&A data are sampled (``sample_records``
     records each) with the stages' readers; the corpus reader takes its settings from ``clean``, else from the
     resolved clean config, else :class:`CleanConfig`'s defaults. With ``launch`` asking for more than one node,
     also check that the cluster serves its job kind. With ``model_name``, also fingerprint the production
@@ -317,7 +326,10 @@ def run_checks(
     ``fingerprints["student_base"]``).
     """
     report = PreflightReport()
-    clean, production_source, retention_warning = _stage_settings(preset, stage_overrides or {}, clean, launch, report)
+    settings = _stage_settings(preset, stage_overrides or {}, clean, launch, report)
+    clean, production_source, retention_warning, configs = settings
+    if report.checks.get("stage_configs") == "ok":
+        report.checks["training_plan"] = _one_line(_plan_training(report, configs, launch or LaunchConfig(), preset))
     checks = _Checks(report)
     report.checks["s3_secret"] = check_secret(s3_secret_name) if s3_secret_name else "ok"
     if launch is not None and launch.num_nodes > 1:
@@ -342,12 +354,13 @@ def _stage_settings(
     clean: CleanConfig | None,
     launch: LaunchConfig | None,
     report: PreflightReport,
-) -> tuple[CleanConfig, str, float | None]:
-    """``(clean config, production source, retention warning)``: the given clean config, else the preset's; with a
-    ``preset``, every stage's config resolved (check ``stage_configs``, with each fsdp2 mesh against the launch's
-    world size) and its evaluate settings."""
+) -> tuple[CleanConfig, str, float | None, dict[str, StrictModel]]:
+    """``(clean config, production source, retention warning, resolved configs)``: the given clean config, else the
+    preset's; with a ``preset``, every stage's config resolved (check ``stage_configs``, with each fsdp2 mesh against
+    the launch's world size) and its evaluate settings."""
     production_source = "registry"
     retention_warning = GateConfig().retention_warning
+    configs: dict[str, StrictModel] = {}
     if preset:
         configs, problems = resolve_stage_configs(preset, stage_overrides)
         problems += _mesh_problems(configs, launch)
@@ -359,7 +372,47 @@ def _stage_settings(
         evaluate_cfg = configs.get("evaluate")
         if isinstance(evaluate_cfg, EvaluateConfig):
             retention_warning = evaluate_cfg.gate.retention_warning
-    return clean or CleanConfig(), production_source, retention_warning
+    return clean or CleanConfig(), production_source, retention_warning, configs
+
+
+def _plan_training(
+    report: PreflightReport, configs: Mapping[str, StrictModel], launch: LaunchConfig, preset: str
+) -> str:
+    """Plan every training stage on ``launch.accelerator`` into ``report.plan`` and log it; ``ok``, or why the plan
+    does not fit."""
+    from lmforge.plan import (  # imports torch, transformers and peft: only with a preset to plan
+        TRAINING_STAGES,
+        Accelerator,
+        Utilization,
+        plan_line,
+        plan_record,
+        plan_training,
+        refuse_oversized,
+    )
+    from lmforge.tracking.measured import measured_mfu
+
+    accelerator = Accelerator.named(launch.accelerator)
+    measured = {
+        stage: Utilization(mfu, f"run {run}") for stage, (mfu, run) in measured_mfu(preset, TRAINING_STAGES).items()
+    }
+    try:  # a setting only the stage's model reveals (a LoRA target it lacks) fails here too
+        plans = plan_training(
+            SimpleNamespace(**configs),
+            vocab_size=configs["tokenize"].vocab_size,
+            launch=launch,
+            accelerator=accelerator,
+            measured=measured,
+        )
+    except ConfigError as exc:
+        return str(exc)
+    report.plan = plan_record(plans, accelerator, preset=preset)
+    for plan in plans:
+        log.info("preflight plan %s", plan_line(plan, accelerator))
+    try:
+        refuse_oversized(plans, accelerator)
+    except ConfigError as exc:
+        return f"{exc}, or set launch.accelerator to a GPU with more memory (it is {accelerator.name})"
+    return "ok"
 
 
 def _mesh_problems(configs: Mapping[str, StrictModel], launch: LaunchConfig | None) -> list[str]:
@@ -520,6 +573,8 @@ def run(
 ) -> StageResult:
     """The ``preflight`` stage: :func:`run_checks`, with the values the later steps take from it.
 
+    ``launch`` is read as the training steps read it, ``gpu_count`` filling in ``gpus_per_node``.
+
     ``section_overrides`` are the pipeline's ``<section>_overrides`` parameters: with ``preset`` they resolve
     every stage's config here, so a bad override fails before the first stage starts.
 
@@ -528,7 +583,9 @@ def run(
     resolved ``model_name`` (the given one, else derived from the corpus by
     :func:`~lmforge.naming.default_model_name`: ``lmforge-demo`` for the demo corpus), the base model's and the
     student base's fingerprints (empty without one) and ``run_root``: ``staging_uri`` when given, else
-    ``release_root`` (where the training steps' templated ``checkpoint.dir`` puts checkpoints).
+    ``release_root`` (where the training steps' templated ``checkpoint.dir`` puts checkpoints), and ``plan``: the
+    training plan as JSON (:func:`lmforge.plan.plan_record`; empty without a preset), also in the metrics as
+    ``plan_<stage>_<figure>``.
 
     Raises:
         ConfigError: ``gpu_count`` below 0 or an invalid ``launch`` config.
@@ -542,7 +599,7 @@ def run(
         qa_uri=qa_uri,
         release_root=release_root,
         s3_secret_name=s3_secret_name,
-        launch=parse_launch(launch),
+        launch=parse_launch(launch, gpus_per_node=gpu_count),
         model_name=name,
         preset=preset,
         stage_overrides={key.removesuffix("_overrides"): value for key, value in section_overrides.items()},
@@ -559,11 +616,21 @@ def run(
         "base_model_fingerprint": fp.get("base_model", ""),
         "student_base_fingerprint": fp.get("student_base", ""),
         "run_root": staging_uri or release_root,
+        "plan": json.dumps(report.plan) if report.plan is not None else "",
         "checks": report.checks,
         "warnings": report.warnings,
         "retention_warning": report.warnings[0] if report.warnings else None,
     }
-    metrics = {"checks_passed": float(len(report.checks))}
+    metrics = {"checks_passed": float(len(report.checks))} | plan_metrics(report.plan)
     if report.predicted_retention is not None:
         metrics["predicted_retention"] = report.predicted_retention
     return StageResult(metrics=metrics, summary=summary)
+
+
+PLAN_FIGURES = ("tokens", "flops", "memory_gb_per_gpu", "hours", "gpu_hours", "mfu")
+
+
+def plan_metrics(plan: Mapping[str, Any] | None) -> dict[str, float]:
+    """``plan_<stage>_<figure>`` of every :data:`PLAN_FIGURES` figure of every planned stage (none without a plan)."""
+    stages = (plan or {}).get("stages", [])
+    return {f"plan_{stage['stage']}_{figure}": float(stage[figure]) for stage in stages for figure in PLAN_FIGURES}

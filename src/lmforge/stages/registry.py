@@ -363,6 +363,13 @@ _DAG_STAGES: tuple[StageSpec, ...] = (
                 default="",
             ),
             param("model_name", "str", "Release name whose production release is the gate's baseline.", default=""),
+            param(
+                "plan",
+                "str",
+                "The training plan from preflight (JSON; empty: none): the report sets it against what each training "
+                "stage measured.",
+                default="",
+            ),
         ),
         outputs=(artifact("evaluation", "Artifact", "results.json, report.html, report.md and manifest."),),
         returns=(param("passed", "bool", "Whether every gate check passed (promote runs only then)."),),
@@ -515,6 +522,12 @@ _PREFLIGHT_RETURNS = (
         "The run's root ({run_root} of a templated checkpoint.dir, $LMFORGE_RUN_ROOT of the training steps): "
         "staging_uri when given, else release_root.",
     ),
+    param(
+        "plan",
+        "str",
+        "The training plan on launch.accelerator as JSON: each training stage's parameters, tokens, FLOPs, memory "
+        "per GPU, hours, GPU-hours and the MFU behind them (measured in an earlier run, or assumed).",
+    ),
 )
 
 
@@ -537,7 +550,7 @@ def _preflight(sections: tuple[str, ...]) -> StageSpec:
     return StageSpec(
         name="preflight",
         summary="Check that inputs are readable, the registry writable and the S3 Secret present; fingerprint the "
-        "data and the production release.",
+        "data and the production release; plan every training stage on the accelerator.",
         entry="lmforge.preflight.preflight:run",
         config=None,
         inputs=(*_PREFLIGHT_INPUTS, *_overrides(sections)),

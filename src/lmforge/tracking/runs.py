@@ -50,6 +50,7 @@ KFP_RUN_URL = "kfp.pipeline_run_url"
 KFP_TASK_NAME = "kfp.task_name"
 RUN_TYPE = "lmforge.run_type"
 STAGE_TAG = "lmforge.stage"
+PRESET_TAG = "lmforge.preset"
 PARENT_SETTLE_S = 1.0  # how long a new parent run may take to become visible to a racing stage
 ERROR_TAG = "lmforge.error"
 HISTORY_FILE = "training_history.json"  # lmforge.model.build.HISTORY_FILE (not imported: it pulls in torch)
@@ -105,7 +106,7 @@ class PipelineRun:
         extra = {
             KFP_RUN_URL: self.run_url,
             "lmforge.pipeline_version": self.pipeline_version,
-            "lmforge.preset": self.preset,
+            PRESET_TAG: self.preset,
         }
         return tags | {k: v for k, v in extra.items() if v}
 

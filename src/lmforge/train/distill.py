@@ -34,6 +34,7 @@ from lmforge.model.base import (
     tokenizer_mismatch,
 )
 from lmforge.model.build import count_parameters, load_causal_lm, save_model_dir
+from lmforge.model.student import student_layers
 from lmforge.report_html import page, table
 from lmforge.results import StageResult
 from lmforge.train.batches import IGNORE_INDEX, open_matching_shards
@@ -69,13 +70,6 @@ logger = logging.getLogger("lmforge.distill")
 
 # Where each architecture keeps its list of transformer blocks in the state dict.
 BLOCK_PREFIXES = {"gpt2": "transformer.h.", "llama": "model.layers."}
-
-
-def student_layers(n_teacher: int, fraction: float) -> list[int]:
-    """Teacher block indices the student's blocks come from: ``m = max(1, round(fraction·n))`` blocks,
-    block ``i`` from teacher block ``floor(i·n/m)`` (every k-th block when ``m`` divides ``n``)."""
-    m = max(1, round(fraction * n_teacher))
-    return [i * n_teacher // m for i in range(m)]
 
 
 def make_student(teacher: PreTrainedModel, fraction: float, init: str, *, seed: int) -> PreTrainedModel:

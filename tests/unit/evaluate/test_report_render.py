@@ -26,6 +26,7 @@ SECTIONS = (
     "Model comparison",
     "Generation",
     "Loss curves",
+    "Plan against actual",
     "Data",
     "TensorRT",
     "Configuration",

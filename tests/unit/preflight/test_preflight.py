@@ -134,6 +134,7 @@ PREFLIGHT_OUTPUTS = {
     "base_model_fingerprint": "",
     "student_base_fingerprint": "",
     "run_root": "s3://lmforge/releases",
+    "plan": '{"stages": []}',
 }
 
 
@@ -156,6 +157,19 @@ def test_a_new_production_release_changes_the_cache_key_of_evaluate(tmp_path):
     after = _cache_keys(spec, params, {**PREFLIGHT_OUTPUTS, "production_fingerprint": after_release})
     changed = {task for task in before if before[task] != after[task]}
     assert changed == {"evaluate", "promote", "serve"}, changed  # serve takes promote's output
+
+
+def test_the_training_plan_reaches_evaluate_by_value_so_only_a_changed_plan_changes_its_cache_key():
+    """A parameter, not an artifact: the never-cached preflight makes a new artifact every run, which would re-key
+    evaluate every run; a value re-keys it (and promote and serve, which take its outputs) only when it changes."""
+    spec = next(yaml.safe_load_all((REPO_ROOT / "pipelines/compiled/lmforge_pipeline.yaml").read_text()))
+    plan_input = spec["root"]["dag"]["tasks"]["evaluate"]["inputs"]["parameters"]["plan"]
+    assert plan_input["taskOutputParameter"] == {"outputParameterKey": "plan", "producerTask": "preflight"}
+    params = {name: p.get("defaultValue") for name, p in spec["root"]["inputDefinitions"]["parameters"].items()}
+    before = _cache_keys(spec, params, PREFLIGHT_OUTPUTS)
+    assert _cache_keys(spec, params, dict(PREFLIGHT_OUTPUTS)) == before
+    after = _cache_keys(spec, params, {**PREFLIGHT_OUTPUTS, "plan": '{"stages": [{"stage": "pretrain"}]}'})
+    assert {task for task in before if before[task] != after[task]} == {"evaluate", "promote", "serve"}
 
 
 def test_changed_corpus_bytes_change_the_cache_key_of_every_downstream_stage(tmp_path):

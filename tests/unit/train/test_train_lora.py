@@ -14,6 +14,7 @@ from lmforge.artifacts import read_manifest, write_manifest
 from lmforge.config import LoraConfig, ModelConfig
 from lmforge.errors import ConfigError, InputDataError
 from lmforge.model.build import build_model, load_causal_lm
+from lmforge.model.lora import DEFAULT_TARGETS
 from lmforge.train import finetune_lora
 from tests.support.tiny_training import tiny_train
 
@@ -255,7 +256,7 @@ def test_default_targets_exist_and_take_lora_in_each_architecture(arch):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(arch, **common, **_ARCH_CONFIGS[arch]))
     targets = finetune_lora.target_modules(model, None)
-    assert targets == finetune_lora.DEFAULT_TARGETS[arch]
+    assert targets == DEFAULT_TARGETS[arch]
     adapted = peft.get_peft_model(model, finetune_lora.peft_config(LoraConfig(r=2), model, targets))
     adapted_names = {n.rsplit(".", 4)[-4] for n, p in adapted.named_parameters() if p.requires_grad}
     assert adapted_names == set(targets)
