@@ -1,0 +1,103 @@
+"""A GPT-2 split by tensor parallelism (2 gloo ranks under torchrun) trains as one process does; its distributed
+checkpoint, written in Hugging Face's column order, resumes on one process and at TP=2; its export is a plain GPT-2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from lmforge.config import DistributedConfig, ModelConfig, PretrainConfig, TrainConfig
+from lmforge.contracts import HISTORY_FILE
+from lmforge.train import pretrain
+from lmforge.train.checkpoint import step_name
+from tests.support.distributed_child import launch
+
+STEPS, SAVED_AT, GLOBAL_BATCH = 20, 10, 8
+
+
+def _cfg(mesh: dict | None, *, checkpoint_dir: Path | None = None) -> PretrainConfig:
+    """A tiny GPT-2 (4 heads, fused q/k/v) in fp32 on one data-parallel rank; ``mesh`` None is the one-process torch
+    backend. The gradient norm is clipped at every step, so it must be the whole model's."""
+    distributed = {"backend": "torch"} if mesh is None else {"backend": "fsdp2", "mesh": mesh}
+    return PretrainConfig(
+        model=ModelConfig(n_layer=2, n_head=4, n_embd=32, block_size=64),
+        train=TrainConfig(
+            max_steps=STEPS, batch_size=GLOBAL_BATCH, seq_len=32, lr=3e-3, min_lr=3e-4, warmup_steps=4,
+            precision="fp32", eval_interval=STEPS, eval_batches=1, log_interval=1, seed=7, grad_clip=0.1,
+            checkpoint={"dir": str(checkpoint_dir) if checkpoint_dir else None, "every_steps": SAVED_AT,
+                        "every_minutes": 0},
+            distributed=DistributedConfig.model_validate(distributed),
+        ),
+    )  # fmt: skip
+
+
+def _resume_dir(root: Path, name: str) -> Path:
+    """A checkpoint dir holding only the TP=2 run's checkpoint of step SAVED_AT."""
+    target = root / name
+    shutil.copytree(root / "tp2_checkpoints" / step_name(SAVED_AT), target / step_name(SAVED_AT))
+    return target
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir) -> dict[str, Path]:
+    """One process; TP=2 on 2 ranks (checkpointing); its step-10 checkpoint resumed at TP=2 and on one process."""
+    root = tmp_path_factory.mktemp("gpt2_tp")
+    data = {"shards": str(tiny_shards_dir), "tokenizer": str(tiny_tokenizer_dir)}
+    pretrain.run(_cfg(None), shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=root / "single")
+    tp2 = _cfg({"tensor_parallel": 2}, checkpoint_dir=root / "tp2_checkpoints")
+    launch([[tp2.model_dump_json(), str(root / "tp2")]], **data)
+    resumed_tp2 = _cfg({"tensor_parallel": 2}, checkpoint_dir=_resume_dir(root, "resume_tp2"))
+    launch([[resumed_tp2.model_dump_json(), str(root / "resumed_tp2")]], **data)
+    resumed_one = _cfg({}, checkpoint_dir=_resume_dir(root, "resume_one"))
+    pretrain.run(resumed_one, shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=root / "resumed_one")
+    return {path.name: path for path in root.iterdir()}
+
+
+def _history(model_dir: Path) -> dict:
+    history = json.loads((model_dir / HISTORY_FILE).read_text())
+    assert history["step"] == list(range(1, STEPS + 1))
+    return history
+
+
+def _worst(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.slow
+def test_gpt2_at_tp2_matches_one_process_within_1e4_at_every_step(runs):
+    single, split = _history(runs["single"]), _history(runs["tp2"])
+    worst = _worst(single["train_loss"], split["train_loss"])
+    assert worst < 1e-4, f"tp2: max |Δloss| {worst:.2e} over {STEPS} steps"
+    assert min(single["grad_norm"]) > 0.1  # every step is clipped
+    worst_norm = _worst(single["grad_norm"], split["grad_norm"])
+    assert worst_norm < 1e-4, f"tp2: max |Δgrad_norm| {worst_norm:.2e} over {STEPS} steps"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resumed_one", "resumed_tp2"])
+def test_gpt2_checkpoint_saved_at_tp2_resumes_with_the_same_losses(runs, name):
+    """Weights and Adam moments of the fused q/k/v columns are saved in HF's order and read back into each mesh's."""
+    history, single = _history(runs[name]), _history(runs["single"])
+    assert history["resumed_from"] == SAVED_AT
+    after = slice(SAVED_AT, STEPS)
+    worst = _worst(single["train_loss"][after], history["train_loss"][after])
+    assert worst < 1e-4, f"{name}: max |Δloss| {worst:.2e} over steps {SAVED_AT + 1}..{STEPS}"
+
+
+@pytest.mark.slow
+def test_gpt2_exported_at_tp2_is_the_whole_model_and_generates_in_transformers(runs):
+    exported, single = load_file(runs["tp2"] / "model.safetensors"), load_file(runs["single"] / "model.safetensors")
+    assert exported.keys() == single.keys()
+    for key, tensor in single.items():
+        worst = (exported[key] - tensor).abs().max().item()
+        assert worst < 1e-4, f"{key}: max |Δ| {worst:.2e}"
+    model = AutoModelForCausalLM.from_pretrained(runs["tp2"])
+    assert model.config.model_type == "gpt2"
+    out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=5, do_sample=False)
+    assert out.shape == (1, 8)
