@@ -9,13 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from transformers import AutoModelForCausalLM
 
 from lmforge.config import DistributedConfig, ModelConfig, PretrainConfig, TrainConfig
 from lmforge.contracts import HISTORY_FILE
 from lmforge.train import pretrain
 from lmforge.train.checkpoint import step_name
+from lmforge.train.dcp import DCP_DIR, METADATA, TensorOnlyReader, read_metadata
 from tests.support.distributed_child import launch
 
 STEPS, SAVED_AT, GLOBAL_BATCH = 20, 10, 8
@@ -46,10 +49,13 @@ def _resume_dir(root: Path, name: str) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir) -> dict[str, Path]:
-    """One process; TP=2 on 2 ranks (checkpointing); its step-10 checkpoint resumed at TP=2 and on one process."""
+    """One process (torch; and fsdp2, checkpointing); TP=2 on 2 ranks (checkpointing); its step-10
+    checkpoint resumed at TP=2 and on one process."""
     root = tmp_path_factory.mktemp("gpt2_tp")
     data = {"shards": str(tiny_shards_dir), "tokenizer": str(tiny_tokenizer_dir)}
     pretrain.run(_cfg(None), shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=root / "single")
+    one = _cfg({}, checkpoint_dir=root / "one_checkpoints")
+    pretrain.run(one, shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=root / "one")
     tp2 = _cfg({"tensor_parallel": 2}, checkpoint_dir=root / "tp2_checkpoints")
     launch([[tp2.model_dump_json(), str(root / "tp2")]], **data)
     resumed_tp2 = _cfg({"tensor_parallel": 2}, checkpoint_dir=_resume_dir(root, "resume_tp2"))
@@ -77,6 +83,31 @@ def test_gpt2_at_tp2_matches_one_process_within_1e4_at_every_step(runs):
     assert min(single["grad_norm"]) > 0.1  # every step is clipped
     worst_norm = _worst(single["grad_norm"], split["grad_norm"])
     assert worst_norm < 1e-4, f"tp2: max |Δgrad_norm| {worst_norm:.2e} over {STEPS} steps"
+
+
+def _checkpoint_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a distributed checkpoint (weights, Adam moments and steps) by its key, read in this process."""
+    index = read_metadata(folder / DCP_DIR / METADATA).state_dict_metadata
+    state = {
+        key: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in index.items()
+        if isinstance(meta, TensorStorageMetadata)
+    }
+    dcp.load(state, storage_reader=TensorOnlyReader(folder / DCP_DIR), no_dist=True)
+    return state
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # read in this one process on purpose
+def test_gpt2_checkpoint_saved_at_tp2_holds_the_one_process_tensors_in_hf_order(runs):
+    """The fused q/k/v weight, bias and their Adam moments are written in HF's column order, by HF's names."""
+    split = _checkpoint_tensors(runs["tp2_checkpoints"] / step_name(SAVED_AT))
+    whole = _checkpoint_tensors(runs["one_checkpoints"] / step_name(SAVED_AT))
+    assert split.keys() == whole.keys()
+    assert "optimizer.state.transformer.h.1.attn.c_attn.weight.exp_avg_sq" in whole
+    for key, tensor in whole.items():  # Adam's second moments are ~1e-8: each tensor is compared at its own scale
+        worst = (split[key] - tensor).abs().max().item() / max(tensor.abs().max().item(), 1e-12)
+        assert worst < 1e-3, f"{key}: max |Δ| is {worst:.1e} of its largest entry"
 
 
 @pytest.mark.slow
