@@ -14,30 +14,27 @@ from safetensors.torch import load_file
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from transformers import AutoModelForCausalLM
 
-from lmforge.config import DistributedConfig, ModelConfig, PretrainConfig, TrainConfig
+from lmforge.config import DistributedConfig, PretrainConfig
 from lmforge.contracts import HISTORY_FILE
 from lmforge.train import pretrain
 from lmforge.train.checkpoint import step_name
 from lmforge.train.dcp import DCP_DIR, METADATA, TensorOnlyReader, read_metadata
 from tests.support.distributed_child import launch
+from tests.support.tiny_training import TINY_MODEL, tiny_train
 
 STEPS, SAVED_AT, GLOBAL_BATCH = 20, 10, 8
 
 
 def _cfg(mesh: dict | None, *, checkpoint_dir: Path | None = None) -> PretrainConfig:
-    """A tiny GPT-2 (4 heads, fused q/k/v) in fp32 on one data-parallel rank; ``mesh`` None is the one-process torch
+    """The tiny GPT-2 with 4 heads (fused q/k/v) on one data-parallel rank; ``mesh`` None is the one-process torch
     backend. The gradient norm is clipped at every step, so it must be the whole model's."""
     distributed = {"backend": "torch"} if mesh is None else {"backend": "fsdp2", "mesh": mesh}
-    return PretrainConfig(
-        model=ModelConfig(n_layer=2, n_head=4, n_embd=32, block_size=64),
-        train=TrainConfig(
-            max_steps=STEPS, batch_size=GLOBAL_BATCH, seq_len=32, lr=3e-3, min_lr=3e-4, warmup_steps=4,
-            precision="fp32", eval_interval=STEPS, eval_batches=1, log_interval=1, seed=7, grad_clip=0.1,
-            checkpoint={"dir": str(checkpoint_dir) if checkpoint_dir else None, "every_steps": SAVED_AT,
-                        "every_minutes": 0},
-            distributed=DistributedConfig.model_validate(distributed),
-        ),
+    checkpoint = {"dir": str(checkpoint_dir) if checkpoint_dir else None, "every_steps": SAVED_AT, "every_minutes": 0}
+    train = tiny_train(
+        max_steps=STEPS, batch_size=GLOBAL_BATCH, warmup_steps=4, eval_interval=STEPS, eval_batches=1, log_interval=1,
+        seed=7, grad_clip=0.1, checkpoint=checkpoint, distributed=DistributedConfig.model_validate(distributed),
     )  # fmt: skip
+    return PretrainConfig(model=TINY_MODEL.model_copy(update={"n_head": 4}), train=train)
 
 
 def _resume_dir(root: Path, name: str) -> Path:

@@ -126,14 +126,11 @@ def fused_qkv_order(width: int, ranks: int) -> torch.Tensor:
 
 
 class _Conv1DStyle:
-    """Split a ``transformers`` ``Conv1D`` (weight ``(in, out)``) by the ``placements`` of its parameters; activations
-    are laid out as by the ``nn.Linear`` style it is mixed with."""
+    """Mixed into torch's ``ColwiseParallel`` or ``RowwiseParallel``: split a ``transformers`` ``Conv1D`` (weight
+    ``(in, out)``) by the ``placements`` of its parameters, its input and output laid out as that style lays out an
+    ``nn.Linear``'s."""
 
     placements: ClassVar[dict[str, Placement]]
-    input_layouts: Any
-    desired_input_layouts: Any
-    output_layouts: Any
-    use_local_output: bool
 
     def _apply(self, module: torch.nn.Module, device_mesh: DeviceMesh) -> torch.nn.Module:
         def split(_: str, layer: torch.nn.Module, mesh: DeviceMesh) -> None:
@@ -145,8 +142,8 @@ class _Conv1DStyle:
             module,
             device_mesh,
             split,
-            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),  # type: ignore[attr-defined]
-            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),  # type: ignore[attr-defined]
+            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
         )
 
 
@@ -166,7 +163,7 @@ class Conv1DRowwiseParallel(_Conv1DStyle, RowwiseParallel):
 
 def permuted_columns(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """``{state-dict name: HF column of each column}`` of the tensors held in permuted order: the fused q/k/v weight
-    (columns, dim 1) and bias of every attention module :func:`apply_tensor_parallel` split."""
+    and bias (permuted along their last dimension) of every attention module :func:`apply_tensor_parallel` split."""
     columns: dict[str, torch.Tensor] = {}
     for name, module in model.named_modules():
         if isinstance(module, GPT2Attention) and module.split_size != module.embed_dim:

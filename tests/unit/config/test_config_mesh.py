@@ -114,3 +114,12 @@ def test_lora_refuses_tensor_parallel_whose_plan_cannot_split_the_adapted_layers
     with pytest.raises(ConfigError, match=r"^finetune_lora\.train\.distributed\.mesh\.tensor_parallel \(2\): LoRA"):
         check_backend(TrainConfig(distributed=DistributedConfig(backend="fsdp2", mesh=mesh)))
     check_backend(TrainConfig(distributed=DistributedConfig(backend="fsdp2")))  # data_parallel_shard alone: allowed
+
+
+def test_gpt2_activations_split_as_a_block_without_grouped_query_attention():
+    """A GPT-2 block keeps 34·h per token; 24·h of it (Q, K and V at full width, the projection's input, the 4·h
+    hidden layer) lies between its column- and row-parallel matrices."""
+    gpt2 = resolve_config("tiny-cpu", GPT2).pretrain.model
+    h = gpt2.n_embd
+    assert layer_activation_bytes(gpt2) == 34 * h
+    assert layer_activation_bytes(gpt2, 4) == 10 * h + 24 * h / 4
