@@ -11,10 +11,13 @@ Parameters are counted exactly, on models built on PyTorch's ``meta`` device (no
 * memory per GPU: weights, gradients and AdamW states (16 bytes per trained parameter in lmforge's fp32-master
   loop, fsdp2 sharding all of it over every rank; DeepSpeed's bf16: 2 + 2 + 12, ZeRO-1/2/3 dividing the
   optimizer / gradient / weight parts by the ranks, Rajbhandari et al. 2020), frozen weights (4 bytes, the teacher
-  in bf16: 2), activations (Korthikanti et al. 2022: ``34·s·b·h`` bytes per layer in 16-bit with a fused
-  attention that keeps no ``s²`` scores, of which keys and values ``4·s·b·h`` and the MLP's hidden layer
-  ``16·s·b·h`` scale with their own widths; with gradient checkpointing ``2·s·b·h`` per layer plus one layer
-  recomputed), and the fp32 logits and their gradient (``8·s·b·V``);
+  in bf16: 2; a teacher sharded with ``distill.teacher_sharding: fsdp2`` holds 1/ranks of its weights plus, gathered
+  during its forward pass, the root's (embeddings, final norm, head) and one block's), activations (Korthikanti et
+  al. 2022: ``34·s·b·h`` bytes per layer in 16-bit with a fused attention that keeps no ``s²`` scores, of which keys
+  and values ``4·s·b·h`` and the MLP's hidden layer ``16·s·b·h`` scale with their own widths; with gradient
+  checkpointing ``2·s·b·h`` per layer plus one layer recomputed), and the fp32 logits and their gradient
+  (``8·s·b·V``); with pipeline stages, those of the busiest stage (the first keeps the activations of the most
+  micro-batches in flight, the last the logits);
 * hours = FLOPs / (ranks · peak · MFU), with the accelerator's dense bf16 peak from
   :data:`lmforge.train.mfu.PEAK_FLOPS_BF16` and an assumed MFU.
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 from lmforge.config import LaunchConfig, ModelConfig
@@ -41,6 +45,7 @@ TRAINING_STAGES = ("pretrain", "finetune_lora", "distill")
 _ADAM_BYTES = {"torch": (4, 4, 8), "deepspeed": (2, 2, 12), "fsdp2": (4, 4, 8)}
 _CHECKPOINTED_BYTES = 2  # the saved layer input (16-bit) per token and unit of width
 _LOGIT_BYTES = 8  # fp32 logits and their gradient, per token and vocabulary entry
+_TEACHER_BYTES = 2.0  # the distillation teacher's weights in bf16, per parameter
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,20 @@ def lora_trainable_parameters(cfg: Any, model: ModelConfig, vocab_size: int) -> 
     return sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
 
 
+def sharded_frozen_bytes(model: ModelConfig, vocab_size: int, *, ranks: int, bytes_per_parameter: float) -> float:
+    """Bytes per GPU of a frozen model sharded by FSDP2 over ``ranks`` (:mod:`lmforge.train.frozen_shard`): its
+    share of every weight, plus the root's weights (embeddings, final norm, head) and one block's, gathered while
+    a forward pass runs through them."""
+    from lmforge.train.fsdp2 import transformer_blocks
+
+    meta = _meta_model(model, vocab_size)
+    total = sum(p.numel() for p in meta.parameters())
+    blocks = transformer_blocks(meta)
+    root = total - sum(p.numel() for block in blocks for p in block.parameters())
+    block = sum(p.numel() for p in blocks[0].parameters())
+    return bytes_per_parameter * (total / ranks + root + block)
+
+
 def _attention_flops(model: ModelConfig, seq_len: int, units: int) -> float:
     """Attention score and value products per token, ``units · 2·L·H·Q·T``: a forward pass is 2 units, training 6."""
     return units * 2.0 * model.n_layer * model.n_embd * seq_len
@@ -153,16 +172,46 @@ def _memory_bytes(
     vocab_size: int,
     checkpointing: bool,
     tensor_parallel: int,
+    in_flight: int = 1,
+    with_logits: bool = True,
 ) -> float:
+    """Bytes on one GPU; ``in_flight``: micro-batches whose activations (and logits) are kept at once (a pipeline
+    stage's), ``with_logits``: whether this rank computes the logits (a pipeline's last stage)."""
     tokens = seq_len * micro_batch
     layer = layer_activation_bytes(model, tensor_parallel)
-    if checkpointing:
-        activations = tokens * (_CHECKPOINTED_BYTES * model.n_embd * model.n_layer + layer)
+    if checkpointing:  # each micro-batch keeps its layer inputs; one layer at a time is recomputed
+        activations = tokens * (_CHECKPOINTED_BYTES * model.n_embd * model.n_layer * in_flight + layer)
     else:
-        activations = tokens * layer * model.n_layer
-    logits = _LOGIT_BYTES * seq_len * micro_batch * vocab_size  # whole on every rank: the TP head gathers them
+        activations = tokens * layer * model.n_layer * in_flight
+    # whole on every rank: the TP head gathers them
+    logits = _LOGIT_BYTES * tokens * vocab_size * in_flight if with_logits else 0.0
     state = model_state_bytes(backend=backend, zero_stage=zero_stage, ranks=ranks, trained=trained)
     return state + frozen_bytes + activations + logits
+
+
+def pipeline_stage_parameters(model: ModelConfig, vocab_size: int, parameters: int, stages: int) -> int:
+    """Parameters of the largest of ``stages`` pipeline stages: ``ceil(n_layer / stages)`` blocks' share of the
+    non-embedding ``parameters`` and the embeddings (on the first stage; their size again on the last, whose head
+    is a copy of the tied embedding)."""
+    layers = -(-model.n_layer // stages)
+    embeddings = vocab_size * model.n_embd + (model.block_size * model.n_embd if model.arch == "gpt2" else 0)
+    return round((parameters - embeddings) * layers / model.n_layer) + embeddings
+
+
+def _pipeline_memory_bytes(stages: int, schedule: str, grad_accum: int, **memory: Any) -> float:
+    """Bytes on the busiest GPU of a pipeline of ``stages`` stages: the first stage (the embeddings and the most
+    micro-batches in flight: ``stages`` with 1F1B, all with GPipe) or the last (the head — a copy of a tied
+    embedding — and the logits: of one micro-batch with 1F1B, all with GPipe). Each stage holds
+    ``ceil(n_layer / stages)`` blocks at most, its weights sharded over its own ranks."""
+    model: ModelConfig = memory.pop("model")
+    layers = -(-model.n_layer // stages)
+    trained = pipeline_stage_parameters(model, memory["vocab_size"], memory.pop("trained"), stages)
+    memory |= {"model": model.model_copy(update={"n_layer": layers}), "trained": trained}
+    memory["ranks"] //= stages
+    gpipe = schedule == "gpipe"
+    first = _memory_bytes(**memory, in_flight=grad_accum if gpipe else min(stages, grad_accum), with_logits=False)
+    last = _memory_bytes(**memory, in_flight=grad_accum if gpipe else 1, with_logits=True)
+    return max(first, last)
 
 
 def plan_training(
@@ -186,9 +235,14 @@ def plan_training(
     def stage_plan(name: str, train: Any, model: ModelConfig, total: int, trained: int, frozen_bytes: float,
                    flops_token: float) -> StagePlan:  # fmt: skip
         data_ranks = _data_ranks(name, train.distributed, ranks)
-        tensor_parallel = ranks // data_ranks
+        mesh = train.distributed.mesh
+        tensor_parallel = mesh.tensor_parallel if train.distributed.backend == "fsdp2" else 1
         tokens = train.max_steps * train.batch_size * train.grad_accum * train.seq_len * data_ranks
-        memory = _memory_bytes(
+        memory_of = _memory_bytes
+        if mesh.pipeline_parallel > 1:
+            memory_of = partial(_pipeline_memory_bytes, mesh.pipeline_parallel, mesh.pipeline_schedule,
+                                train.grad_accum)  # fmt: skip
+        memory = memory_of(
             backend=train.distributed.backend,
             zero_stage=train.distributed.deepspeed.zero.stage,
             ranks=ranks,
@@ -207,6 +261,9 @@ def plan_training(
 
     pretrain, lora, distill = config.pretrain.train, config.finetune_lora.train, config.distill.train
     matmul_teacher = n_teacher - lookup
+    teacher_bytes = _TEACHER_BYTES * n_teacher
+    if config.distill.teacher_sharding == "fsdp2":
+        teacher_bytes = sharded_frozen_bytes(teacher, vocab_size, ranks=ranks, bytes_per_parameter=_TEACHER_BYTES)
     return [
         stage_plan(
             "pretrain", pretrain, teacher, n_teacher, n_teacher, 0.0,
@@ -218,7 +275,7 @@ def plan_training(
             4.0 * matmul_teacher + 6.0 * n_lora + _attention_flops(teacher, lora.seq_len, 6),
         ),
         stage_plan(
-            "distill", distill, student, n_student, n_student, 2.0 * n_teacher,
+            "distill", distill, student, n_student, n_student, teacher_bytes,
             flops_per_token(n_student - student_lookup, student.n_layer, student.n_head,
                             student.n_embd // student.n_head, distill.seq_len)
             + 2.0 * matmul_teacher + _attention_flops(teacher, distill.seq_len, 2),

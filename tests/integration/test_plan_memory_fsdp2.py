@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lmforge.plan import count_parameters, model_state_bytes
+from lmforge.plan import count_parameters, model_state_bytes, pipeline_stage_parameters
 from tests.support import fsdp2_memory_child as child
 from tests.support.distributed_child import torchrun
 
@@ -29,3 +29,14 @@ def test_the_plans_model_state_per_rank_is_within_15_percent_of_the_sharded_byte
         assert rank["parameters"] == parameters  # the plan counts the model the loop builds
         held = rank["weights"] + rank["gradients"] + rank["optimizer"]
         assert abs(held - estimate) <= 0.15 * held, (mesh, rank, estimate)
+
+
+def test_the_plans_busiest_pipeline_stage_is_within_15_percent_of_the_fullest_ranks_bytes(tmp_path):
+    """Two stages on two ranks: each rank holds its stage's blocks whole (no data-parallel sharding), the first
+    the embedding, the last the final norm and a copy of the tied embedding as its head."""
+    ranks = _measure({"pipeline_parallel": 2}, 2, tmp_path)
+    parameters, _ = count_parameters(child.MODEL, child.VOCAB)
+    stage = pipeline_stage_parameters(child.MODEL, child.VOCAB, parameters, 2)
+    estimate = model_state_bytes(backend="fsdp2", zero_stage=0, ranks=1, trained=stage)
+    fullest = max(rank["weights"] + rank["gradients"] + rank["optimizer"] for rank in ranks)
+    assert abs(fullest - estimate) <= 0.15 * fullest, (ranks, estimate)

@@ -2,9 +2,10 @@
 
 Usage: torchrun --nproc_per_node N fsdp2_memory_child.py MESH_JSON OUT_DIR
 
-Builds the tiny Llama of the FSDP2 tests, shards it as the training loop does (``setup_backend``), takes one AdamW
-step on random tokens, and writes ``OUT_DIR/rank<R>.json``: the bytes of this rank's local shards of the weights,
-the gradients and the optimizer moments (what the plan's ``model_state_bytes`` estimates), and the parameter count.
+Builds the tiny Llama of the FSDP2 tests, shards it as the training loop does (``setup_backend``; a pipeline stage
+with ``pipeline_parallel`` in the mesh), takes one AdamW step on random tokens, and writes ``OUT_DIR/rank<R>.json``:
+the bytes of this rank's local shards of the weights, the gradients and the optimizer moments (what the plan's
+``model_state_bytes`` estimates), and the parameter count.
 """
 
 from __future__ import annotations
@@ -33,13 +34,18 @@ def _local_bytes(tensor: torch.Tensor) -> int:
 def main() -> None:
     mesh, out = json.loads(sys.argv[1]), Path(sys.argv[2])
     distributed = DistributedConfig.model_validate({"backend": "fsdp2", "mesh": mesh})
-    cfg = TrainConfig(max_steps=1, batch_size=2, seq_len=16, precision="fp32", distributed=distributed)
+    micro_batches = mesh.get("pipeline_parallel", 1)
+    cfg = TrainConfig(max_steps=1, batch_size=2, grad_accum=micro_batches, seq_len=16, precision="fp32",
+                      distributed=distributed)  # fmt: skip
     with distributed_context(cfg.distributed) as ctx:
         model = build_model(MODEL, VOCAB, eos_id=0, pad_id=1, seed=0)
         parameters = sum(p.numel() for p in model.parameters())
         backend = setup_backend(model, cfg, ctx)
         ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
-        backend.forward_model(input_ids=ids, labels=ids).loss.backward()
+        if backend.pipeline is not None:  # forward and backward through the stages
+            backend.pipeline.step([{"input_ids": ids, "targets": ids}] * micro_batches)
+        else:
+            backend.forward_model(input_ids=ids, labels=ids).loss.backward()
         backend.optimizer.step()
         params = [p for p in model.parameters() if p.requires_grad]
         state = [t for p in params for t in backend.optimizer.state[p].values() if t.dim() > 0]

@@ -192,10 +192,12 @@ class DeepSpeedConfig(StrictModel):
 
 
 class MeshConfig(StrictModel):
-    """The fsdp2 device mesh: ``data_parallel_shard × tensor_parallel`` ranks, whose product is WORLD_SIZE.
+    """The fsdp2 device mesh: ``pipeline_parallel × data_parallel_shard × tensor_parallel`` ranks, whose product
+    is WORLD_SIZE.
 
-    Ranks are laid out row-major: the ``tensor_parallel`` ranks of one data-parallel group are adjacent
-    (on one node, where the links are fastest).
+    Ranks are laid out row-major: the ``tensor_parallel`` ranks of one data-parallel group are adjacent (on one
+    node, where the links are fastest), and each pipeline stage is a block of ``data_parallel_shard ×
+    tensor_parallel`` consecutive ranks (stages talk only to their neighbours, so they may span nodes).
     """
 
     data_parallel_shard: int | None = Field(
@@ -211,20 +213,34 @@ class MeshConfig(StrictModel):
         "vocabulary) and read the same batch; must divide the attention heads, key/value heads and MLP width "
         "(llama and gpt2; keep it within one node).",
     )
+    pipeline_parallel: int = Field(
+        1,
+        gt=0,
+        description="Pipeline stages: the transformer blocks are split by layers into this many consecutive "
+        "stages (the first also holds the embeddings, the last the final norm and head), each on its own "
+        "data_parallel_shard × tensor_parallel ranks; each step's micro-batches (train.grad_accum, at least "
+        "this many) flow through the stages on pipeline_schedule. pretrain only.",
+    )
+    pipeline_schedule: Literal["1f1b", "gpipe"] = Field(
+        "1f1b",
+        description="With pipeline_parallel > 1: 1f1b (one forward, one backward: at most pipeline_parallel "
+        "micro-batches of activations in flight on the first stage) or gpipe (every forward, then every "
+        "backward: all train.grad_accum micro-batches in flight).",
+    )
 
     def degrees(self, world_size: int) -> tuple[int, int]:
-        """``(data_parallel_shard, tensor_parallel)`` for ``world_size`` ranks.
+        """``(data_parallel_shard, tensor_parallel)`` for ``world_size`` ranks (the rest are pipeline stages).
 
         Raises:
-            ValueError: their product is not ``world_size``, naming the fields and the world size.
+            ValueError: the three degrees' product is not ``world_size``, naming the fields and the world size.
         """
-        tp = self.tensor_parallel
-        dp = self.data_parallel_shard if self.data_parallel_shard is not None else world_size // tp
-        if dp * tp != world_size:
+        tp, pp = self.tensor_parallel, self.pipeline_parallel
+        dp = self.data_parallel_shard if self.data_parallel_shard is not None else world_size // (tp * pp)
+        if pp * dp * tp != world_size:
             given = "null (the rest)" if self.data_parallel_shard is None else str(dp)
             raise ValueError(
-                f"distributed.mesh: data_parallel_shard ({given}) × tensor_parallel ({tp}) must equal the world "
-                f"size, but WORLD_SIZE is {world_size}; launch data_parallel_shard × tensor_parallel ranks or "
+                f"distributed.mesh: pipeline_parallel ({pp}) × data_parallel_shard ({given}) × tensor_parallel "
+                f"({tp}) must equal the world size, but WORLD_SIZE is {world_size}; launch that many ranks or "
                 "change the mesh"
             )
         return dp, tp
@@ -377,6 +393,14 @@ class TrainConfig(StrictModel):
             raise ValueError("compile: not supported together with distributed.deepspeed.zero.offload_param")
         if self.distributed.backend == "fsdp2" and self.precision == "fp16":
             raise ValueError("precision fp16 needs loss scaling, which fsdp2 does not do here; use bf16 (or fp32)")
+        stages = self.distributed.mesh.pipeline_parallel
+        if stages > 1 and self.grad_accum < stages:
+            raise ValueError(
+                f"grad_accum ({self.grad_accum}) must be at least distributed.mesh.pipeline_parallel ({stages}): "
+                "each step's micro-batches are what flows through the pipeline stages"
+            )
+        if stages > 1 and self.compile:
+            raise ValueError("compile: not supported with distributed.mesh.pipeline_parallel > 1; set compile: false")
         return self
 
 
@@ -408,12 +432,26 @@ class PretrainConfig(StrictModel):
         )
         if problem:
             raise ValueError(f"train.{problem}")
+        stages = self.train.distributed.mesh.pipeline_parallel
+        if stages > model.n_layer:
+            raise ValueError(
+                f"train.distributed.mesh.pipeline_parallel ({stages}) exceeds model.n_layer ({model.n_layer}): "
+                "every stage needs at least one block"
+            )
         return self
 
 
 def _refuse_zero_steps(train: TrainConfig) -> None:
     if train.max_steps == 0:
         raise ValueError("train.max_steps must be > 0 (0 is only for pretrain passing a base model through)")
+
+
+def _refuse_pipeline(train: TrainConfig) -> None:
+    if train.distributed.mesh.pipeline_parallel > 1:
+        raise ValueError(
+            "train.distributed.mesh.pipeline_parallel: pipeline stages are for pretrain only; use "
+            "data_parallel_shard (and tensor_parallel) here"
+        )
 
 
 # Named LoRA shapes for ``LoraConfig.preset``; fields set explicitly win over them.
@@ -502,6 +540,7 @@ class LoraConfig(StrictModel):
         if self.layers_to_transform is not None and min(self.layers_to_transform) < 0:
             raise ValueError(f"layers_to_transform must be block indices >= 0, got {self.layers_to_transform}")
         _refuse_zero_steps(self.train)
+        _refuse_pipeline(self.train)
         return self
 
     @property
@@ -541,6 +580,14 @@ class DistillConfig(StrictModel):
     teacher_dtype: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="Teacher weights dtype; auto = bf16 on a GPU that supports it, else fp32."
     )
+    teacher_sharding: Literal["replicated", "fsdp2"] = Field(
+        "replicated",
+        description="replicated: every rank holds the whole frozen teacher. fsdp2: the teacher is sharded over all "
+        "ranks (FSDP2 fully_shard per block and the root), each rank holding 1/ranks of its weights and gathering "
+        "one block at a time while it runs the teacher on its own batch, for a teacher that does not fit one GPU; "
+        "the student stays data-parallel as train.distributed.backend says (torch DDP or fsdp2, not deepspeed). A "
+        "single process without a process group holds the whole teacher either way.",
+    )
     qa_fraction: float = Field(
         0.5,
         ge=0.0,
@@ -556,4 +603,14 @@ class DistillConfig(StrictModel):
     @model_validator(mode="after")
     def _steps(self) -> DistillConfig:
         _refuse_zero_steps(self.train)
+        _refuse_pipeline(self.train)
+        return self
+
+    @model_validator(mode="after")
+    def _teacher_sharding_with_backend(self) -> DistillConfig:
+        if self.teacher_sharding == "fsdp2" and self.train.distributed.backend == "deepspeed":
+            raise ValueError(
+                "teacher_sharding fsdp2 shards the teacher beside a DDP or fsdp2 student; with "
+                "train.distributed.backend deepspeed use teacher_sharding replicated (or backend torch or fsdp2)"
+            )
         return self

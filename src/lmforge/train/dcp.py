@@ -31,11 +31,12 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.storage import WriteResult
 
 from lmforge.errors import ArtifactIncompleteError
+from lmforge.train.pipeline import pipeline_of
 from lmforge.train.tensor_parallel import hf_ordered_state, load_hf_ordered
 
 DCP_DIR = "dcp"
 METADATA = ".metadata"
-_MODEL, _OPTIMIZER = "model", "optimizer"
+_MODEL, _OPTIMIZER, _STATE = "model", "optimizer", "state"
 
 
 def _metadata_classes() -> list[Any]:
@@ -99,25 +100,43 @@ class TensorOnlyLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = loaded
 
 
+def _renamed(state: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    return {names.get(name, name): value for name, value in state.items()}
+
+
+def _tied_names(model: torch.nn.Module) -> dict[str, str]:
+    pipeline = pipeline_of(model)
+    return pipeline.tied_names if pipeline is not None else {}
+
+
 def save(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
-    """Write this rank's shards of the model and optimizer state under ``folder/dcp`` (called on every rank)."""
+    """Write this rank's shards of the model and optimizer state under ``folder/dcp`` (called on every rank).
+
+    The optimizer's per-parameter state is saved, keyed by parameter name (the last pipeline stage's copy of a
+    tied embedding under the embedding's name, as one process keys it); its parameter groups are not: they list
+    each rank's own parameters, and each run takes them from its config.
+    """
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    state = hf_ordered_state(model, {_MODEL: model_state, _OPTIMIZER: optimizer_state})
-    dcp.save(state, storage_writer=Protocol2Writer(folder / DCP_DIR))
+    state = {_MODEL: model_state, _OPTIMIZER: {_STATE: _renamed(optimizer_state[_STATE], _tied_names(model))}}
+    dcp.save(hf_ordered_state(model, state), storage_writer=Protocol2Writer(folder / DCP_DIR))
 
 
 def load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
     """Load the model and optimizer state of ``folder/dcp`` into this rank's shards, whatever mesh wrote it."""
+    names = _tied_names(model)
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    state = {_MODEL: model_state, _OPTIMIZER: optimizer_state}
+    state = {_MODEL: model_state, _OPTIMIZER: {_STATE: _renamed(optimizer_state[_STATE], names)}}
     ordered = hf_ordered_state(model, state)
     dcp.load(ordered, storage_reader=TensorOnlyReader(folder / DCP_DIR), planner=TensorOnlyLoadPlanner())
     load_hf_ordered(model, state, ordered)
-    set_state_dict(model, optimizer, model_state_dict=state[_MODEL], optim_state_dict=state[_OPTIMIZER])
+    back = {saved: own for own, saved in names.items()}
+    optimizer_state[_STATE] = _renamed(state[_OPTIMIZER][_STATE], back)
+    set_state_dict(model, optimizer, model_state_dict=state[_MODEL], optim_state_dict=optimizer_state)
 
 
 def check(folder: Path, model: torch.nn.Module) -> None:
-    """The checkpoint's index holds exactly the model's tensors, by name and global shape.
+    """The checkpoint's index holds exactly the model's tensors, by name and global shape (a pipeline stage's
+    tensors among the other stages').
 
     Raises:
         ArtifactIncompleteError: the index is missing or unreadable, or a tensor is missing, extra or of another
@@ -136,11 +155,12 @@ def check(folder: Path, model: torch.nn.Module) -> None:
         if name.startswith(f"{_MODEL}.") and isinstance(meta, dcp_metadata.TensorStorageMetadata)
     }
     expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
-    for name in sorted(saved.keys() ^ expected.keys()):
+    others = saved.keys() - expected.keys() if pipeline_of(model) is not None else set()  # other stages' tensors
+    for name in sorted((saved.keys() ^ expected.keys()) - others):
         where = "the checkpoint" if name in saved else "the model"
         raise ArtifactIncompleteError(f"{path}: tensor {name!r} is only in {where}")
     for name, shape in saved.items():
-        if shape != expected[name]:
+        if name in expected and shape != expected[name]:
             raise ArtifactIncompleteError(
                 f"{path}: tensor {name!r} has shape {list(shape)}, the model's is {list(expected[name])}"
             )

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from lmforge import storage
@@ -36,7 +37,14 @@ from lmforge.model.build import count_parameters, load_causal_lm, save_model_dir
 from lmforge.report_html import page, table
 from lmforge.results import StageResult
 from lmforge.train.batches import IGNORE_INDEX, open_matching_shards
-from lmforge.train.distributed import describe_backend, distributed_context, main_rank_outputs, refuse_occupied
+from lmforge.train.distributed import (
+    DistContext,
+    describe_backend,
+    distributed_context,
+    main_rank_outputs,
+    refuse_occupied,
+)
+from lmforge.train.frozen_shard import local_weight_bytes, shard_frozen
 from lmforge.train.loop import (
     LossFn,
     curves_section,
@@ -137,9 +145,10 @@ def run(
     with ``alpha = 0`` the teacher is not run during training at all. ``qa_uri`` defaults to the Q&A data
     recorded in the teacher's manifest by the LoRA stage; the held-out split is the one LoRA made.
 
-    Runs as one process, or on every rank of a ``torchrun`` / Kubeflow Trainer job (DDP or DeepSpeed ZeRO):
-    the student is trained data-parallel, every rank runs its own frozen copy of the teacher, and rank 0
-    writes the output.
+    Runs as one process, or on every rank of a ``torchrun`` / Kubeflow Trainer job (DDP, DeepSpeed ZeRO or FSDP2):
+    the student is trained data-parallel, every rank runs the teacher on its own batch, and rank 0 writes the
+    output. Each rank holds its own frozen copy of the teacher, or with ``teacher_sharding: fsdp2`` 1/ranks of it
+    (:mod:`lmforge.train.frozen_shard`); the manifest records the teacher's bytes on the fullest rank.
 
     Raises:
         InputDataError: the teacher has no weights, the shards were not written by the teacher's
@@ -229,10 +238,28 @@ def _teacher(teacher_dir: Path, seq_len: int) -> PreTrainedModel:
     return teacher
 
 
-def _frozen(teacher: PreTrainedModel, setting: str, device: torch.device) -> PreTrainedModel:
-    """The teacher only runs forward: frozen, eval mode (no dropout), half the memory in bf16 where supported."""
+def _frozen(teacher: PreTrainedModel, cfg: DistillConfig, device: torch.device) -> tuple[PreTrainedModel, int]:
+    """The teacher only runs forward: frozen, eval mode (no dropout), half the memory in bf16 where supported;
+    sharded over every rank with ``teacher_sharding: fsdp2`` when a process group runs. Returns it and its number of
+    shards (1: whole on every rank)."""
+    dtype = teacher_dtype(cfg.teacher_dtype, device)
+    if cfg.teacher_sharding == "fsdp2" and dist.is_initialized():
+        return teacher, shard_frozen(teacher, dtype, device)
     teacher.requires_grad_(False)
-    return teacher.to(device=device, dtype=teacher_dtype(setting, device)).eval()
+    return teacher.to(device=device, dtype=dtype).eval(), 1
+
+
+def _teacher_record(teacher: PreTrainedModel, cfg: DistillConfig, shards: int, ctx: DistContext) -> dict[str, Any]:
+    """How the teacher is held: its sharding, shard count, whole weight bytes and the bytes of the fullest rank
+    (measured on the local shards; called on every rank)."""
+    whole = sum(p.numel() * p.element_size() for p in teacher.parameters())  # a DTensor counts its global shape
+    per_rank = max(ctx.all_gather_object(local_weight_bytes(teacher)))
+    return {
+        "sharding": cfg.teacher_sharding,
+        "shards": shards,
+        "weight_bytes": whole,
+        "weight_bytes_per_rank": per_rank,
+    }
 
 
 def _log_plan(
@@ -265,13 +292,25 @@ def _log_plan(
     )
 
 
+def _log_teacher(record: dict[str, Any]) -> None:
+    logger.info(
+        "teacher %s over %d shard(s): %.1f MB of its %.1f MB of weights on the fullest rank",
+        record["sharding"],
+        record["shards"],
+        record["weight_bytes_per_rank"] / 1e6,
+        record["weight_bytes"] / 1e6,
+    )
+
+
 def _kd_loss(cfg: DistillConfig, teacher: PreTrainedModel, kd: ChunkedKDLoss, mixture: Mixture) -> LossFn:
     """The training loss: KD on the teacher's logits (plain CE with ``alpha = 0``), combined over the mixture."""
 
     def loss_fn(model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
         ids, targets = batch["input_ids"], batch["targets"]
         teacher_logits = None
-        if cfg.alpha > 0:  # alpha = 0 is plain next-token training: the teacher's logits would be multiplied by 0
+        # alpha = 0 is plain next-token training: the teacher's logits would be multiplied by 0. Otherwise every
+        # rank runs the teacher once per micro-batch, which a sharded teacher's all-gathers need.
+        if cfg.alpha > 0:
             with torch.no_grad():
                 teacher_logits = teacher(input_ids=ids, use_cache=False).logits
         student_logits = model(input_ids=ids, use_cache=False).logits
@@ -399,16 +438,18 @@ def _run(
             shards, tcfg, mixture, qa, pad_id, rank=ctx.data_rank, world_size=ctx.data_ranks
         )
         student = _student(cfg, teacher, student_dir, tokenizer).to(device=ctx.device, dtype=torch.float32)
-        teacher = _frozen(teacher, cfg.teacher_dtype, ctx.device)
+        teacher, shards = _frozen(teacher, cfg, ctx.device)
         parameters, teacher_parameters = count_parameters(student), count_parameters(teacher)
+        teacher_record = _teacher_record(teacher, cfg, shards, ctx)
         if ctx.is_main:
             models = (teacher, student)
             _log_plan(cfg, models, (teacher_parameters, parameters), student_dir is not None, mixture, ctx.world_size)
+            _log_teacher(teacher_record)
         kd = ChunkedKDLoss(
             temperature=cfg.temperature, alpha=cfg.alpha, divergence=cfg.divergence, chunk_tokens=cfg.chunk_tokens
         )
         # Validation reports the student's plain next-token loss on corpus windows, comparable with the teacher's.
-        # DDP / DeepSpeed wrap the student only; the teacher stays a plain frozen module on each rank.
+        # DDP / DeepSpeed / FSDP2 wrap the student only; the teacher stays frozen, whole or sharded, on each rank.
         history = train(
             student, tcfg, _kd_loss(cfg, teacher, kd, mixture), train_batch, lambda: val_batches,
             eval_loss_fn=causal_lm_loss, desc="distill", dist=ctx,
@@ -423,7 +464,12 @@ def _run(
         record = _mixture_record(mixture, cfg.qa_fraction, qa, trained_on(mixture, qa, tcfg, ctx.world_size))
         save_model_dir(student, tokenizer, out, history=history)
         write_manifest(
-            out, "model", inputs=inputs, config=cfg.model_dump(mode="json"), metrics=metrics, extra={"mixture": record}
+            out,
+            "model",
+            inputs=inputs,
+            config=cfg.model_dump(mode="json"),
+            metrics=metrics,
+            extra={"mixture": record, "teacher": teacher_record},
         )
     _log_result(metrics, scores)
     layers = (student.config.num_hidden_layers, teacher.config.num_hidden_layers)

@@ -28,10 +28,12 @@ logger = logging.getLogger("lmforge.train")
 
 @dataclass(frozen=True)
 class DistContext:
-    """Where this process sits in the job: its rank, the world size, its device and the tensor-parallel degree.
+    """Where this process sits in the job: its rank, the world size, its device, the tensor-parallel degree and
+    the pipeline stages.
 
-    With ``tensor_parallel`` > 1 (fsdp2), the adjacent ranks of one tensor-parallel group read the same batch:
-    the data is split over :attr:`data_ranks` groups, of which this rank is in :attr:`data_rank`.
+    With ``tensor_parallel`` > 1 (fsdp2), the adjacent ranks of one tensor-parallel group read the same batch, and
+    with ``pipeline_parallel`` > 1 so do the ranks at the same place of every stage: the data is split over
+    :attr:`data_ranks` groups, of which this rank is in :attr:`data_rank`.
     """
 
     rank: int = 0
@@ -39,6 +41,7 @@ class DistContext:
     world_size: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     tensor_parallel: int = 1
+    pipeline_parallel: int = 1
 
     @property
     def is_main(self) -> bool:
@@ -48,12 +51,17 @@ class DistContext:
     @property
     def data_rank(self) -> int:
         """Which part of each step's global batch this rank reads."""
-        return self.rank // self.tensor_parallel
+        return (self.rank // self.tensor_parallel) % self.data_ranks
 
     @property
     def data_ranks(self) -> int:
         """How many parts each step's global batch is split into (the data-parallel degree)."""
-        return self.world_size // self.tensor_parallel
+        return self.world_size // (self.tensor_parallel * self.pipeline_parallel)
+
+    @property
+    def pipeline_stage(self) -> int:
+        """Which pipeline stage this rank runs (0 without pipeline parallelism)."""
+        return self.rank // (self.world_size // self.pipeline_parallel)
 
     @property
     def distributed(self) -> bool:
@@ -129,6 +137,7 @@ def distributed_context(cfg: DistributedConfig) -> Iterator[DistContext]:
     world_size = _env_int("WORLD_SIZE", 1)
     rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
     tensor_parallel = _mesh_degrees(cfg, world_size)[1]
+    pipeline_parallel = cfg.mesh.pipeline_parallel if cfg.backend == "fsdp2" else 1
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -156,8 +165,9 @@ def distributed_context(cfg: DistributedConfig) -> Iterator[DistContext]:
         created = True
         logger.info("joined %s process group: rank %d of %d on %s", backend, rank, world_size, device)
     ctx = DistContext(
-        rank=rank, local_rank=local_rank, world_size=world_size, device=device, tensor_parallel=tensor_parallel
-    )
+        rank=rank, local_rank=local_rank, world_size=world_size, device=device, tensor_parallel=tensor_parallel,
+        pipeline_parallel=pipeline_parallel,
+    )  # fmt: skip
     try:
         yield ctx
     finally:
@@ -176,11 +186,13 @@ def _mesh_degrees(cfg: DistributedConfig, world_size: int) -> tuple[int, int]:
 
 
 def describe_backend(cfg: DistributedConfig) -> str:
-    """``torch``, ``deepspeed ZeRO-<stage>`` or ``fsdp2 tensor_parallel <tp>``, for log lines."""
+    """``torch``, ``deepspeed ZeRO-<stage>`` or ``fsdp2 tensor_parallel <tp>[ pipeline_parallel <pp>]``, for log
+    lines."""
     if cfg.backend == "deepspeed":
         return f"deepspeed ZeRO-{cfg.deepspeed.zero.stage}"
     if cfg.backend == "fsdp2":
-        return f"fsdp2 tensor_parallel {cfg.mesh.tensor_parallel}"
+        stages = cfg.mesh.pipeline_parallel
+        return f"fsdp2 tensor_parallel {cfg.mesh.tensor_parallel}" + (f" pipeline_parallel {stages}" * (stages > 1))
     return cfg.backend
 
 

@@ -62,6 +62,7 @@ from lmforge.train.resume_state import (
 
 if TYPE_CHECKING:
     from lmforge.train.checkpoint import Checkpointer
+    from lmforge.train.pipeline import Pipeline
 
 logger = logging.getLogger("lmforge.train")
 
@@ -102,12 +103,17 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
     """AdamW groups: decay on trainable ≥2-D weights, none on biases, norms and embeddings.
 
     Embedding tables are excluded because decay pulls rarely seen tokens' rows to zero; tied output
-    heads share the embedding tensor and so are excluded with it.
+    heads share the embedding tensor and so are excluded with it (a pipeline's last stage, whose head is a
+    copy of the tied embedding, excludes the copy).
     """
+    from lmforge.train.pipeline import pipeline_of
+
     no_decay_ids: set[int] = set()
     for module in model.modules():
         if isinstance(module, torch.nn.Embedding) or "norm" in type(module).__name__.lower():
             no_decay_ids.update(id(p) for p in module.parameters(recurse=False))
+    if (pipeline := pipeline_of(model)) is not None and pipeline.tied_copy:
+        no_decay_ids.add(id(pipeline.tied))
     decay, no_decay = [], []
     for param in model.parameters():  # yields each shared (tied) tensor once
         if not param.requires_grad:
@@ -320,7 +326,8 @@ class Backend:
 
     ``forward_model`` is what the loss is computed with (the wrapped, possibly compiled model);
     ``device_guard``: a non-finite step is skipped on the device by the fused kernel, with no host sync;
-    ``fsdp_model``: the model FSDP2 sharded in place (:mod:`lmforge.train.fsdp2`), or None.
+    ``fsdp_model``: the model FSDP2 sharded in place (:mod:`lmforge.train.fsdp2`), or None;
+    ``pipeline``: its pipeline stage and schedule (:mod:`lmforge.train.pipeline`), or None.
     """
 
     forward_model: torch.nn.Module
@@ -333,6 +340,7 @@ class Backend:
     ctx: DistContext
     precision: str
     fsdp_model: torch.nn.Module | None = None
+    pipeline: Pipeline | None = None
 
     def accumulation(self, last: bool) -> contextlib.AbstractContextManager:
         """Where a micro-batch's backward runs: DDP all-reduces, FSDP2 reduce-scatters, only on the step's last."""
@@ -360,7 +368,7 @@ class Backend:
         if self.fsdp_model is not None:
             from lmforge.train.fsdp2 import clip_grad_norm_
 
-            return clip_grad_norm_(self.trainable, self.max_norm), False
+            return clip_grad_norm_(self.trainable, self.max_norm, self.pipeline), False
         return torch.nn.utils.clip_grad_norm_(self.trainable, self.max_norm), False
 
     def step(self, step_loss: torch.Tensor, grad_norm: torch.Tensor, skipped: bool) -> torch.Tensor:
@@ -408,7 +416,7 @@ def setup_backend(model: torch.nn.Module, cfg: TrainConfig, ctx: DistContext) ->
     FSDP2 shards ``model`` in place first, so that the optimizer holds the sharded parameters.
     """
     _set_numerics(model, cfg, ctx.device)
-    fsdp_model = _fsdp2_sharded(model, cfg, ctx)
+    fsdp_model, pipeline = _fsdp2_sharded(model, cfg, ctx)
     use_deepspeed = cfg.distributed.backend == "deepspeed"
     trainable = [p for p in model.parameters() if p.requires_grad]
     fused = cfg.fused_optimizer and not use_deepspeed and fused_adamw_supported(trainable, ctx.device)
@@ -445,17 +453,20 @@ def setup_backend(model: torch.nn.Module, cfg: TrainConfig, ctx: DistContext) ->
         ctx=ctx,
         precision=cfg.precision,
         fsdp_model=fsdp_model,
+        pipeline=pipeline,
     )
 
 
-def _fsdp2_sharded(model: torch.nn.Module, cfg: TrainConfig, ctx: DistContext) -> torch.nn.Module | None:
-    """``model`` sharded in place by FSDP2 (with tensor parallelism as the mesh says); None for other backends."""
+def _fsdp2_sharded(
+    model: torch.nn.Module, cfg: TrainConfig, ctx: DistContext
+) -> tuple[torch.nn.Module | None, Pipeline | None]:
+    """``model`` sharded in place by FSDP2 (with tensor parallelism and pipeline stages as the mesh says) and its
+    pipeline; (None, None) for other backends."""
     if cfg.distributed.backend != "fsdp2":
-        return None
+        return None, None
     from lmforge.train.fsdp2 import shard_model
 
-    shard_model(model, cfg, ctx)
-    return model
+    return model, shard_model(model, cfg, ctx)
 
 
 # -- training state -----------------------------------------------------------------------------------
@@ -595,6 +606,10 @@ class TrainingRun:
     def forward_backward(self, step: int, batches: Prefetcher) -> tuple[torch.Tensor, int | torch.Tensor]:
         """Forward and backward over the micro-batches of ``step``; its mean loss and scored tokens."""
         cfg, device = self.cfg, self.ctx.device
+        if self.backend.pipeline is not None:  # the step's micro-batches flow through the stages together
+            micro_batches = [to_device(batches.next(step, micro), device) for micro in range(cfg.grad_accum)]
+            with autocast(cfg.precision, device):
+                return self.backend.pipeline.step(micro_batches)
         step_loss = torch.zeros((), dtype=torch.float64, device=device)
         step_tokens: int | torch.Tensor = 0
         for micro in range(cfg.grad_accum):
@@ -747,9 +762,9 @@ class TrainingRun:
     # -- evaluate -------------------------------------------------------------------------------------
     def evaluate(self, done: int) -> float:
         """Validation loss after step ``done``, recorded in the history, logged and written to TensorBoard."""
-        loss = evaluate(
-            self.model, self.eval_loss_fn, self.eval_batches(), precision=self.cfg.precision, device=self.ctx.device
-        )
+        pipeline = self.backend.pipeline
+        loss_fn = pipeline.eval_loss if pipeline is not None else self.eval_loss_fn
+        loss = evaluate(self.model, loss_fn, self.eval_batches(), precision=self.cfg.precision, device=self.ctx.device)
         self.state.history["eval_step"].append(done)
         self.state.history["eval_loss"].append(loss)
         if self.tb is not None:

@@ -18,6 +18,7 @@ give distributed checkpoints HF's order, so checkpoints and exports are the plai
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import partial
 from typing import Any, ClassVar
 
@@ -34,6 +35,7 @@ from lmforge.errors import ConfigError
 _LLAMA_ATTENTION_COLUMNS = ("q_proj", "k_proj", "v_proj")
 _LLAMA_MLP_COLUMNS = ("gate_proj", "up_proj")
 _FUSED_QKV = 3  # GPT-2's c_attn: q, k and v side by side
+_FUSED_QKV_TENSORS = (".attn.c_attn.weight", ".attn.c_attn.bias")
 
 
 def check_tensor_parallel(model: torch.nn.Module, tensor_parallel: int) -> None:
@@ -161,20 +163,20 @@ class Conv1DRowwiseParallel(_Conv1DStyle, RowwiseParallel):
     desired_input_layouts = (Shard(-1),)
 
 
-def permuted_columns(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """``{state-dict name: HF column of each column}`` of the tensors held in permuted order: the fused q/k/v weight
-    and bias (permuted along their last dimension) of every attention module :func:`apply_tensor_parallel` split."""
-    columns: dict[str, torch.Tensor] = {}
-    for name, module in model.named_modules():
+def permuted_columns(model: torch.nn.Module, names: Iterable[str]) -> dict[str, torch.Tensor]:
+    """``{name: HF column of each column}`` for those of ``names`` (state-dict keys of ``model``, or of every pipeline
+    stage of it) held in permuted order: the fused q/k/v weights and biases (permuted along their last dimension),
+    when :func:`apply_tensor_parallel` split ``model``'s attention (every block alike)."""
+    for module in model.modules():
         if isinstance(module, GPT2Attention) and module.split_size != module.embed_dim:
             order = fused_qkv_order(module.embed_dim, module.embed_dim // module.split_size)
-            columns |= {f"{name}.c_attn.weight": order, f"{name}.c_attn.bias": order}
-    return columns
+            return {name: order for name in names if name.endswith(_FUSED_QKV_TENSORS)}
+    return {}
 
 
 def hf_order(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``state``, ``model``'s gathered (whole) weights, with the permuted columns back in HF's order, in place."""
-    for name, order in permuted_columns(model).items():
+    for name, order in permuted_columns(model, state).items():
         state[name] = _reorder(state[name], torch.argsort(order))
     return state
 
@@ -192,7 +194,7 @@ def hf_ordered_state(model: torch.nn.Module, state: dict[str, Any]) -> dict[str,
     Each is gathered whole, reordered and split again, one tensor at a time.
     """
     model_state, moments = dict(state["model"]), dict(state["optimizer"]["state"])
-    for name, order in permuted_columns(model).items():
+    for name, order in permuted_columns(model, model_state).items():
         inverse = torch.argsort(order)
         model_state[name] = _redistributed(model_state[name], inverse)
         moments[name] = {
@@ -206,7 +208,7 @@ def hf_ordered_state(model: torch.nn.Module, state: dict[str, Any]) -> dict[str,
 def load_hf_ordered(model: torch.nn.Module, state: dict[str, Any], ordered: dict[str, Any]) -> None:
     """Copy the HF-ordered tensors of ``ordered`` (:func:`hf_ordered_state` of ``state``, since loaded) into
     ``state``'s permuted tensors."""
-    for name, order in permuted_columns(model).items():
+    for name, order in permuted_columns(model, state["model"]).items():
         pairs = [(state["model"][name], ordered["model"][name])]
         saved = ordered["optimizer"]["state"].get(name, {})
         pairs += [(value, saved[key]) for key, value in state["optimizer"]["state"].get(name, {}).items()]

@@ -33,6 +33,14 @@ FSDP2 = {f"{D}.backend": "fsdp2"}
         ({f"{D}.mesh.tensor_parallel": 2}, "mesh is set but backend is 'torch'; set backend: fsdp2"),
         ({**FSDP2, "pretrain.train.precision": "fp16"}, "train: Value error, precision fp16 needs loss scaling"),
         ({**FSDP2, f"{D}.mesh.data_parallel_shard": 0}, f"{D}.mesh.data_parallel_shard"),
+        ({**FSDP2, f"{D}.mesh.pipeline_parallel": 2, "pretrain.train.grad_accum": 1},
+         "grad_accum (1) must be at least distributed.mesh.pipeline_parallel (2)"),
+        ({**FSDP2, f"{D}.mesh.pipeline_parallel": 3, "pretrain.train.grad_accum": 4, "pretrain.model.n_layer": 2},
+         "train.distributed.mesh.pipeline_parallel (3) exceeds model.n_layer (2)"),
+        ({"distill.train.distributed.backend": "fsdp2", "distill.train.distributed.mesh.pipeline_parallel": 2,
+          "distill.train.grad_accum": 2}, "pipeline stages are for pretrain only"),
+        ({"finetune_lora.train.distributed.backend": "fsdp2", "finetune_lora.train.grad_accum": 2,
+          "finetune_lora.train.distributed.mesh.pipeline_parallel": 2}, "pipeline stages are for pretrain only"),
     ],
 )  # fmt: skip
 def test_mesh_that_cannot_split_the_model_is_refused_naming_the_field(overrides, expected):
@@ -61,6 +69,8 @@ def test_tensor_parallel_is_refused_for_an_architecture_without_a_plan():
         ({}, 4, (4, 1)),
         ({"tensor_parallel": 2}, 4, (2, 2)),
         ({"data_parallel_shard": 2, "tensor_parallel": 2}, 4, (2, 2)),
+        ({"pipeline_parallel": 2}, 4, (2, 1)),
+        ({"pipeline_parallel": 2, "tensor_parallel": 2}, 8, (2, 2)),
     ],
 )
 def test_mesh_degrees_fill_in_the_data_parallel_rest(mesh, world_size, degrees):
@@ -70,8 +80,9 @@ def test_mesh_degrees_fill_in_the_data_parallel_rest(mesh, world_size, degrees):
 @pytest.mark.parametrize(
     ("mesh", "expected"),
     [
-        ({"data_parallel_shard": 2, "tensor_parallel": 2}, "data_parallel_shard (2) × tensor_parallel (2)"),
-        ({"tensor_parallel": 4}, "data_parallel_shard (null (the rest)) × tensor_parallel (4)"),
+        ({"data_parallel_shard": 2, "tensor_parallel": 2}, "(1) × data_parallel_shard (2) × tensor_parallel (2)"),
+        ({"tensor_parallel": 4}, "(1) × data_parallel_shard (null (the rest)) × tensor_parallel (4)"),
+        ({"pipeline_parallel": 4}, "(4) × data_parallel_shard (null (the rest)) × tensor_parallel (1)"),
     ],
 )
 def test_mesh_whose_product_is_not_the_world_size_is_refused_at_backend_setup(monkeypatch, mesh, expected):
@@ -80,15 +91,17 @@ def test_mesh_whose_product_is_not_the_world_size_is_refused_at_backend_setup(mo
     with pytest.raises(ConfigError) as err, distributed_context(cfg):
         pass
     assert str(err.value) == (
-        f"distributed.mesh: {expected} must equal the world size, but WORLD_SIZE is 2; launch "
-        "data_parallel_shard × tensor_parallel ranks or change the mesh"
+        f"distributed.mesh: pipeline_parallel {expected} must equal the world size, but WORLD_SIZE is 2; launch "
+        "that many ranks or change the mesh"
     )
 
 
 def test_plan_refuses_a_mesh_the_launch_does_not_fill():
     cfg = resolve_config("tiny-cpu", {**FSDP2, f"{D}.mesh.data_parallel_shard": 4})
     with pytest.raises(
-        ConfigError, match=r"pretrain\.train\.distributed\.mesh: data_parallel_shard \(4\) .* WORLD_SIZE is 2"
+        ConfigError,
+        match=r"pretrain\.train\.distributed\.mesh: pipeline_parallel \(1\) × data_parallel_shard \(4\) "
+        r".* WORLD_SIZE is 2",
     ):
         plan_training(cfg, vocab_size=512, launch=LaunchConfig(num_nodes=1, gpus_per_node=2))
 

@@ -91,6 +91,27 @@ def test_llama_3_presets_fit_an_80_gb_gpu_with_headroom_on_2_and_4_nodes_of_8(pr
     refuse_oversized(plans, Accelerator.named("H100"))  # 80 GB less 10 % headroom
 
 
+def test_a_sharded_teacher_counts_its_share_plus_the_root_and_one_block_gathered():
+    """GPT-2 small as the distillation teacher on 8 GPUs, bf16 (2 bytes a weight): replicated, each GPU holds all of
+    it; sharded, 1/8 of it plus the root's weights (embeddings, final norm, tied head) and one block's."""
+    vocab, d, layers, context, ranks = 50257, 768, 12, 1024, 8
+    block = 12 * d * d + 13 * d
+    root = vocab * d + context * d + 2 * d  # wte, wpe, ln_f
+    params = root + layers * block
+    sharded_bytes = 2 * (params / ranks + root + block)
+    launch = LaunchConfig(gpus_per_node=ranks)
+
+    replicated = plan_training(resolve_config("gpt2-124m"), vocab_size=vocab, launch=launch)[2]
+    config = resolve_config("gpt2-124m", {"distill.teacher_sharding": "fsdp2"})
+    sharded = plan_training(config, vocab_size=vocab, launch=launch)[2]
+
+    assert sharded.stage == "distill"
+    assert replicated.memory_gb_per_gpu - sharded.memory_gb_per_gpu == pytest.approx(
+        (2 * params - sharded_bytes) / 1e9, rel=1e-9
+    )
+    assert sharded.flops == replicated.flops  # every rank still runs the whole teacher forward on its own batch
+
+
 def test_lora_trained_parameters_equal_the_stages_peft_model():
     cfg = resolve_stage_config("finetune_lora", "tiny-cpu")
     shape = resolve_config("tiny-cpu").pretrain.model
@@ -151,3 +172,32 @@ def test_tensor_parallel_splits_the_activations_between_the_parallel_matrices_on
     assert layer_activation_bytes(config.pretrain.model, tp) == per_token_layer
     assert layer_activation_bytes(config.pretrain.model) == 14 * d + 4 * kv + 4 * mlp  # one rank: unchanged
     assert pretrain.memory_gb_per_gpu == pytest.approx(memory / 1e9, rel=1e-9)
+
+
+@pytest.mark.parametrize(("schedule", "first_in_flight", "last_in_flight"), [("1f1b", 4, 1), ("gpipe", 8, 8)])
+def test_pipeline_stages_plan_the_busiest_stage(schedule, first_in_flight, last_in_flight):
+    """Llama 3 8B's shape on 4 nodes × 8 GPUs, 4 stages × FSDP=8, 8 micro-batches a step, no checkpointing: a
+    stage holds 32 / 4 = 8 blocks and the embeddings (the last stage: the head, a copy of the tied embedding),
+    sharded over its 8 ranks. The first stage keeps the activations of 4 micro-batches with 1F1B (one per stage in
+    flight), all 8 with GPipe; the last stage the logits of one micro-batch with 1F1B, all 8 with GPipe."""
+    vocab, d, layers, kv, mlp, seq, stages = 128256, 4096, 32, 8 * 128, 14336, 8192, 4
+    mesh = {"pipeline_parallel": stages, "pipeline_schedule": schedule}
+    config = resolve_config("llama-8b")
+    train = config.pretrain.train.model_copy(
+        update={
+            "batch_size": 1,
+            "grad_accum": 8,
+            "grad_checkpointing": False,
+            "distributed": DistributedConfig.model_validate({"backend": "fsdp2", "mesh": mesh}),
+        }
+    )
+    config = config.model_copy(update={"pretrain": config.pretrain.model_copy(update={"train": train})})
+    pretrain = plan_training(config, vocab_size=vocab, launch=LaunchConfig(num_nodes=4, gpus_per_node=8))[0]
+    embeddings = vocab * d
+    stage_parameters = (pretrain.parameters - embeddings) * 8 / layers + embeddings
+    state = 16 * stage_parameters / 8
+    per_layer = seq * (14 * d + 4 * kv + 4 * mlp)
+    first = state + per_layer * 8 * first_in_flight
+    last = state + per_layer * 8 * last_in_flight + 8 * seq * vocab * last_in_flight
+    assert pretrain.memory_gb_per_gpu == pytest.approx(max(first, last) / 1e9, rel=1e-6)
+    assert pretrain.tokens == train.max_steps * 8 * seq * 8  # 8 data-parallel ranks, 8 micro-batches of 1
