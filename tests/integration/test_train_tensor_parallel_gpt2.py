@@ -1,5 +1,6 @@
-"""A GPT-2 split by tensor parallelism (2 gloo ranks under torchrun) trains as one process does; its distributed
-checkpoint, written in Hugging Face's column order, resumes on one process and at TP=2; its export is a plain GPT-2."""
+"""A GPT-2 split by tensor parallelism (2 gloo ranks under torchrun, and 2 pipeline stages × TP=2 on 4) trains as one
+process does; its distributed checkpoint, written in Hugging Face's column order, resumes on one process and at TP=2;
+its export is a plain GPT-2."""
 
 from __future__ import annotations
 
@@ -25,14 +26,16 @@ from tests.support.tiny_training import TINY_MODEL, tiny_train
 STEPS, SAVED_AT, GLOBAL_BATCH = 20, 10, 8
 
 
-def _cfg(mesh: dict | None, *, checkpoint_dir: Path | None = None) -> PretrainConfig:
-    """The tiny GPT-2 with 4 heads (fused q/k/v) on one data-parallel rank; ``mesh`` None is the one-process torch
-    backend. The gradient norm is clipped at every step, so it must be the whole model's."""
+def _cfg(mesh: dict | None, *, checkpoint_dir: Path | None = None, micro_batches: int = 1) -> PretrainConfig:
+    """The tiny GPT-2 with 4 heads (fused q/k/v) on one data-parallel rank, GLOBAL_BATCH sequences a step in
+    ``micro_batches``; ``mesh`` None is the one-process torch backend. The gradient norm is clipped at every step, so
+    it must be the whole model's."""
     distributed = {"backend": "torch"} if mesh is None else {"backend": "fsdp2", "mesh": mesh}
     checkpoint = {"dir": str(checkpoint_dir) if checkpoint_dir else None, "every_steps": SAVED_AT, "every_minutes": 0}
     train = tiny_train(
-        max_steps=STEPS, batch_size=GLOBAL_BATCH, warmup_steps=4, eval_interval=STEPS, eval_batches=1, log_interval=1,
-        seed=7, grad_clip=0.1, checkpoint=checkpoint, distributed=DistributedConfig.model_validate(distributed),
+        max_steps=STEPS, batch_size=GLOBAL_BATCH // micro_batches, grad_accum=micro_batches, warmup_steps=4,
+        eval_interval=STEPS, eval_batches=1, log_interval=1, seed=7, grad_clip=0.1, checkpoint=checkpoint,
+        distributed=DistributedConfig.model_validate(distributed),
     )  # fmt: skip
     return PretrainConfig(model=TINY_MODEL.model_copy(update={"n_head": 4}), train=train)
 
@@ -46,8 +49,8 @@ def _resume_dir(root: Path, name: str) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir) -> dict[str, Path]:
-    """One process (torch; and fsdp2, checkpointing); TP=2 on 2 ranks (checkpointing); its step-10
-    checkpoint resumed at TP=2 and on one process."""
+    """One process (torch; and fsdp2, checkpointing); TP=2 on 2 ranks (checkpointing); its step-10 checkpoint resumed
+    at TP=2 and on one process; 2 pipeline stages × TP=2 on 4 ranks."""
     root = tmp_path_factory.mktemp("gpt2_tp")
     data = {"shards": str(tiny_shards_dir), "tokenizer": str(tiny_tokenizer_dir)}
     pretrain.run(_cfg(None), shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=root / "single")
@@ -59,6 +62,8 @@ def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir) -> dict[str, Pat
     launch([[resumed_tp2.model_dump_json(), str(root / "resumed_tp2")]], **data)
     resumed_one = _cfg({}, checkpoint_dir=_resume_dir(root, "resume_one"))
     pretrain.run(resumed_one, shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=root / "resumed_one")
+    pp2_tp2 = _cfg({"pipeline_parallel": 2, "tensor_parallel": 2}, micro_batches=2)
+    launch([[pp2_tp2.model_dump_json(), str(root / "pp2_tp2")]], nproc=4, **data)
     return {path.name: path for path in root.iterdir()}
 
 
@@ -73,13 +78,14 @@ def _worst(a: list[float], b: list[float]) -> float:
 
 
 @pytest.mark.slow
-def test_gpt2_at_tp2_matches_one_process_within_1e4_at_every_step(runs):
-    single, split = _history(runs["single"]), _history(runs["tp2"])
+@pytest.mark.parametrize("name", ["tp2", "pp2_tp2"])
+def test_gpt2_split_by_tensor_parallelism_matches_one_process_within_1e4_at_every_step(runs, name):
+    single, split = _history(runs["single"]), _history(runs[name])
     worst = _worst(single["train_loss"], split["train_loss"])
-    assert worst < 1e-4, f"tp2: max |Δloss| {worst:.2e} over {STEPS} steps"
+    assert worst < 1e-4, f"{name}: max |Δloss| {worst:.2e} over {STEPS} steps"
     assert min(single["grad_norm"]) > 0.1  # every step is clipped
     worst_norm = _worst(single["grad_norm"], split["grad_norm"])
-    assert worst_norm < 1e-4, f"tp2: max |Δgrad_norm| {worst_norm:.2e} over {STEPS} steps"
+    assert worst_norm < 1e-4, f"{name}: max |Δgrad_norm| {worst_norm:.2e} over {STEPS} steps"
 
 
 def _checkpoint_tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -119,13 +125,15 @@ def test_gpt2_checkpoint_saved_at_tp2_resumes_with_the_same_losses(runs, name):
 
 
 @pytest.mark.slow
-def test_gpt2_exported_at_tp2_is_the_whole_model_and_generates_in_transformers(runs):
-    exported, single = load_file(runs["tp2"] / "model.safetensors"), load_file(runs["single"] / "model.safetensors")
+@pytest.mark.parametrize("name", ["tp2", "pp2_tp2"])
+def test_gpt2_exported_from_tensor_parallel_ranks_is_the_whole_model_and_generates_in_transformers(runs, name):
+    """Rank 0 puts the fused q/k/v columns back in HF's order, those of every pipeline stage included."""
+    exported, single = load_file(runs[name] / "model.safetensors"), load_file(runs["single"] / "model.safetensors")
     assert exported.keys() == single.keys()
     for key, tensor in single.items():
         worst = (exported[key] - tensor).abs().max().item()
         assert worst < 1e-4, f"{key}: max |Δ| {worst:.2e}"
-    model = AutoModelForCausalLM.from_pretrained(runs["tp2"])
+    model = AutoModelForCausalLM.from_pretrained(runs[name])
     assert model.config.model_type == "gpt2"
     out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=5, do_sample=False)
     assert out.shape == (1, 8)
