@@ -152,11 +152,15 @@ def layer_activation_bytes(model: ModelConfig, tensor_parallel: int = 1) -> floa
     ``4·h``. Keys and values are kept at their own width ``k`` (KV heads · head size; ``h`` without grouped-query
     attention) and the hidden layer at the MLP's width ``i`` (``4·h`` by default): ``14·h + 4·k + 4·i``. Tensor
     parallelism over ``t`` ranks splits what lies between a column- and a row-parallel matrix (Q, K, V, the
-    projection's input, the MLP's hidden layer: ``4·h + 4·k + 4·i``); the rest (``10·h``: block and norm inputs,
-    dropout masks) stays whole on every rank, as without sequence parallelism.
+    projection's input, the MLP's hidden layer: ``4·h + 4·k + 4·i``). The rest (``10·h``: block and norm inputs,
+    dropout masks) is split by sequence on a Llama (sequence parallelism, :mod:`lmforge.train.fsdp2`), so all of
+    it is divided by ``t``; a GPT-2 keeps it whole on every rank.
     """
     kv_width = model.kv_heads * (model.n_embd // model.n_head)
-    return 10 * model.n_embd + (4 * model.n_embd + 4 * kv_width + 4 * model.mlp_width) / tensor_parallel
+    whole, between = 10 * model.n_embd, 4 * model.n_embd + 4 * kv_width + 4 * model.mlp_width
+    if model.arch == "llama":
+        return (whole + between) / tensor_parallel
+    return whole + between / tensor_parallel
 
 
 def _memory_bytes(

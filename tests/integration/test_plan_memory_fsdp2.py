@@ -40,3 +40,9 @@ def test_the_plans_busiest_pipeline_stage_is_within_15_percent_of_the_fullest_ra
     estimate = model_state_bytes(backend="fsdp2", zero_stage=0, ranks=1, trained=stage)
     fullest = max(rank["weights"] + rank["gradients"] + rank["optimizer"] for rank in ranks)
     assert abs(fullest - estimate) <= 0.15 * fullest, (ranks, estimate)
+
+
+def test_tensor_parallel_norms_see_their_part_of_the_sequence_only(tmp_path):
+    """Sequence parallelism: with tensor_parallel 2 each rank's norms hold half of the 16 positions, which is what
+    the plan's activations per rank assume (everything a Llama layer keeps divided by tensor_parallel)."""
+    assert [rank["norm_positions"] for rank in _measure({"tensor_parallel": 2}, 2, tmp_path)] == [8, 8]

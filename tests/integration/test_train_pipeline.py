@@ -1,7 +1,8 @@
 """Pipeline parallelism under torchrun (gloo, CPU) matches one process at the same global batch: a Llama on 2
-stages (1F1B, uneven blocks, tied head on the other stage), a GPT-2 on 2 stages (GPipe), and 2 stages × 2
-data-parallel shards on 4 ranks (recomputing activations); a checkpoint saved with stages resumes on one process
-and on 2 data-parallel shards; the exported model is a plain, whole HF model."""
+stages (1F1B, uneven blocks, tied head on the other stage), a GPT-2 on 2 stages (GPipe), 2 stages × 2 data-parallel
+shards and 2 stages × 2 tensor-parallel ranks on 4 ranks; a checkpoint saved with stages resumes on one process and
+on 2 data-parallel shards, and one saved without stages resumes on 2 stages; the exported model is a plain, whole
+HF model."""
 
 from __future__ import annotations
 
@@ -63,7 +64,8 @@ def _resume_dir(root: Path, name: str, run: str = "pp2") -> Path:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir) -> dict[str, Path]:
     """One-process references (fsdp2's checkpoint of step 10 resumed on 2 stages); 2 stages of a Llama
-    (checkpointing) and of a GPT-2 on 2 ranks; 2 stages × 2 shards on 4 ranks; the 2-stage checkpoint of step 10
+    (checkpointing) and of a GPT-2 on 2 ranks; 2 stages × 2 shards (recomputing activations) and 2 stages × TP=2
+    on 4 ranks; the 2-stage checkpoint of step 10
     resumed on one process and on dp_shard=2."""
     root = tmp_path_factory.mktemp("pipeline")
     data = {"shards": str(tiny_shards_dir), "tokenizer": str(tiny_tokenizer_dir)}
@@ -79,7 +81,8 @@ def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir) -> dict[str, Pat
     resumed_pp2 = _cfg(LLAMA, {"pipeline_parallel": 2}, checkpoint_dir=_resume_dir(root, "resume_pp2", "fsdp2"))
     launch([_job(pp2, root / "pp2"), _job(gpt2, root / "pp2_gpt2"), _job(resumed_pp2, root / "resumed_pp2")], **data)
     pp2_dp2 = _cfg(LLAMA, {"pipeline_parallel": 2, "data_parallel_shard": 2}, recompute=True)
-    launch([_job(pp2_dp2, root / "pp2_dp2")], nproc=4, **data)
+    pp2_tp2 = _cfg(LLAMA, {"pipeline_parallel": 2, "tensor_parallel": 2})
+    launch([_job(pp2_dp2, root / "pp2_dp2"), _job(pp2_tp2, root / "pp2_tp2")], nproc=4, **data)
     resumed_dp2 = _cfg(LLAMA, {"data_parallel_shard": 2}, checkpoint_dir=_resume_dir(root, "resume_dp2"))
     launch([_job(resumed_dp2, root / "resumed_dp2")], **data)
     one_process(_cfg(LLAMA, {}, checkpoint_dir=_resume_dir(root, "resume_one")), "resumed_one")
@@ -97,7 +100,10 @@ def _worst(a: list[float], b: list[float]) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "reference"), [("pp2", "single"), ("pp2_gpt2", "single_gpt2"), ("pp2_dp2", "single")])
+@pytest.mark.parametrize(
+    ("name", "reference"),
+    [("pp2", "single"), ("pp2_gpt2", "single_gpt2"), ("pp2_dp2", "single"), ("pp2_tp2", "single")],
+)
 def test_pipeline_matches_one_process_within_1e4_at_every_step(runs, name, reference):
     ours, one = _history(runs[name]), _history(runs[reference])
     assert _worst(ours["train_loss"], one["train_loss"]) <= 1e-4, f"{name}: max |Δloss|"

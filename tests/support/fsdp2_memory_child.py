@@ -5,7 +5,8 @@ Usage: torchrun --nproc_per_node N fsdp2_memory_child.py MESH_JSON OUT_DIR
 Builds the tiny Llama of the FSDP2 tests, shards it as the training loop does (``setup_backend``; a pipeline stage
 with ``pipeline_parallel`` in the mesh), takes one AdamW step on random tokens, and writes ``OUT_DIR/rank<R>.json``:
 the bytes of this rank's local shards of the weights, the gradients and the optimizer moments (what the plan's
-``model_state_bytes`` estimates), and the parameter count.
+``model_state_bytes`` estimates), the parameter count, and how many sequence positions the first block's second
+norm sees on this rank (fewer than the sequence's with sequence parallelism).
 """
 
 from __future__ import annotations
@@ -26,8 +27,12 @@ MODEL = ModelConfig(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=32, b
 VOCAB = 256
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 def _local_bytes(tensor: torch.Tensor) -> int:
-    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    local = _local(tensor)
     return local.numel() * local.element_size()
 
 
@@ -40,6 +45,9 @@ def main() -> None:
     with distributed_context(cfg.distributed) as ctx:
         model = build_model(MODEL, VOCAB, eos_id=0, pad_id=1, seed=0)
         parameters = sum(p.numel() for p in model.parameters())
+        positions: list[int] = []  # what one rank's norm sees of the sequence
+        norm = model.model.layers[0].post_attention_layernorm
+        norm.register_forward_pre_hook(lambda _, args: positions.append(_local(args[0]).shape[1]))
         backend = setup_backend(model, cfg, ctx)
         ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
         if backend.pipeline is not None:  # forward and backward through the stages
@@ -54,6 +62,7 @@ def main() -> None:
             "weights": sum(_local_bytes(p) for p in params),
             "gradients": sum(_local_bytes(p.grad) for p in params if p.grad is not None),
             "optimizer": sum(_local_bytes(t) for t in state),
+            "norm_positions": positions[0] if positions else None,  # None: the block is on another stage
         }
         (out / f"rank{ctx.rank}.json").write_text(json.dumps(record))
         dist.barrier()

@@ -26,12 +26,13 @@ from __future__ import annotations
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from lmforge.errors import ConfigError
 from lmforge.train.batches import IGNORE_INDEX
@@ -76,8 +77,11 @@ def _set(model: torch.nn.Module, path: str, module: torch.nn.Module | None) -> N
     setattr(model.get_submodule(parent) if parent else model, name, module)
 
 
-def keep_stage(model: torch.nn.Module, stage: int, stages: int) -> bool:
+def keep_stage(model: torch.nn.Module, stage: int, stages: int, sequence_mesh: DeviceMesh | None = None) -> bool:
     """Cut ``model`` down in place to pipeline stage ``stage`` of ``stages`` and give it the stage's forward.
+
+    ``sequence_mesh``: the tensor-parallel mesh of a model whose residual stream is split by sequence (a Llama
+    under tensor parallelism): stages send and receive whole hidden states, each rank continuing with its part.
 
     Returns whether the head is a copy of the tied input embedding (the last stage of a tied model), whose
     gradient :class:`Pipeline` sums with the first stage's.
@@ -98,8 +102,21 @@ def keep_stage(model: torch.nn.Module, stage: int, stages: int) -> bool:
         _set(model, layout.norm, None)
         _set(model, layout.head, None)
     stage_forward = _llama_stage if model.config.model_type == "llama" else _gpt2_stage
-    model.forward = types.MethodType(stage_forward, model)
+    model.forward = types.MethodType(partial(stage_forward, sequence_mesh=sequence_mesh), model)
     return tied_copy
+
+
+def _receive(hidden: torch.Tensor, sequence_mesh: DeviceMesh | None) -> torch.Tensor:
+    """The previous stage's whole hidden states as this rank's part of the sequence (when split by sequence)."""
+    if sequence_mesh is None:
+        return hidden
+    part = hidden.chunk(sequence_mesh.size(), dim=1)[sequence_mesh.get_local_rank()]
+    return DTensor.from_local(part, sequence_mesh, [Shard(1)], run_check=False)
+
+
+def _send(hidden: torch.Tensor) -> torch.Tensor:
+    """Hidden states whole, for the next stage (gathered when split by sequence)."""
+    return hidden.full_tensor() if isinstance(hidden, DTensor) else hidden
 
 
 def _positions(hidden: torch.Tensor) -> torch.Tensor:
@@ -114,22 +131,23 @@ def _causal_mask(model: torch.nn.Module, hidden: torch.Tensor, positions: torch.
     )
 
 
-def _llama_stage(self: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+def _llama_stage(self: torch.nn.Module, inputs: torch.Tensor, *, sequence_mesh: DeviceMesh | None) -> torch.Tensor:
     """One stage of a Llama: ``LlamaModel.forward``'s steps for the modules this stage holds."""
     inner = self.model
-    hidden = inner.embed_tokens(inputs) if inner.embed_tokens is not None else inputs
+    hidden = inner.embed_tokens(inputs) if inner.embed_tokens is not None else _receive(inputs, sequence_mesh)
     positions = _positions(hidden)
     mask = _causal_mask(self, hidden, positions)
     rotary = inner.rotary_emb(hidden, position_ids=positions)
     for block in inner.layers.values():
         hidden = block(hidden, attention_mask=mask, position_embeddings=rotary, position_ids=positions)
     if self.lm_head is None:
-        return hidden
+        return _send(hidden)
     return self.lm_head(inner.norm(hidden))
 
 
-def _gpt2_stage(self: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
-    """One stage of a GPT-2: ``GPT2Model.forward``'s steps for the modules this stage holds."""
+def _gpt2_stage(self: torch.nn.Module, inputs: torch.Tensor, *, sequence_mesh: DeviceMesh | None) -> torch.Tensor:
+    """One stage of a GPT-2: ``GPT2Model.forward``'s steps for the modules this stage holds (its residual stream is
+    never split by sequence: ``sequence_mesh`` is None)."""
     inner = self.transformer
     if inner.wte is not None:
         positions = _positions(inputs)
@@ -279,7 +297,8 @@ def build_pipeline(
     layout = _layout(model)
     tied_source = model.get_submodule(layout.embeddings[0]).weight
     tied_model = model.get_submodule(layout.head).weight is tied_source
-    tied_copy = keep_stage(model, stage, stages)
+    split_sequence = ctx.tensor_parallel > 1 and model.config.model_type == "llama"
+    tied_copy = keep_stage(model, stage, stages, mesh["tp"] if split_sequence else None)
     shard(model)
     tied_group = _tied_groups(ctx) if tied_model else None
     tied = None

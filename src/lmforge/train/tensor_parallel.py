@@ -4,8 +4,9 @@ Each block's attention is split by heads and its MLP by hidden width: the column
 MLP's first layer) compute each rank's heads or hidden units from the whole input, the row-parallel ones (the
 attention output; the MLP's second layer) take that share and sum their partial outputs (one all-reduce each). The
 embedding is split by vocabulary rows and the (tied) head by vocabulary columns, its output gathered whole, so the
-loss sees ordinary logits; norms and position embeddings stay whole on every rank. Every activation is replicated or
-split exactly, so a fp32 step equals one process's up to float rounding.
+loss sees ordinary logits. A Llama's residual stream and RMS norms are split by sequence between those matrices
+(sequence parallelism); a GPT-2's, its LayerNorms and position embeddings stay whole on every rank. Every activation
+is replicated or split exactly, so a fp32 step equals one process's up to float rounding.
 
 GPT-2's layers are ``transformers`` ``Conv1D`` modules, whose weight is ``(in, out)`` (the transpose of
 ``nn.Linear``'s), so they get their own styles. Its q, k and v are one fused matrix (``attn.c_attn``, the columns of
@@ -25,7 +26,14 @@ from typing import Any, ClassVar
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_module, distribute_tensor
-from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
 from transformers.pytorch_utils import Conv1D
 
@@ -63,8 +71,8 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
     """
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
     gpt2 = model.config.model_type == "gpt2"
-    plan = _gpt2_plan(model) if gpt2 else _llama_plan(model)
-    for name, style in plan.items():
+    split, around = (_gpt2_plan(model), {}) if gpt2 else _llama_plan(model)
+    for name, style in split.items():
         module = model.get_submodule(name)
         expected = (Conv1D,) if isinstance(style, _Conv1DStyle) else (torch.nn.Linear, torch.nn.Embedding)
         if not isinstance(module, expected):
@@ -76,23 +84,39 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
     if gpt2:
         for block in model.transformer.h:
             _split_attention_heads(block.attn, tp_mesh.size())
-    parallelize_module(model, tp_mesh, plan)
+    parallelize_module(model, tp_mesh, split | around)
     if tied:
         model.get_output_embeddings().weight = model.get_input_embeddings().weight
 
 
-def _llama_plan(model: torch.nn.Module) -> dict[str, ParallelStyle]:
-    """q/k/v and MLP gate/up column-wise, o and down row-wise, embeddings and head by vocabulary rows."""
-    plan: dict[str, ParallelStyle] = {
-        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
-        "lm_head": ColwiseParallel(output_layouts=Replicate()),
+def _llama_plan(model: torch.nn.Module) -> tuple[dict[str, ParallelStyle], dict[str, ParallelStyle]]:
+    """The split matrices (q/k/v and MLP gate/up column-wise, o and down row-wise, embeddings and head by vocabulary
+    rows) and the modules around them, split by sequence (sequence parallelism, Korthikanti et al. 2022): the RMS
+    norms and the residual stream hold ``seq_len / tensor_parallel`` positions per rank, gathered before attention
+    and the MLP and reduce-scattered after them. Rotary embeddings stay whole on every rank."""
+    sequence, whole = Shard(1), Replicate()
+    split: dict[str, ParallelStyle] = {
+        "model.embed_tokens": RowwiseParallel(input_layouts=whole, output_layouts=sequence, use_local_output=False),
+        "lm_head": ColwiseParallel(input_layouts=sequence, output_layouts=whole),
     }
+    around: dict[str, ParallelStyle] = {"model.norm": SequenceParallel()}
     for index in range(len(model.model.layers)):
         block = f"model.layers.{index}"
-        plan |= {f"{block}.self_attn.{name}": ColwiseParallel() for name in _LLAMA_ATTENTION_COLUMNS}
-        plan |= {f"{block}.mlp.{name}": ColwiseParallel() for name in _LLAMA_MLP_COLUMNS}
-        plan |= {f"{block}.self_attn.o_proj": RowwiseParallel(), f"{block}.mlp.down_proj": RowwiseParallel()}
-    return plan
+        split |= {f"{block}.self_attn.{name}": ColwiseParallel() for name in _LLAMA_ATTENTION_COLUMNS}
+        split |= {f"{block}.mlp.{name}": ColwiseParallel() for name in _LLAMA_MLP_COLUMNS}
+        split |= {
+            f"{block}.{name}": RowwiseParallel(output_layouts=sequence, use_local_output=False)
+            for name in ("self_attn.o_proj", "mlp.down_proj")
+        }
+        around |= {
+            f"{block}.input_layernorm": SequenceParallel(),
+            f"{block}.post_attention_layernorm": SequenceParallel(),
+            f"{block}.self_attn": PrepareModuleInput(
+                input_kwarg_layouts={"hidden_states": sequence}, desired_input_kwarg_layouts={"hidden_states": whole}
+            ),
+            f"{block}.mlp": PrepareModuleInput(input_layouts=(sequence,), desired_input_layouts=(whole,)),
+        }
+    return split, around
 
 
 def _gpt2_plan(model: torch.nn.Module) -> dict[str, ParallelStyle]:

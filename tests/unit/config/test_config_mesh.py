@@ -113,7 +113,7 @@ def test_plan_counts_tokens_of_data_parallel_ranks_only_and_shards_the_state_ove
     fsdp_tp = plan_training(resolve_config("tiny-cpu", tp), vocab_size=512, launch=launch)[0]
     assert fsdp_tp.tokens * 2 == ddp.tokens
     state = 16 * ddp.parameters
-    pretrain = resolve_config("tiny-cpu", tp).pretrain  # TP=2 also halves what lies between its matrices
+    pretrain = resolve_config("tiny-cpu", tp).pretrain  # TP=2 also halves the activations (sequence parallel)
     split = layer_activation_bytes(pretrain.model) - layer_activation_bytes(pretrain.model, 2)
     layers = 1 if pretrain.train.grad_checkpointing else pretrain.model.n_layer
     activations = pretrain.train.seq_len * pretrain.train.batch_size * split * layers

@@ -152,12 +152,13 @@ def test_plan_command_prints_every_training_stage_and_fails_on_an_oversized_plan
     assert all(len(line) <= 80 for line in refused.output.splitlines() if not line.startswith("error:"))
 
 
-def test_tensor_parallel_splits_the_activations_between_the_parallel_matrices_only():
+def test_tensor_and_sequence_parallelism_split_a_llamas_activations():
     """Llama 3 8B's shape on 4 nodes × 8 GPUs with fsdp2, TP=8 × FSDP=4, no checkpointing: per layer and token
-    10·h stays whole on every rank (block and norm inputs, dropout masks) and 4·h + 4·k + 4·i is split 8 ways;
-    the logits stay whole (the TP head gathers them); the model state is sharded over all 32 ranks."""
+    4·h + 4·k + 4·i lies between the parallel matrices and 10·h (block and norm inputs, dropout masks) is split by
+    sequence, so all of it is split 8 ways; the logits stay whole (the TP head gathers them); the model state is
+    sharded over all 32 ranks."""
     vocab, d, layers, kv, mlp, seq, micro, ranks, tp = 128256, 4096, 32, 8 * 128, 14336, 8192, 1, 32, 8
-    per_token_layer = 10 * d + (4 * d + 4 * kv + 4 * mlp) / tp
+    per_token_layer = (10 * d + 4 * d + 4 * kv + 4 * mlp) / tp
     config = resolve_config("llama-8b")
     train = config.pretrain.train.model_copy(
         update={
