@@ -211,7 +211,7 @@ class MeshConfig(StrictModel):
         gt=0,
         description="Ranks that split every block's matrices (attention heads, MLP width, embeddings and head by "
         "vocabulary) and read the same batch; must divide the attention heads, key/value heads and MLP width "
-        "(llama only; keep it within one node).",
+        "(llama and gpt2; keep it within one node).",
     )
     pipeline_parallel: int = Field(
         1,
@@ -252,10 +252,10 @@ def tensor_parallel_problem(
     """Why a model shape cannot be split over ``tensor_parallel`` ranks (None when it can)."""
     if tensor_parallel == 1:
         return None
-    if arch != "llama":
+    if arch not in ("llama", "gpt2"):
         return (
-            f"distributed.mesh.tensor_parallel ({tensor_parallel}): llama only; {arch}'s fused attention "
-            "projection is not split (use tensor_parallel: 1 with data_parallel_shard)"
+            f"distributed.mesh.tensor_parallel ({tensor_parallel}): llama and gpt2 only; {arch} has no "
+            "tensor-parallel plan (use tensor_parallel: 1 with data_parallel_shard)"
         )
     for name, size in (("attention heads", heads), ("key/value heads", kv_heads), ("MLP width", mlp_width)):
         if size % tensor_parallel:

@@ -3,7 +3,8 @@
 Every rank writes its own shards into ``<checkpoint>/dcp/`` (``__<rank>_0.distcp``) and rank 0 the index
 (``.metadata``); the state is keyed by parameter name with each tensor's global shape, so a checkpoint saved on one
 mesh loads on any other (one process, more data-parallel ranks, another tensor-parallel degree): DCP reads the
-pieces each rank's new shards need.
+pieces each rank's new shards need. A GPT-2 split by tensor parallelism holds its fused q/k/v columns in another order
+(:mod:`lmforge.train.tensor_parallel`); they are written and read in Hugging Face's order.
 
 Trust, as for every checkpoint (:mod:`lmforge.train.checkpoint`): nothing read back can run code. DCP's own
 reader unpickles ``.metadata`` and the non-tensor entries (the optimizer's hyperparameters) with the full
@@ -31,6 +32,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from lmforge.errors import ArtifactIncompleteError
 from lmforge.train.pipeline import pipeline_of
+from lmforge.train.tensor_parallel import hf_ordered_state, load_hf_ordered
 
 DCP_DIR = "dcp"
 METADATA = ".metadata"
@@ -116,7 +118,7 @@ def save(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path)
     """
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {_MODEL: model_state, _OPTIMIZER: {_STATE: _renamed(optimizer_state[_STATE], _tied_names(model))}}
-    dcp.save(state, storage_writer=Protocol2Writer(folder / DCP_DIR))
+    dcp.save(hf_ordered_state(model, state), storage_writer=Protocol2Writer(folder / DCP_DIR))
 
 
 def load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
@@ -124,7 +126,9 @@ def load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path)
     names = _tied_names(model)
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {_MODEL: model_state, _OPTIMIZER: {_STATE: _renamed(optimizer_state[_STATE], names)}}
-    dcp.load(state, storage_reader=TensorOnlyReader(folder / DCP_DIR), planner=TensorOnlyLoadPlanner())
+    ordered = hf_ordered_state(model, state)
+    dcp.load(ordered, storage_reader=TensorOnlyReader(folder / DCP_DIR), planner=TensorOnlyLoadPlanner())
+    load_hf_ordered(model, state, ordered)
     back = {saved: own for own, saved in names.items()}
     optimizer_state[_STATE] = _renamed(state[_OPTIMIZER][_STATE], back)
     set_state_dict(model, optimizer, model_state_dict=state[_MODEL], optim_state_dict=optimizer_state)

@@ -20,19 +20,17 @@ import torch
 from peft import PeftModel
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor
 
 from lmforge.config import TrainConfig
-from lmforge.config.train import tensor_parallel_problem
 from lmforge.errors import ConfigError
 from lmforge.train.distributed import DistContext
+from lmforge.train.tensor_parallel import apply_tensor_parallel, check_tensor_parallel, hf_order
 
 if TYPE_CHECKING:
     from lmforge.train.pipeline import Pipeline
 
 MESH_DIMS = ("pp", "dp_shard", "tp")
-_ATTENTION_COLUMNS = ("q_proj", "k_proj", "v_proj")
-_MLP_COLUMNS = ("gate_proj", "up_proj")
 
 
 def device_mesh(ctx: DistContext) -> DeviceMesh:
@@ -55,73 +53,6 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
         if isinstance(blocks, torch.nn.ModuleDict):  # a pipeline stage's blocks, by their index in the model
             return list(blocks.values())
     raise ConfigError(f"distributed.backend fsdp2: {type(model).__name__} has no model.layers or transformer.h blocks")
-
-
-def check_tensor_parallel(model: torch.nn.Module, tensor_parallel: int) -> None:
-    """Refuse a model whose heads, key/value heads or MLP width ``tensor_parallel`` does not divide (or a GPT-2)."""
-    config = model.config
-    problem = tensor_parallel_problem(
-        tensor_parallel,
-        arch=config.model_type,
-        heads=getattr(config, "num_attention_heads", 0),
-        kv_heads=getattr(config, "num_key_value_heads", 0),
-        mlp_width=getattr(config, "intermediate_size", 0),
-    )
-    if problem:
-        raise ConfigError(problem)
-
-
-def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
-    """Split a Llama over ``tp_mesh``: q/k/v and MLP gate/up column-wise, o and down row-wise, embeddings and head
-    by vocabulary rows, and the sequence between them (sequence parallelism, Korthikanti et al. 2022): the RMS norms
-    and the residual stream hold ``seq_len / tensor_parallel`` positions per rank, gathered before attention and
-    the MLP and reduce-scattered after them. Rotary embeddings stay whole on every rank. The result is exact.
-
-    The head's output is gathered whole, so the loss sees ordinary logits. A tied head is tied again to the
-    split embedding table (both are split by vocabulary rows).
-    """
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-        parallelize_module,
-    )
-
-    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
-    sequence, whole = Shard(1), Replicate()
-    split: dict[str, Any] = {
-        "model.embed_tokens": RowwiseParallel(input_layouts=whole, output_layouts=sequence, use_local_output=False),
-        "lm_head": ColwiseParallel(input_layouts=sequence, output_layouts=whole),
-    }
-    around: dict[str, Any] = {"model.norm": SequenceParallel()}
-    for index in range(len(transformer_blocks(model))):
-        block = f"model.layers.{index}"
-        split |= {f"{block}.self_attn.{name}": ColwiseParallel() for name in _ATTENTION_COLUMNS}
-        split |= {f"{block}.mlp.{name}": ColwiseParallel() for name in _MLP_COLUMNS}
-        split |= {
-            f"{block}.{name}": RowwiseParallel(output_layouts=sequence, use_local_output=False)
-            for name in ("self_attn.o_proj", "mlp.down_proj")
-        }
-        around |= {
-            f"{block}.input_layernorm": SequenceParallel(),
-            f"{block}.post_attention_layernorm": SequenceParallel(),
-            f"{block}.self_attn": PrepareModuleInput(
-                input_kwarg_layouts={"hidden_states": sequence}, desired_input_kwarg_layouts={"hidden_states": whole}
-            ),
-            f"{block}.mlp": PrepareModuleInput(input_layouts=(sequence,), desired_input_layouts=(whole,)),
-        }
-    for name in split:
-        module = model.get_submodule(name)
-        if not isinstance(module, torch.nn.Linear | torch.nn.Embedding):
-            raise ConfigError(
-                f"distributed.mesh.tensor_parallel: {name} is a {type(module).__name__}, not a Linear or Embedding "
-                "(adapters and custom layers are not split); use tensor_parallel: 1"
-            )
-    parallelize_module(model, tp_mesh, split | around)
-    if tied:
-        model.lm_head.weight = model.get_input_embeddings().weight
 
 
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:
@@ -206,9 +137,10 @@ def full_state_dict(model: torch.nn.Module, ctx: DistContext) -> dict[str, torch
     from lmforge.train.pipeline import pipeline_of
 
     if (pipeline := pipeline_of(model)) is not None:
-        return pipeline.gather_weights()
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return state if ctx.is_main else None
+        state = pipeline.gather_weights()
+    else:
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return hf_order(model, state) if ctx.is_main and state is not None else None
 
 
 def is_sharded(model: torch.nn.Module) -> bool:

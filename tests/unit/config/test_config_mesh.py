@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from lmforge.config import LaunchConfig, TrainConfig
-from lmforge.config.train import DistributedConfig, MeshConfig
+from lmforge.config.train import DistributedConfig, MeshConfig, tensor_parallel_problem
 from lmforge.errors import ConfigError
 from lmforge.plan import layer_activation_bytes, plan_training
 from lmforge.stages import resolve_config
@@ -15,6 +15,7 @@ from lmforge.train.distributed import distributed_context
 D = "pretrain.train.distributed"
 TP = "train.distributed.mesh.tensor_parallel"
 LLAMA = {"pretrain.model.arch": "llama", "pretrain.model.n_head": 4, "pretrain.model.n_embd": 64}
+GPT2 = {"pretrain.model.n_head": 4, "pretrain.model.n_embd": 64}
 FSDP2 = {f"{D}.backend": "fsdp2"}
 
 
@@ -26,7 +27,9 @@ FSDP2 = {f"{D}.backend": "fsdp2"}
          f"{TP} (2) must divide the model's key/value heads (1)"),
         ({**LLAMA, **FSDP2, "pretrain.model.intermediate_size": 90, f"{D}.mesh.tensor_parallel": 4},
          f"{TP} (4) must divide the model's MLP width (90)"),
-        ({**FSDP2, f"{D}.mesh.tensor_parallel": 2}, f"{TP} (2): llama only"),
+        ({**GPT2, **FSDP2, f"{D}.mesh.tensor_parallel": 3}, f"{TP} (3) must divide the model's attention heads (4)"),
+        ({**GPT2, **FSDP2, "pretrain.model.intermediate_size": 90, f"{D}.mesh.tensor_parallel": 4},
+         f"{TP} (4) must divide the model's MLP width (90)"),
         ({f"{D}.mesh.tensor_parallel": 2}, "mesh is set but backend is 'torch'; set backend: fsdp2"),
         ({**FSDP2, "pretrain.train.precision": "fp16"}, "train: Value error, precision fp16 needs loss scaling"),
         ({**FSDP2, f"{D}.mesh.data_parallel_shard": 0}, f"{D}.mesh.data_parallel_shard"),
@@ -46,9 +49,18 @@ def test_mesh_that_cannot_split_the_model_is_refused_naming_the_field(overrides,
     assert expected in str(err.value)
 
 
-def test_llama_mesh_that_divides_the_model_is_accepted():
-    cfg = resolve_config("tiny-cpu", {**LLAMA, **FSDP2, f"{D}.mesh.tensor_parallel": 2})
-    assert cfg.pretrain.train.distributed.mesh == MeshConfig(tensor_parallel=2)
+@pytest.mark.parametrize("shape", [LLAMA, GPT2], ids=["llama", "gpt2"])
+def test_mesh_that_divides_the_model_is_accepted(shape):
+    cfg = resolve_config("tiny-cpu", {**shape, **FSDP2, f"{D}.mesh.tensor_parallel": 4})
+    assert cfg.pretrain.train.distributed.mesh == MeshConfig(tensor_parallel=4)
+
+
+def test_tensor_parallel_is_refused_for_an_architecture_without_a_plan():
+    problem = tensor_parallel_problem(2, arch="mistral", heads=4, kv_heads=4, mlp_width=64)
+    assert problem == (
+        "distributed.mesh.tensor_parallel (2): llama and gpt2 only; mistral has no tensor-parallel plan (use "
+        "tensor_parallel: 1 with data_parallel_shard)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -115,3 +127,12 @@ def test_lora_refuses_tensor_parallel_whose_plan_cannot_split_the_adapted_layers
     with pytest.raises(ConfigError, match=r"^finetune_lora\.train\.distributed\.mesh\.tensor_parallel \(2\): LoRA"):
         check_backend(TrainConfig(distributed=DistributedConfig(backend="fsdp2", mesh=mesh)))
     check_backend(TrainConfig(distributed=DistributedConfig(backend="fsdp2")))  # data_parallel_shard alone: allowed
+
+
+def test_gpt2_activations_split_as_a_block_without_grouped_query_attention():
+    """A GPT-2 block keeps 34·h per token; 24·h of it (Q, K and V at full width, the projection's input, the 4·h
+    hidden layer) lies between its column- and row-parallel matrices."""
+    gpt2 = resolve_config("tiny-cpu", GPT2).pretrain.model
+    h = gpt2.n_embd
+    assert layer_activation_bytes(gpt2) == 34 * h
+    assert layer_activation_bytes(gpt2, 4) == 10 * h + 24 * h / 4

@@ -8,7 +8,8 @@ import torch
 from lmforge.config import ModelConfig
 from lmforge.errors import ConfigError
 from lmforge.model.build import build_model
-from lmforge.train.fsdp2 import check_tensor_parallel, mixed_precision, transformer_blocks
+from lmforge.train.fsdp2 import mixed_precision, transformer_blocks
+from lmforge.train.tensor_parallel import check_tensor_parallel
 
 LLAMA = ModelConfig(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=16, block_size=16)
 
@@ -34,7 +35,16 @@ def test_blocks_are_found_in_both_shapes_lmforge_builds(arch):
     [
         (LLAMA, 4, "tensor_parallel (4) must divide the model's key/value heads (2)"),
         (LLAMA.model_copy(update={"intermediate_size": 15}), 2, "must divide the model's MLP width (15)"),
-        (ModelConfig(n_head=2, n_embd=16, block_size=16), 2, "tensor_parallel (2): llama only"),
+        (
+            ModelConfig(n_head=2, n_embd=16, block_size=16),
+            4,
+            "tensor_parallel (4) must divide the model's attention heads (2)",
+        ),
+        (
+            ModelConfig(n_head=4, n_embd=16, intermediate_size=18, block_size=16),
+            4,
+            "must divide the model's MLP width (18)",
+        ),
     ],
 )
 def test_a_model_tensor_parallelism_cannot_split_is_refused_at_setup(shape, tp, expected):
@@ -43,5 +53,6 @@ def test_a_model_tensor_parallelism_cannot_split_is_refused_at_setup(shape, tp, 
         check_tensor_parallel(_model(shape), tp)
 
 
-def test_a_model_tensor_parallelism_can_split_passes():
-    check_tensor_parallel(_model(LLAMA), 2)
+@pytest.mark.parametrize("shape", [LLAMA, ModelConfig(n_head=4, n_embd=16, block_size=16)], ids=["llama", "gpt2"])
+def test_a_model_tensor_parallelism_can_split_passes(shape):
+    check_tensor_parallel(_model(shape), 2)
