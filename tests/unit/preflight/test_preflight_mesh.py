@@ -28,8 +28,8 @@ def test_mesh_the_launch_does_not_fill_fails_preflight_naming_the_stage_fields_a
     with pytest.raises(PreflightError) as info:
         _run(tmp_path, LaunchConfig(gpus_per_node=2))
     assert (
-        "stage_configs: pretrain.train.distributed.mesh: data_parallel_shard (4) × tensor_parallel (1) must equal the "
-        "world size, but WORLD_SIZE is 2"
+        "stage_configs: pretrain.train.distributed.mesh: pipeline_parallel (1) × data_parallel_shard (4) × "
+        "tensor_parallel (1) must equal the world size, but WORLD_SIZE is 2"
     ) in str(info.value)
 
 
