@@ -21,6 +21,7 @@ from lmforge.train import distill, finetune_lora, pretrain
 from lmforge.train.checkpoint import step_name
 from lmforge.train.dcp import read_metadata
 from tests.support.distributed_child import launch
+from tests.support.tiny_training import read_history, worst_difference
 
 STEPS, SAVED_AT, DISTILL_STEPS, LORA_STEPS = 20, 10, 6, 6
 GLOBAL_BATCH = 8
@@ -120,20 +121,14 @@ def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir, tiny_model_dir, 
 
 
 def _history(model_dir: Path) -> dict:
-    history = json.loads((model_dir / HISTORY_FILE).read_text())
-    assert history["step"] == list(range(1, STEPS + 1))
-    return history
-
-
-def _worst(a: list[float], b: list[float]) -> float:
-    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+    return read_history(model_dir, STEPS)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["dp2", "tp2", "dp2_tp2"])
 def test_mesh_matches_one_process_within_1e4_at_every_step(runs, name):
     single, sharded = _history(runs["single"]), _history(runs[name])
-    worst = _worst(single["train_loss"], sharded["train_loss"])
+    worst = worst_difference(single["train_loss"], sharded["train_loss"])
     assert worst < 1e-4, f"{name}: max |Δloss| {worst:.2e} over {STEPS} steps"
     assert min(single["grad_norm"]) > 0.1  # every step is clipped
     assert sharded["grad_norm"] == pytest.approx(single["grad_norm"], rel=1e-4)
@@ -143,7 +138,7 @@ def test_mesh_matches_one_process_within_1e4_at_every_step(runs, name):
 def test_distillation_with_a_sharded_student_matches_one_process_within_1e4(runs):
     one, sharded = (json.loads((runs[name] / HISTORY_FILE).read_text()) for name in ("distill_one", "distill_dp2"))
     assert sharded["step"] == list(range(1, DISTILL_STEPS + 1))
-    worst = _worst(one["train_loss"], sharded["train_loss"])
+    worst = worst_difference(one["train_loss"], sharded["train_loss"])
     assert worst < 1e-4, f"distill: max |Δloss| {worst:.2e} over {DISTILL_STEPS} steps"
 
 
@@ -151,7 +146,7 @@ def test_distillation_with_a_sharded_student_matches_one_process_within_1e4(runs
 def test_lora_on_a_sharded_base_matches_one_process_within_1e4_at_every_step(runs):
     one, sharded = (json.loads((runs[name] / "merged" / HISTORY_FILE).read_text()) for name in ("lora_one", "lora_dp2"))
     assert sharded["step"] == list(range(1, LORA_STEPS + 1))
-    worst = _worst(one["train_loss"], sharded["train_loss"])
+    worst = worst_difference(one["train_loss"], sharded["train_loss"])
     assert worst < 1e-4, f"lora: max |Δloss| {worst:.2e} over {LORA_STEPS} steps"
     assert sharded["eval_loss"] == pytest.approx(one["eval_loss"], abs=1e-4)
 
@@ -197,7 +192,7 @@ def test_checkpoint_saved_at_tp2_resumes_at_another_mesh_with_the_same_losses(ru
     history, single = _history(runs[name]), _history(runs["single"])
     assert history["resumed_from"] == SAVED_AT
     after = slice(SAVED_AT, SAVED_AT + 5)
-    worst = _worst(single["train_loss"][after], history["train_loss"][after])
+    worst = worst_difference(single["train_loss"][after], history["train_loss"][after])
     assert worst < 1e-4, f"{name}: max |Δloss| {worst:.2e} over steps {SAVED_AT + 1}..{SAVED_AT + 5}"
 
 

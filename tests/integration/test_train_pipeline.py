@@ -6,7 +6,6 @@ HF model."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -16,10 +15,10 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from lmforge.config import DistributedConfig, ModelConfig, PretrainConfig, TrainConfig
-from lmforge.contracts import HISTORY_FILE
 from lmforge.train import pretrain
 from lmforge.train.checkpoint import step_name
 from tests.support.distributed_child import launch
+from tests.support.tiny_training import read_history, worst_difference
 
 STEPS, SAVED_AT, GLOBAL_BATCH, MICRO_BATCHES = 20, 10, 8, 4
 LLAMA = ModelConfig(arch="llama", n_layer=3, n_head=4, n_kv_head=2, n_embd=32, block_size=64)
@@ -90,13 +89,7 @@ def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir) -> dict[str, Pat
 
 
 def _history(model_dir: Path) -> dict:
-    history = json.loads((model_dir / HISTORY_FILE).read_text())
-    assert history["step"] == list(range(1, STEPS + 1))
-    return history
-
-
-def _worst(a: list[float], b: list[float]) -> float:
-    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+    return read_history(model_dir, STEPS)
 
 
 @pytest.mark.slow
@@ -106,9 +99,9 @@ def _worst(a: list[float], b: list[float]) -> float:
 )
 def test_pipeline_matches_one_process_within_1e4_at_every_step(runs, name, reference):
     ours, one = _history(runs[name]), _history(runs[reference])
-    assert _worst(ours["train_loss"], one["train_loss"]) <= 1e-4, f"{name}: max |Δloss|"
-    assert _worst(ours["grad_norm"], one["grad_norm"]) <= 1e-4, f"{name}: max |Δgrad norm|"
-    assert _worst(ours["eval_loss"], one["eval_loss"]) <= 1e-4, f"{name}: max |Δeval loss|"
+    assert worst_difference(ours["train_loss"], one["train_loss"]) <= 1e-4, f"{name}: max |Δloss|"
+    assert worst_difference(ours["grad_norm"], one["grad_norm"]) <= 1e-4, f"{name}: max |Δgrad norm|"
+    assert worst_difference(ours["eval_loss"], one["eval_loss"]) <= 1e-4, f"{name}: max |Δeval loss|"
 
 
 @pytest.mark.slow
@@ -118,7 +111,7 @@ def test_checkpoint_resumes_at_another_mesh_with_the_same_losses(runs, name, uni
     resumed, uninterrupted = _history(runs[name]), _history(runs[uninterrupted])
     assert resumed["resumed_from"] == SAVED_AT
     after = slice(SAVED_AT, STEPS)
-    assert _worst(resumed["train_loss"][after], uninterrupted["train_loss"][after]) <= 1e-4, name
+    assert worst_difference(resumed["train_loss"][after], uninterrupted["train_loss"][after]) <= 1e-4, name
 
 
 @pytest.mark.slow

@@ -4,7 +4,6 @@ its export is a plain GPT-2."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -16,12 +15,11 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from transformers import AutoModelForCausalLM
 
 from lmforge.config import DistributedConfig, PretrainConfig
-from lmforge.contracts import HISTORY_FILE
 from lmforge.train import pretrain
 from lmforge.train.checkpoint import step_name
 from lmforge.train.dcp import DCP_DIR, METADATA, TensorOnlyReader, read_metadata
 from tests.support.distributed_child import launch
-from tests.support.tiny_training import TINY_MODEL, tiny_train
+from tests.support.tiny_training import TINY_MODEL, read_history, tiny_train, worst_difference
 
 STEPS, SAVED_AT, GLOBAL_BATCH = 20, 10, 8
 
@@ -68,23 +66,17 @@ def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir) -> dict[str, Pat
 
 
 def _history(model_dir: Path) -> dict:
-    history = json.loads((model_dir / HISTORY_FILE).read_text())
-    assert history["step"] == list(range(1, STEPS + 1))
-    return history
-
-
-def _worst(a: list[float], b: list[float]) -> float:
-    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+    return read_history(model_dir, STEPS)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["tp2", "pp2_tp2"])
 def test_gpt2_split_by_tensor_parallelism_matches_one_process_within_1e4_at_every_step(runs, name):
     single, split = _history(runs["single"]), _history(runs[name])
-    worst = _worst(single["train_loss"], split["train_loss"])
+    worst = worst_difference(single["train_loss"], split["train_loss"])
     assert worst < 1e-4, f"{name}: max |Δloss| {worst:.2e} over {STEPS} steps"
     assert min(single["grad_norm"]) > 0.1  # every step is clipped
-    worst_norm = _worst(single["grad_norm"], split["grad_norm"])
+    worst_norm = worst_difference(single["grad_norm"], split["grad_norm"])
     assert worst_norm < 1e-4, f"{name}: max |Δgrad_norm| {worst_norm:.2e} over {STEPS} steps"
 
 
@@ -120,7 +112,7 @@ def test_gpt2_checkpoint_saved_at_tp2_resumes_with_the_same_losses(runs, name):
     history, single = _history(runs[name]), _history(runs["single"])
     assert history["resumed_from"] == SAVED_AT
     after = slice(SAVED_AT, STEPS)
-    worst = _worst(single["train_loss"][after], history["train_loss"][after])
+    worst = worst_difference(single["train_loss"][after], history["train_loss"][after])
     assert worst < 1e-4, f"{name}: max |Δloss| {worst:.2e} over steps {SAVED_AT + 1}..{STEPS}"
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from lmforge.config import ModelConfig, PretrainConfig, TrainConfig
+from lmforge.contracts import HISTORY_FILE
 
 TINY_MODEL = ModelConfig(arch="gpt2", n_layer=2, n_head=2, n_embd=32, block_size=64)
 
@@ -17,3 +20,15 @@ def tiny_train(**fields: Any) -> TrainConfig:
 def tiny_pretrain(**train: Any) -> PretrainConfig:
     """Pretraining :data:`TINY_MODEL` with ``tiny_train(**train)``."""
     return PretrainConfig(model=TINY_MODEL, train=tiny_train(**train))
+
+
+def read_history(model_dir: Path, steps: int) -> dict:
+    """The training history a stage wrote into ``model_dir``, checked to log every one of ``steps`` steps."""
+    history = json.loads((model_dir / HISTORY_FILE).read_text())
+    assert history["step"] == list(range(1, steps + 1))
+    return history
+
+
+def worst_difference(a: list[float], b: list[float]) -> float:
+    """The largest absolute difference between two equally long series."""
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
