@@ -36,7 +36,13 @@ from typing import Any
 from lmforge.config import LaunchConfig, ModelConfig
 from lmforge.errors import ConfigError
 from lmforge.launch import world_size
-from lmforge.train.mfu import GPU_MEMORY_GB, PEAK_FLOPS_BF16, flops_per_token
+from lmforge.train.mfu import (
+    GPU_MEMORY_GB,
+    PEAK_FLOPS_BF16,
+    distillation_flops_per_token,
+    flops_per_token,
+    lora_flops_per_token,
+)
 
 HEADROOM = 0.10
 """Fraction of the accelerator's memory a plan leaves free (allocator fragmentation, CUDA context, NCCL buffers)."""
@@ -142,11 +148,6 @@ def sharded_frozen_bytes(model: ModelConfig, vocab_size: int, *, ranks: int, byt
     root = total - sum(p.numel() for block in blocks for p in block.parameters())
     block = sum(p.numel() for p in blocks[0].parameters())
     return bytes_per_parameter * (total / ranks + root + block)
-
-
-def _attention_flops(model: ModelConfig, seq_len: int, units: int) -> float:
-    """Attention score and value products per token, ``units · 2·L·H·Q·T``: a forward pass is 2 units, training 6."""
-    return units * 2.0 * model.n_layer * model.n_embd * seq_len
 
 
 def model_state_bytes(*, backend: str, zero_stage: int, ranks: int, trained: int) -> float:
@@ -292,21 +293,23 @@ def plan_training(
     teacher_bytes = _TEACHER_BYTES * n_teacher
     if config.distill.teacher_sharding == "fsdp2":
         teacher_bytes = sharded_frozen_bytes(teacher, vocab_size, ranks=ranks, bytes_per_parameter=_TEACHER_BYTES)
+    shape = teacher.n_layer, teacher.n_head, teacher.n_embd // teacher.n_head
+    student_shape = student.n_layer, student.n_head, student.n_embd // student.n_head
     return [
         stage_plan(
             "pretrain", pretrain, teacher, n_teacher, n_teacher, 0.0,
-            flops_per_token(matmul_teacher, teacher.n_layer, teacher.n_head, teacher.n_embd // teacher.n_head,
-                            pretrain.seq_len),
+            flops_per_token(matmul_teacher, *shape, pretrain.seq_len),
         ),
         stage_plan(
             "finetune_lora", lora, teacher, n_teacher + n_lora, n_lora, 4.0 * n_teacher,
-            4.0 * matmul_teacher + 6.0 * n_lora + _attention_flops(teacher, lora.seq_len, 6),
+            lora_flops_per_token(matmul_teacher, n_lora, *shape, lora.seq_len),
         ),
         stage_plan(
             "distill", distill, student, n_student, n_student, teacher_bytes,
-            flops_per_token(n_student - student_lookup, student.n_layer, student.n_head,
-                            student.n_embd // student.n_head, distill.seq_len)
-            + 2.0 * matmul_teacher + _attention_flops(teacher, distill.seq_len, 2),
+            distillation_flops_per_token(
+                flops_per_token(n_student - student_lookup, *student_shape, distill.seq_len), matmul_teacher, *shape,
+                distill.seq_len,
+            ),
         ),
     ]  # fmt: skip
 

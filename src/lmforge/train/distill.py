@@ -51,11 +51,13 @@ from lmforge.train.loop import (
     curves_section,
     evaluate,
     quarantine_facts,
+    scale_metrics,
     tokens_per_sec,
     train,
     whole_model,
 )
 from lmforge.train.losses import ChunkedKDLoss, KDTerms, causal_lm_loss, masked_ce
+from lmforge.train.mfu import distillation_model_flops_per_token
 from lmforge.train.mixture import (
     Mixture,
     QARows,
@@ -447,6 +449,7 @@ def _run(
         history = train(
             student, tcfg, _kd_loss(cfg, teacher, kd, mixture), train_batch, lambda: val_batches,
             eval_loss_fn=causal_lm_loss, desc="distill", dist=ctx,
+            flops_per_token=distillation_model_flops_per_token(student, teacher, tcfg.seq_len),
         )  # fmt: skip
         scores = _score(student, teacher, kd, val_batches, heldout, tcfg.precision)
         student_config = student.config
@@ -454,7 +457,9 @@ def _run(
         if out is None:
             return StageResult(summary={"model_dir": str(output_dir), "rank": ctx.rank})
 
-        metrics = _metrics(history, scores, parameters, teacher_parameters, mixture)
+        metrics = _metrics(history, scores, parameters, teacher_parameters, mixture) | scale_metrics(
+            history, ctx.world_size
+        )
         record = _mixture_record(mixture, cfg.qa_fraction, qa, trained_on(mixture, qa, tcfg, ctx.world_size))
         save_model_dir(student, tokenizer, out, history=history)
         write_manifest(

@@ -38,8 +38,9 @@ from lmforge.train.distributed import (
     main_rank_outputs,
     refuse_occupied,
 )
-from lmforge.train.loop import curves_section, quarantine_facts, tokens_per_sec, train, whole_model
+from lmforge.train.loop import curves_section, quarantine_facts, scale_metrics, tokens_per_sec, train, whole_model
 from lmforge.train.losses import causal_lm_loss
+from lmforge.train.mfu import lora_model_flops_per_token
 
 logger = logging.getLogger("lmforge.finetune_lora")
 
@@ -304,8 +305,9 @@ def _run(
         if ctx.is_main:
             _log_plan(cfg, targets, parameters, len(train_rows), len(heldout_examples), ctx.world_size)
         history = train(
-            model, tcfg, causal_lm_loss, train_batch, lambda: heldout_batches, desc="finetune_lora", dist=ctx
-        )
+            model, tcfg, causal_lm_loss, train_batch, lambda: heldout_batches, desc="finetune_lora", dist=ctx,
+            flops_per_token=lora_model_flops_per_token(model, tcfg.seq_len),
+        )  # fmt: skip
         whole = _whole_adapted(model, lora_config, base_uri, ctx)
         adapter_out, merged_out = outputs
         if whole is None or adapter_out is None or merged_out is None:
@@ -313,7 +315,7 @@ def _run(
                 summary={"adapter_dir": str(adapter_dir), "merged_dir": str(merged_dir), "rank": ctx.rank}
             )
 
-        metrics = _metrics(history, parameters, split_count)
+        metrics = _metrics(history, parameters, split_count) | scale_metrics(history, ctx.world_size)
         config = cfg.model_dump(mode="json") | {"resolved_target_modules": targets, "scaling": cfg.scaling}
         manifest = {"inputs": inputs, "config": config, "metrics": metrics}
         _save(whole, tokenizer, (adapter_out, merged_out), history, manifest)

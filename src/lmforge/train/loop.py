@@ -1007,6 +1007,15 @@ def tokens_per_sec(history: Mapping[str, Any]) -> float:
     return tokens / max(history["train_seconds"] - history.get("warmup_seconds", 0.0), 1e-9)
 
 
+def scale_metrics(history: Mapping[str, Any] | None, world_size: int) -> dict[str, float]:
+    """A training stage's size and efficiency as metrics: ``world_size`` and, where the device's peak is known, the
+    last logged ``mfu`` (what the plan's measured MFU and the report's plan against actual read)."""
+    metrics = {"world_size": float(world_size)}
+    if history is not None and history["mfu"] and history["mfu"][-1] is not None:
+        metrics["mfu"] = history["mfu"][-1]
+    return metrics
+
+
 def quarantine_facts(history: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
     """Metrics and summary entries for the checkpoints resume moved to quarantine (both empty when none)."""
     moved = history.get("quarantined_checkpoints") or []

@@ -38,7 +38,15 @@ from lmforge.results import StageResult
 from lmforge.train.batches import open_matching_shards, shard_batches
 from lmforge.train.deepspeed_config import hf_zero3_init
 from lmforge.train.distributed import describe_backend, distributed_context, main_rank_outputs, refuse_occupied
-from lmforge.train.loop import curves_section, evaluate, quarantine_facts, tokens_per_sec, train, whole_model
+from lmforge.train.loop import (
+    curves_section,
+    evaluate,
+    quarantine_facts,
+    scale_metrics,
+    tokens_per_sec,
+    train,
+    whole_model,
+)
 from lmforge.train.losses import causal_lm_loss
 from lmforge.train.mfu import model_flops_per_token
 
@@ -136,8 +144,7 @@ def _metrics(
         "val_perplexity": math.exp(val_loss),
         "parameters": float(parameters),
         "steps": float(tcfg.max_steps),
-        "world_size": float(world_size),
-    }
+    } | scale_metrics(history, world_size)
     if history is None:
         return metrics
     metrics |= {
@@ -145,10 +152,7 @@ def _metrics(
         "tokens_per_sec": tokens_per_sec(history),
         "bad_steps": float(history["bad_steps"]),
     }
-    metrics |= quarantine_facts(history)[0]
-    if history["mfu"] and history["mfu"][-1] is not None:
-        metrics["mfu"] = history["mfu"][-1]
-    return metrics
+    return metrics | quarantine_facts(history)[0]
 
 
 def _report(

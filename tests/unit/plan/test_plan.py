@@ -22,7 +22,9 @@ from lmforge.plan import (
     refuse_oversized,
 )
 from lmforge.stages import resolve_config, resolve_stage_config
+from lmforge.train.distill import make_student
 from lmforge.train.finetune_lora import peft_config, target_modules
+from lmforge.train.mfu import distillation_model_flops_per_token, lora_model_flops_per_token
 
 
 def test_gpt2_124m_pretrain_matches_a_hand_computation():
@@ -119,6 +121,24 @@ def test_lora_trained_parameters_equal_the_stages_peft_model():
     wrapped = peft.get_peft_model(model, peft_config(cfg, model, target_modules(model, cfg.target_modules)))
     expected = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
     assert lora_trainable_parameters(cfg, shape, 2048) == expected
+
+
+def test_the_training_stages_measure_mfu_with_the_plans_flops_per_token():
+    """What LoRA and distillation pass to the loop for MFU is what the plan counts per token: the MFU a run
+    measures replaces the plan's assumed one like for like."""
+    config = resolve_config("tiny-cpu")
+    _, lora, distillation = plan_training(config, vocab_size=2048)
+    shape = config.pretrain.model
+    teacher = build_model(shape, 2048, eos_id=0, pad_id=1, seed=0)
+    lora_cfg = config.finetune_lora
+    wrapped = peft.get_peft_model(
+        build_model(shape, 2048, eos_id=0, pad_id=1, seed=0),
+        peft_config(lora_cfg, teacher, target_modules(teacher, lora_cfg.target_modules)),
+    )
+    assert lora_model_flops_per_token(wrapped, lora_cfg.train.seq_len) == pytest.approx(lora.flops / lora.tokens)
+    student = make_student(teacher, config.distill.student_layer_fraction, "teacher_layers", seed=0)
+    measured = distillation_model_flops_per_token(student, teacher, config.distill.train.seq_len)
+    assert measured == pytest.approx(distillation.flops / distillation.tokens)
 
 
 def test_zero3_across_ranks_divides_the_model_state_but_not_the_activations():
