@@ -1,6 +1,6 @@
-"""A GPT-2 split by tensor parallelism (2 gloo ranks under torchrun, and 2 pipeline stages × TP=2 on 4) trains as one
-process does; its distributed checkpoint, written in Hugging Face's column order, resumes on one process and at TP=2;
-its export is a plain GPT-2."""
+"""A GPT-2 split by tensor parallelism (2 gloo ranks under torchrun, and 2 GPipe pipeline stages × TP=2 on 4) trains
+as one process does; its distributed checkpoint, written in Hugging Face's column order, resumes on one process and at
+TP=2; its export is a plain GPT-2."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def _resume_dir(root: Path, name: str) -> Path:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir) -> dict[str, Path]:
     """One process (torch; and fsdp2, checkpointing); TP=2 on 2 ranks (checkpointing); its step-10 checkpoint resumed
-    at TP=2 and on one process; 2 pipeline stages × TP=2 on 4 ranks."""
+    at TP=2 and on one process; 2 pipeline stages × TP=2 on 4 ranks (GPipe)."""
     root = tmp_path_factory.mktemp("gpt2_tp")
     data = {"shards": str(tiny_shards_dir), "tokenizer": str(tiny_tokenizer_dir)}
     pretrain.run(_cfg(None), shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=root / "single")
@@ -60,7 +60,7 @@ def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir) -> dict[str, Pat
     launch([[resumed_tp2.model_dump_json(), str(root / "resumed_tp2")]], **data)
     resumed_one = _cfg({}, checkpoint_dir=_resume_dir(root, "resume_one"))
     pretrain.run(resumed_one, shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=root / "resumed_one")
-    pp2_tp2 = _cfg({"pipeline_parallel": 2, "tensor_parallel": 2}, micro_batches=2)
+    pp2_tp2 = _cfg({"pipeline_parallel": 2, "pipeline_schedule": "gpipe", "tensor_parallel": 2}, micro_batches=2)
     launch([[pp2_tp2.model_dump_json(), str(root / "pp2_tp2")]], nproc=4, **data)
     return {path.name: path for path in root.iterdir()}
 
