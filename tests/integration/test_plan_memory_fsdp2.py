@@ -4,7 +4,7 @@ shards of the weights, gradients and AdamW moments after one step under torchrun
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
@@ -15,26 +15,38 @@ from tests.support.distributed_child import torchrun
 pytestmark = pytest.mark.slow
 
 
-def _measure(mesh: dict[str, int], ranks: int, out: Path) -> list[dict[str, int]]:
-    torchrun(child.__file__, json.dumps(mesh), str(out), nproc=ranks, timeout=300)
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(ranks)]
+MESHES = {"dp2": {"data_parallel_shard": 2}, "tp2": {"tensor_parallel": 2}, "pp2": {"pipeline_parallel": 2}}
 
 
-@pytest.mark.parametrize("mesh", [{"data_parallel_shard": 2}, {"tensor_parallel": 2}], ids=["dp2", "tp2"])
-def test_the_plans_model_state_per_rank_is_within_15_percent_of_the_sharded_bytes(mesh, tmp_path):
-    ranks = _measure(mesh, 2, tmp_path)
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> Callable[[str], list[dict[str, int]]]:
+    """Each rank's record of a 2-rank job on ``MESHES[name]``, the job run once for all the tests that read it."""
+    records: dict[str, list[dict[str, int]]] = {}
+
+    def measure(name: str) -> list[dict[str, int]]:
+        if name not in records:
+            out = tmp_path_factory.mktemp(name)
+            torchrun(child.__file__, json.dumps(MESHES[name]), str(out), nproc=2, timeout=300)
+            records[name] = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+        return records[name]
+
+    return measure
+
+
+@pytest.mark.parametrize("mesh", ["dp2", "tp2"])
+def test_the_plans_model_state_per_rank_is_within_15_percent_of_the_sharded_bytes(mesh, measured):
     parameters, _ = count_parameters(child.MODEL, child.VOCAB)
     estimate = model_state_bytes(backend="fsdp2", zero_stage=0, ranks=2, trained=parameters)
-    for rank in ranks:
+    for rank in measured(mesh):
         assert rank["parameters"] == parameters  # the plan counts the model the loop builds
         held = rank["weights"] + rank["gradients"] + rank["optimizer"]
         assert abs(held - estimate) <= 0.15 * held, (mesh, rank, estimate)
 
 
-def test_the_plans_busiest_pipeline_stage_is_within_15_percent_of_the_fullest_ranks_bytes(tmp_path):
+def test_the_plans_busiest_pipeline_stage_is_within_15_percent_of_the_fullest_ranks_bytes(measured):
     """Two stages on two ranks: each rank holds its stage's blocks whole (no data-parallel sharding), the first
     the embedding, the last the final norm and a copy of the tied embedding as its head."""
-    ranks = _measure({"pipeline_parallel": 2}, 2, tmp_path)
+    ranks = measured("pp2")
     parameters, _ = count_parameters(child.MODEL, child.VOCAB)
     stage = pipeline_stage_parameters(child.MODEL, child.VOCAB, parameters, 2)
     estimate = model_state_bytes(backend="fsdp2", zero_stage=0, ranks=1, trained=stage)
@@ -42,7 +54,7 @@ def test_the_plans_busiest_pipeline_stage_is_within_15_percent_of_the_fullest_ra
     assert abs(fullest - estimate) <= 0.15 * fullest, (ranks, estimate)
 
 
-def test_tensor_parallel_norms_see_their_part_of_the_sequence_only(tmp_path):
+def test_tensor_parallel_norms_see_their_part_of_the_sequence_only(measured):
     """Sequence parallelism: with tensor_parallel 2 each rank's norms hold half of the 16 positions, which is what
     the plan's activations per rank assume (everything a Llama layer keeps divided by tensor_parallel)."""
-    assert [rank["norm_positions"] for rank in _measure({"tensor_parallel": 2}, 2, tmp_path)] == [8, 8]
+    assert [rank["norm_positions"] for rank in measured("tp2")] == [8, 8]

@@ -1,6 +1,6 @@
 """Pipeline parallelism under torchrun (gloo, CPU) matches one process at the same global batch: a Llama on 2
 stages (1F1B, uneven blocks, tied head on the other stage), 2 stages × 2 data-parallel shards and 2 stages × 2
-tensor-parallel ranks on 4 ranks; a checkpoint saved with stages resumes on one process and on 2 data-parallel
+tensor-parallel ranks on 4 ranks; a checkpoint saved with stages resumes on one process and on 4 data-parallel
 shards, and one saved without stages resumes on 2 stages; the exported model is a plain, whole HF model."""
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ LLAMA = ModelConfig(arch="llama", n_layer=3, n_head=4, n_kv_head=2, n_embd=32, b
 
 def _cfg(
     model: ModelConfig,
-    mesh: dict | None,
+    mesh: dict,
     *,
     checkpoint_dir: Path | None = None,
     recompute: bool = False,
 ) -> PretrainConfig:
-    """fp32, the gradient norm clipped at every step (so it must be the whole pipeline's); ``mesh`` None is one
-    process. The global batch is GLOBAL_BATCH sequences in micro-batches of 2 on every mesh."""
-    distributed = {"backend": "torch"} if mesh is None else {"backend": "fsdp2", "mesh": mesh}
-    data_ranks = 1 if mesh is None else mesh.get("data_parallel_shard", 1)
+    """fsdp2 in fp32, the gradient norm clipped at every step (so it must be the whole pipeline's); ``mesh`` ``{}``
+    is one process. The global batch is GLOBAL_BATCH sequences in micro-batches of 2 on every mesh."""
+    distributed = {"backend": "fsdp2", "mesh": mesh}
+    data_ranks = mesh.get("data_parallel_shard", 1)
     return PretrainConfig(
         model=model,
         train=TrainConfig(
@@ -62,7 +62,7 @@ def _resume_dir(root: Path, name: str, run: str = "pp2") -> Path:
 def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir) -> dict[str, Path]:
     """The one-process reference (fsdp2 on one rank: DCP checkpoints, whose step 10 resumes on 2 stages); 2 stages
     of a Llama (checkpointing) on 2 ranks; 2 stages × 2 shards (recomputing activations) and 2 stages × TP=2 on 4
-    ranks; the 2-stage checkpoint of step 10 resumed on one process and on dp_shard=2. (A GPT-2 on 2 stages × TP=2,
+    ranks; the 2-stage checkpoint of step 10 resumed on one process and on dp_shard=4. (A GPT-2 on 2 stages × TP=2,
     GPipe: tests/integration/test_train_tensor_parallel_gpt2.py.)"""
     root = tmp_path_factory.mktemp("pipeline")
     data = {"shards": str(tiny_shards_dir), "tokenizer": str(tiny_tokenizer_dir)}
@@ -76,9 +76,9 @@ def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir) -> dict[str, Pat
     launch([_job(pp2, root / "pp2"), _job(resumed_pp2, root / "resumed_pp2")], **data)
     pp2_dp2 = _cfg(LLAMA, {"pipeline_parallel": 2, "data_parallel_shard": 2}, recompute=True)
     pp2_tp2 = _cfg(LLAMA, {"pipeline_parallel": 2, "tensor_parallel": 2})
-    launch([_job(pp2_dp2, root / "pp2_dp2"), _job(pp2_tp2, root / "pp2_tp2")], nproc=4, **data)
-    resumed_dp2 = _cfg(LLAMA, {"data_parallel_shard": 2}, checkpoint_dir=_resume_dir(root, "resume_dp2"))
-    launch([_job(resumed_dp2, root / "resumed_dp2")], **data)
+    resumed_dp4 = _cfg(LLAMA, {"data_parallel_shard": 4}, checkpoint_dir=_resume_dir(root, "resume_dp4"))
+    jobs = [_job(pp2_dp2, root / "pp2_dp2"), _job(pp2_tp2, root / "pp2_tp2"), _job(resumed_dp4, root / "resumed_dp4")]
+    launch(jobs, nproc=4, **data)
     one_process(_cfg(LLAMA, {}, checkpoint_dir=_resume_dir(root, "resume_one")), "resumed_one")
     return {path.name: path for path in root.iterdir()}
 
@@ -100,7 +100,7 @@ def test_pipeline_matches_one_process_within_1e4_at_every_step(runs, name, refer
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "uninterrupted"), [("resumed_one", "pp2"), ("resumed_dp2", "pp2"),
+@pytest.mark.parametrize(("name", "uninterrupted"), [("resumed_one", "pp2"), ("resumed_dp4", "pp2"),
                                                       ("resumed_pp2", "single")])  # fmt: skip
 def test_checkpoint_resumes_at_another_mesh_with_the_same_losses(runs, name, uninterrupted):
     resumed, uninterrupted = _history(runs[name]), _history(runs[uninterrupted])

@@ -24,11 +24,11 @@ from tests.support.tiny_training import TINY_MODEL, read_history, tiny_train, wo
 STEPS, SAVED_AT, GLOBAL_BATCH = 20, 10, 8
 
 
-def _cfg(mesh: dict | None, *, checkpoint_dir: Path | None = None, micro_batches: int = 1) -> PretrainConfig:
-    """The tiny GPT-2 with 4 heads (fused q/k/v) on one data-parallel rank, GLOBAL_BATCH sequences a step in
-    ``micro_batches``; ``mesh`` None is the one-process torch backend. The gradient norm is clipped at every step, so
-    it must be the whole model's."""
-    distributed = {"backend": "torch"} if mesh is None else {"backend": "fsdp2", "mesh": mesh}
+def _cfg(mesh: dict, *, checkpoint_dir: Path | None = None, micro_batches: int = 1) -> PretrainConfig:
+    """The tiny GPT-2 with 4 heads (fused q/k/v) under fsdp2 on one data-parallel rank, GLOBAL_BATCH sequences a step
+    in ``micro_batches``; ``mesh`` ``{}`` is one process. The gradient norm is clipped at every step, so it must be
+    the whole model's."""
+    distributed = {"backend": "fsdp2", "mesh": mesh}
     checkpoint = {"dir": str(checkpoint_dir) if checkpoint_dir else None, "every_steps": SAVED_AT, "every_minutes": 0}
     train = tiny_train(
         max_steps=STEPS, batch_size=GLOBAL_BATCH // micro_batches, grad_accum=micro_batches, warmup_steps=4,
@@ -47,13 +47,12 @@ def _resume_dir(root: Path, name: str) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_shards_dir, tiny_tokenizer_dir) -> dict[str, Path]:
-    """One process (torch; and fsdp2, checkpointing); TP=2 on 2 ranks (checkpointing); its step-10 checkpoint resumed
+    """One process (fsdp2, checkpointing); TP=2 on 2 ranks (checkpointing); its step-10 checkpoint resumed
     at TP=2 and on one process; 2 pipeline stages × TP=2 on 4 ranks (GPipe)."""
     root = tmp_path_factory.mktemp("gpt2_tp")
     data = {"shards": str(tiny_shards_dir), "tokenizer": str(tiny_tokenizer_dir)}
-    pretrain.run(_cfg(None), shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=root / "single")
-    one = _cfg({}, checkpoint_dir=root / "one_checkpoints")
-    pretrain.run(one, shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=root / "one")
+    one = _cfg({}, checkpoint_dir=root / "single_checkpoints")
+    pretrain.run(one, shards=tiny_shards_dir, tokenizer=tiny_tokenizer_dir, model=root / "single")
     tp2 = _cfg({"tensor_parallel": 2}, checkpoint_dir=root / "tp2_checkpoints")
     launch([[tp2.model_dump_json(), str(root / "tp2")]], **data)
     resumed_tp2 = _cfg({"tensor_parallel": 2}, checkpoint_dir=_resume_dir(root, "resume_tp2"))
@@ -97,7 +96,7 @@ def _checkpoint_tensors(folder: Path) -> dict[str, torch.Tensor]:
 def test_gpt2_checkpoint_saved_at_tp2_holds_the_one_process_tensors_in_hf_order(runs):
     """The fused q/k/v weight, bias and their Adam moments are written in HF's column order, by HF's names."""
     split = _checkpoint_tensors(runs["tp2_checkpoints"] / step_name(SAVED_AT))
-    whole = _checkpoint_tensors(runs["one_checkpoints"] / step_name(SAVED_AT))
+    whole = _checkpoint_tensors(runs["single_checkpoints"] / step_name(SAVED_AT))
     assert split.keys() == whole.keys()
     assert "optimizer.state.transformer.h.1.attn.c_attn.weight.exp_avg_sq" in whole
     for key, tensor in whole.items():  # Adam's second moments are ~1e-8: each tensor is compared at its own scale
