@@ -239,6 +239,48 @@ def test_pytorchjob_pod_template_carries_placement_env_and_shm():
         assert pod["nodeSelector"] == {"lmforge.io/pool": "gpu"}
 
 
+def _ranks(manifest: dict[str, Any]) -> int:
+    """The world size the operator starts: nodes × processes per node."""
+    spec = manifest["spec"]
+    if "trainer" in spec:
+        return spec["trainer"]["numNodes"] * spec["trainer"]["numProcPerNode"]
+    return sum(r["replicas"] for r in spec["pytorchReplicaSpecs"].values()) * int(spec["nprocPerNode"])
+
+
+@pytest.mark.parametrize("backend", ["trainjob", "pytorchjob"])
+@pytest.mark.parametrize(
+    ("overrides", "mesh"), [({}, (1, 32, 1)), ({"train.distributed.mesh.tensor_parallel": 8}, (1, 4, 8))]
+)
+def test_the_multi_node_job_carries_the_presets_mesh_and_the_runs_overrides(backend, overrides, mesh, monkeypatch):
+    """``llama-8b`` on 4 nodes × 8 GPUs: the command every pod runs resolves, through the real ``lmforge stage``
+    command line, to an fsdp2 config whose mesh multiplies to the ranks the job starts."""
+    from typer.testing import CliRunner
+
+    from lmforge.cli import app
+    from lmforge.launch import stage_runner
+    from lmforge.results import StageResult
+
+    seen: list[Any] = []
+
+    def capture(stage: str, cfg: Any, paths: dict, **_: Any) -> Any:
+        seen.append(cfg)
+        return StageResult()
+
+    monkeypatch.setattr(stage_runner, "run_stage_uris", capture)
+    args = stage_args("pretrain", {"shards": "s3://b/s", "model": "s3://b/m"}, preset="llama-8b", overrides=overrides)
+    manifest = build_job(LaunchConfig(backend=backend, num_nodes=4, gpus_per_node=8), args, image="i", run_id="r",
+                         task="pretrain")  # fmt: skip
+    command = job_command(manifest)
+    assert command[:3] == ["torchrun", "-m", "lmforge"]
+    outcome = CliRunner().invoke(app, command[3:])
+    assert outcome.exit_code == 0, outcome.output
+    (cfg,) = seen
+    distributed = cfg.train.distributed
+    assert distributed.backend == "fsdp2"
+    pp = distributed.mesh.pipeline_parallel
+    assert (pp, *distributed.mesh.degrees(_ranks(manifest))) == mesh
+
+
 @pytest.mark.parametrize("backend", ["trainjob", "pytorchjob"])
 def test_secret_values_never_appear_in_manifests_only_secret_key_refs(backend, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIA-SHOULD-NOT-LEAK")
