@@ -38,7 +38,7 @@ from lmforge.data.tokenizer import save_tokenizer, tokenizer_fingerprint, train_
 from lmforge.errors import InputDataError
 from lmforge.formats.cleaned import read_cleaned
 from lmforge.formats.token_shards import INDEX, ShardWriter, token_dtype
-from lmforge.model.base import TOKENIZER_FILES, base_tokenizer, fetch_metadata, refuse_unusable_base
+from lmforge.model.folder import TOKENIZER_FILES
 from lmforge.results import StageResult
 
 log = logging.getLogger("lmforge.tokenize")
@@ -230,6 +230,9 @@ def _tokenizer_for(
             pad_token=cfg.pad_token,
         )
         return bpe, "trained"
+    # Reading a base model's folder takes transformers' Auto classes, which import torch: only on this path.
+    from lmforge.model.base import base_tokenizer, fetch_metadata, refuse_unusable_base
+
     local = fetch_metadata(base_model, workdir)
     refuse_unusable_base(local, base_model)
     bpe = base_tokenizer(local)

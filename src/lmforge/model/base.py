@@ -29,18 +29,17 @@ from lmforge import storage
 from lmforge.artifacts import describe_files, input_record, read_json_file
 from lmforge.errors import ArtifactIncompleteError, InputDataError, LmforgeError
 from lmforge.model.build import check_model_dir, load_tokenizer
-from lmforge.model.folder import WEIGHT_FILES, WEIGHT_INDEX, WEIGHTS, custom_code_problem, index_problem
+from lmforge.model.folder import (
+    TOKENIZER_FILES,
+    WEIGHT_FILES,
+    WEIGHT_INDEX,
+    WEIGHTS,
+    custom_code_problem,
+    index_problem,
+)
 
 SUPPORTED_ARCHITECTURES = ("gpt2", "llama")
 """``config.model_type`` values a base model may have."""
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "chat_template.jinja",
-)
-"""What :func:`check_base_model` downloads to read a remote base's tokenizer (the weights stay where they are)."""
 SPECIAL_TOKENS = ("eos_token", "bos_token", "unk_token", "pad_token")
 
 

@@ -25,6 +25,15 @@ from lmforge.errors import InputDataError, UnsafePathError
 WEIGHTS = "model.safetensors"
 WEIGHT_INDEX = "model.safetensors.index.json"
 WEIGHT_FILES = (WEIGHTS, WEIGHT_INDEX)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+)
+"""A model folder's tokenizer files: what ``lmforge.model.base.check_base_model`` downloads to read a remote base's
+tokenizer (the weights stay where they are)."""
 CUSTOM_CODE_FILES = ("config.json", "tokenizer_config.json")
 """Files whose ``auto_map`` makes ``transformers`` import code from the model folder."""
 
