@@ -1,6 +1,8 @@
-"""The DAG under kfp.local starting from a base model a user brings: a GPT-2- and a Llama-shaped model
+"""The DAG under kfp.local starting from a base model a user brings: a Llama-shaped model (grouped-query attention)
 written by plain ``save_pretrained`` with a tokenizer that is not lmforge's (another vocabulary size, other special
-tokens, no padding token), through to promotion; the release carries the base's tokenizer and generates."""
+tokens, no padding token), continued for a few steps, through to promotion; the release carries the base's tokenizer
+and generates. The DAG's own runs train GPT-2s (tests/integration/test_pipeline_local.py); a GPT-2-shaped foreign base,
+and a base passed through untrained, go through the same stages in tests/unit/stages/test_stages_foreign_base.py."""
 
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lmforge.artifacts import read_manifest
-from tests.support.foreign_base import gpt2_base, llama_base
+from tests.support.foreign_base import llama_base
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # two small DAG runs: ~3 min each on 2 busy cores
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # one small DAG run: ~2 min on 2 busy cores
 
 TRAIN = {"train.seq_len": 64, "train.batch_size": 4, "train.warmup_steps": 1, "train.eval_interval": 3}
 OVERRIDES = {
@@ -42,21 +44,20 @@ OVERRIDES = {
         "gate.max_student_forgetting": 1.0,
     },
 }
-PRETRAIN_STEPS = {"gpt2": 3, "llama": 0}  # continued pretraining, and the base passed through untrained
+PRETRAIN_STEPS = 3  # continued pretraining
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama"])
-def based_run(request, tmp_path_factory, shakespeare_docs, qa_jsonl):
+@pytest.fixture(scope="module")
+def based_run(tmp_path_factory, shakespeare_docs, qa_jsonl):
     from lmforge_kfp.pipelines.local_run import run_pipeline_locally
 
-    family = request.param
-    root = tmp_path_factory.mktemp(f"dag-{family}")
-    base = (gpt2_base if family == "gpt2" else llama_base)(root / "base", [d["text"] for d in shakespeare_docs])
+    root = tmp_path_factory.mktemp("dag-llama")
+    base = llama_base(root / "base", [d["text"] for d in shakespeare_docs])
     corpus = root / "plays.jsonl"
     with open(corpus, "w", encoding="utf-8") as fh:
         for doc in shakespeare_docs[:30]:
             fh.write(json.dumps({"text": doc["text"]}) + "\n")
-    pretrain = {**TRAIN, "train.max_steps": PRETRAIN_STEPS[family], "train.eval_batches": 2}
+    pretrain = {**TRAIN, "train.max_steps": PRETRAIN_STEPS, "train.eval_batches": 2}
     params = {
         "corpus_uri": str(corpus),
         "qa_uri": str(qa_jsonl),
@@ -66,15 +67,15 @@ def based_run(request, tmp_path_factory, shakespeare_docs, qa_jsonl):
         **{k: json.dumps(v) for k, v in {**OVERRIDES, "pretrain_overrides": pretrain}.items()},
     }
     run = run_pipeline_locally(params, root / "runs", console="quiet")
-    return family, base, run, root / "registry" / "models" / "plays" / "v1"
+    return base, run, root / "registry" / "models" / "plays" / "v1"
 
 
 def test_a_run_from_a_foreign_base_is_promoted_and_its_release_generates(based_run):
-    family, _, run, release = based_run
+    _, run, release = based_run
     assert run.promoted and read_manifest(release, verify=False)["version"] == "v1"
     model = AutoModelForCausalLM.from_pretrained(release / "student").eval()
     tok = AutoTokenizer.from_pretrained(release / "student")
-    assert model.config.model_type == family
+    assert model.config.model_type == "llama"
     enc = tok(["ROMEO: What say you?"], return_tensors="pt")
     with torch.inference_mode():
         out = model.generate(**enc, max_new_tokens=6, do_sample=False, pad_token_id=tok.pad_token_id)
@@ -83,7 +84,7 @@ def test_a_run_from_a_foreign_base_is_promoted_and_its_release_generates(based_r
 
 
 def test_the_release_carries_the_base_models_tokenizer(based_run):
-    _, base, run, release = based_run
+    base, run, release = based_run
     original = AutoTokenizer.from_pretrained(base)
     assert len(original) != 2048 and original.pad_token is None  # not what tokenize trains without a base
     for folder in (release / "student", release / "onnx_fp32", run.output("tokenize", "tokenizer")):
@@ -93,10 +94,10 @@ def test_the_release_carries_the_base_models_tokenizer(based_run):
 
 
 def test_pretrain_starts_from_the_base_and_evaluate_compares_with_what_it_passed_on(based_run):
-    family, base, run, _ = based_run
+    base, run, _ = based_run
     manifest = read_manifest(run.output("pretrain", "model"), verify=True)
     assert manifest["inputs"]["base_model"]["uri"] == str(base)
-    assert manifest["passed_through"] is (PRETRAIN_STEPS[family] == 0)
+    assert manifest["passed_through"] is False
     results = json.loads((run.output("evaluate", "evaluation") / "results.json").read_text())
     assert Path(results["models"]["base"]["uri"]) == run.output("pretrain", "model")
     checks = {c["name"]: c for c in results["gate"]["checks"]}

@@ -20,17 +20,11 @@ MESHES = {"dp2": {"data_parallel_shard": 2}, "tp2": {"tensor_parallel": 2}, "pp2
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory) -> Callable[[str], list[dict[str, int]]]:
-    """Each rank's record of a 2-rank job on ``MESHES[name]``, the job run once for all the tests that read it."""
-    records: dict[str, list[dict[str, int]]] = {}
-
-    def measure(name: str) -> list[dict[str, int]]:
-        if name not in records:
-            out = tmp_path_factory.mktemp(name)
-            torchrun(child.__file__, json.dumps(MESHES[name]), str(out), nproc=2, timeout=300)
-            records[name] = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
-        return records[name]
-
-    return measure
+    """Each rank's record of ``MESHES[name]`` on 2 ranks: one job measures every mesh for all the tests."""
+    out = tmp_path_factory.mktemp("memory")
+    torchrun(child.__file__, json.dumps(MESHES), str(out), nproc=2, timeout=300)
+    records = {name: [json.loads((out / name / f"rank{r}.json").read_text()) for r in range(2)] for name in MESHES}
+    return records.__getitem__
 
 
 @pytest.mark.parametrize("mesh", ["dp2", "tp2"])

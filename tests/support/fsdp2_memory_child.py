@@ -1,9 +1,10 @@
 """Measures what one rank of an FSDP2 job holds of the model state (not a test).
 
-Usage: torchrun --nproc_per_node N fsdp2_memory_child.py MESH_JSON OUT_DIR
+Usage: torchrun --nproc_per_node N fsdp2_memory_child.py MESHES_JSON OUT_DIR
 
-Builds the tiny Llama of the FSDP2 tests, shards it as the training loop does (``setup_backend``; a pipeline stage
-with ``pipeline_parallel`` in the mesh), takes one AdamW step on random tokens, and writes ``OUT_DIR/rank<R>.json``:
+For each ``name: mesh`` of MESHES_JSON, in one gloo process group: builds the tiny Llama of the FSDP2 tests, shards it
+as the training loop does (``setup_backend``; a pipeline stage with ``pipeline_parallel`` in the mesh), takes one AdamW
+step on random tokens, and writes ``OUT_DIR/<name>/rank<R>.json``:
 the bytes of this rank's local shards of the weights, the gradients and the optimizer moments (what the plan's
 ``model_state_bytes`` estimates), the parameter count, and how many sequence positions the first block's second
 norm sees on this rank (fewer than the sequence's with sequence parallelism).
@@ -37,7 +38,17 @@ def _local_bytes(tensor: torch.Tensor) -> int:
 
 
 def main() -> None:
-    mesh, out = json.loads(sys.argv[1]), Path(sys.argv[2])
+    meshes, out = json.loads(sys.argv[1]), Path(sys.argv[2])
+    dist.init_process_group("gloo")  # shared by the meshes: distributed_context joins it and leaves it alone
+    for name, mesh in meshes.items():
+        (out / name).mkdir(exist_ok=True)
+        _measure(mesh, out / name)
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def _measure(mesh: dict, out: Path) -> None:
+    """Writes ``out/rank<R>.json`` for one mesh."""
     distributed = DistributedConfig.model_validate({"backend": "fsdp2", "mesh": mesh})
     micro_batches = mesh.get("pipeline_parallel", 1)
     cfg = TrainConfig(max_steps=1, batch_size=2, grad_accum=micro_batches, seq_len=16, precision="fp32",
@@ -65,7 +76,6 @@ def main() -> None:
             "norm_positions": positions[0] if positions else None,  # None: the block is on another stage
         }
         (out / f"rank{ctx.rank}.json").write_text(json.dumps(record))
-        dist.barrier()
 
 
 if __name__ == "__main__":

@@ -67,7 +67,8 @@ def test_parameters_counted_on_the_meta_device_equal_the_built_model(name):
 
 
 def test_llama_8b_on_4_nodes_matches_a_hand_computation_with_grouped_query_attention():
-    """Llama 3 8B's shape (tied head), 32 H100s, FSDP2 over all of them, checkpointing: parameters and memory written out here."""
+    """Llama 3 8B's shape (tied head), 32 H100s, FSDP2 over all of them, checkpointing: parameters and memory
+    written out here."""
     vocab, d, layers, kv, mlp, seq, micro, ranks = 128256, 4096, 32, 8 * 128, 14336, 8192, 2, 32
     block = 2 * d * d + 2 * d * kv + 3 * d * mlp + 2 * d  # q, o; k, v at the KV width; gate, up, down; 2 norms
     params = vocab * d + layers * block + d  # tied embedding, blocks, final norm

@@ -163,20 +163,20 @@ def test_corrupted_newest_checkpoint_on_s3_resumes_from_the_previous_one_and_nam
 def test_deepspeed_resume_refuses_a_crafted_model_states_file_and_resumes_the_older_checkpoint(
     tmp_path, tiny_shards_dir, tiny_tokenizer_dir
 ):
-    """Two torchrun jobs (2 gloo ranks, ZeRO-2): the first writes steps 2 and 4; step 4's
-    ``mp_rank_00_model_states.pt`` is replaced by a pickle that creates a file when unpickled; the second
+    """Two torchrun jobs (one gloo rank, ZeRO-2; the rank count is not the subject): the first writes steps 2 and 4;
+    step 4's ``mp_rank_00_model_states.pt`` is replaced by a pickle that creates a file when unpickled; the second
     resumes from step 2 through the tensor-only loader and the payload never runs."""
     from tests.support.distributed_child import launch
 
     zero2 = {"backend": "deepspeed", "deepspeed": {"zero": {"stage": 2}}}
     root = tmp_path / "ckpt"
     io = {"shards": str(tiny_shards_dir), "tokenizer": str(tiny_tokenizer_dir)}
-    launch([[_cfg(4, str(root), zero2, batch_size=2).model_dump_json(), str(tmp_path / "first")]], **io)
+    launch([[_cfg(4, str(root), zero2, batch_size=2).model_dump_json(), str(tmp_path / "first")]], nproc=1, **io)
     assert complete_steps(str(root)) == [2, 4]
     marker = tmp_path / "PWNED"
     _craft(root / step_name(4), "deepspeed/mp_rank_00_model_states.pt", marker)
 
-    launch([[_cfg(6, str(root), zero2, batch_size=2).model_dump_json(), str(tmp_path / "second")]], **io)
+    launch([[_cfg(6, str(root), zero2, batch_size=2).model_dump_json(), str(tmp_path / "second")]], nproc=1, **io)
 
     assert not marker.exists()
     history = json.loads((tmp_path / "second" / HISTORY_FILE).read_text())
