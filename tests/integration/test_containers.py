@@ -128,7 +128,10 @@ def _run(pipeline: Path, out: Path, runner: str, corpus: str = "demo://shakespea
         "release_root": str(registry),
         "pretrain_overrides": json.dumps(PRETRAIN_2_STEPS),
     }
-    settings = ContainerSettings(mounts=(registry,))
+    # The host's thread count (tests/__init__.py): with another, matmuls sum in another order, and the weights are
+    # compared bit for bit.
+    threads = {name: os.environ[name] for name in ("OMP_NUM_THREADS",) if name in os.environ}
+    settings = ContainerSettings(mounts=(registry,), environment=threads)
     return run_pipeline_locally(params, out / "runs", pipeline, console="quiet", runner=runner, containers=settings)
 
 
