@@ -89,6 +89,16 @@ class Step:
     on_enter: Callable[[], None] | None = None  # runs (in the server thread) after the step is applied
 
 
+def nodes_and_procs(job: Mapping[str, Any]) -> tuple[int, int]:
+    """``(nodes, processes per node)`` the operator starts for a TrainJob (``numNodes``, ``numProcPerNode``) or a
+    PyTorchJob (the Master and its Workers, ``nprocPerNode``)."""
+    spec = job["spec"]
+    if job["kind"] == "TrainJob":
+        return spec["trainer"].get("numNodes", 1), spec["trainer"].get("numProcPerNode", 1)
+    workers = spec["pytorchReplicaSpecs"].get("Worker", {}).get("replicas", 0)
+    return 1 + workers, int(spec.get("nprocPerNode", 1))
+
+
 def created(kind: str) -> Step:
     if kind == "TrainJob":
         return Step({"Created": ("True", "JobsCreationSucceeded", "Succeeded to create Jobs")})
@@ -507,18 +517,15 @@ class K8sApiServer:
         kind = job.obj["kind"]
         spec = job.obj["spec"]
         name = job.obj["metadata"]["name"]
+        nodes, nproc = nodes_and_procs(job.obj)
         if kind == "TrainJob":
             trainer = spec["trainer"]
-            nodes, nproc = trainer.get("numNodes", 1), trainer.get("numProcPerNode", 1)
             command, env = trainer["command"], trainer.get("env", [])
             pod_names = [f"{name}-node-0-{i}-{uuid.uuid4().hex[:5]}" for i in range(nodes)]
         else:
-            replicas = spec["pytorchReplicaSpecs"]
-            container = replicas["Master"]["template"]["spec"]["containers"][0]
-            workers = replicas.get("Worker", {}).get("replicas", 0)
-            nodes, nproc = 1 + workers, int(spec.get("nprocPerNode", 1))
+            container = spec["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
             command, env = container["command"], container.get("env", [])
-            pod_names = [f"{name}-master-0"] + [f"{name}-worker-{i}" for i in range(workers)]
+            pod_names = [f"{name}-master-0"] + [f"{name}-worker-{i}" for i in range(nodes - 1)]
         job.pods = [Pod(pod, "Running", live=True) for pod in pod_names]
         self._apply(job, created(kind))
         port = _free_port()

@@ -130,7 +130,7 @@ def _run(pipeline: Path, out: Path, runner: str, corpus: str = "demo://shakespea
     }
     # The host's thread count (tests/__init__.py): with another, matmuls sum in another order, and the weights are
     # compared bit for bit.
-    threads = {name: os.environ[name] for name in ("OMP_NUM_THREADS",) if name in os.environ}
+    threads = {"OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"]}
     settings = ContainerSettings(mounts=(registry,), environment=threads)
     return run_pipeline_locally(params, out / "runs", pipeline, console="quiet", runner=runner, containers=settings)
 

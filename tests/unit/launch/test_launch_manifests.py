@@ -26,6 +26,7 @@ from lmforge.launch import (
     stage_args,
 )
 from lmforge.launch.manifests import MAX_JOB_NAME, job_command, kind_of
+from tests.fakes.k8s_api_server import nodes_and_procs
 from tests.support.crd_schema import CRDS, TRAINER_CRDS, load_crd, strict_validator
 from tests.support.pod_security import restricted_violations
 from tests.support.pods import pytorchjob_pods, trainjob_pods
@@ -239,14 +240,6 @@ def test_pytorchjob_pod_template_carries_placement_env_and_shm():
         assert pod["nodeSelector"] == {"lmforge.io/pool": "gpu"}
 
 
-def _ranks(manifest: dict[str, Any]) -> int:
-    """The world size the operator starts: nodes × processes per node."""
-    spec = manifest["spec"]
-    if "trainer" in spec:
-        return spec["trainer"]["numNodes"] * spec["trainer"]["numProcPerNode"]
-    return sum(r["replicas"] for r in spec["pytorchReplicaSpecs"].values()) * int(spec["nprocPerNode"])
-
-
 @pytest.mark.parametrize("backend", ["trainjob", "pytorchjob"])
 @pytest.mark.parametrize(
     ("overrides", "mesh"), [({}, (1, 32, 1)), ({"train.distributed.mesh.tensor_parallel": 8}, (1, 4, 8))]
@@ -278,7 +271,8 @@ def test_the_multi_node_job_carries_the_presets_mesh_and_the_runs_overrides(back
     distributed = cfg.train.distributed
     assert distributed.backend == "fsdp2"
     pp = distributed.mesh.pipeline_parallel
-    assert (pp, *distributed.mesh.degrees(_ranks(manifest))) == mesh
+    nodes, procs = nodes_and_procs(manifest)
+    assert (pp, *distributed.mesh.degrees(nodes * procs)) == mesh
 
 
 @pytest.mark.parametrize("backend", ["trainjob", "pytorchjob"])
